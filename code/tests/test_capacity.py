@@ -1,0 +1,120 @@
+"""The memory plan and the roofline: the lesson's Step 1, Step 2 and Step 9 figures."""
+
+import unittest
+
+from support import main, run_cli, run_json
+
+
+class CapacityTest(unittest.TestCase):
+
+    def test_capacity_l4_prints_the_lessons_memory_plan_line_for_line(self):
+        code, out, err = run_cli("capacity", "--hardware", "l4-24gb")
+        self.assertEqual((code, err), (0, ""))
+        self.assertEqual(out.splitlines(), [
+            "capacity llama-3.1-8b on l4-24gb gpu-memory-utilization 0.90",
+            "weights         16.06 GB    8.03 B params x 2 bytes",
+            "kv per token    128.0 KiB   2 x 32 layers x 8 kv heads x 128 head dim x 2 bytes",
+            "memory budget   20.25 GiB   22.5 GiB x 0.90",
+            "kv cache        3.79 GiB    budget - weights - 1.5 GiB reserve",
+            "blocks          1,941 x 16 tokens = 31,056 tokens",
+            "max concurrency 7.58x at 4,096 tokens per request",
+            "decode step     72.38 ms at batch 1; compute catches up with the weight read at ~269 tokens per step",
+        ])
+
+    def test_capacity_70b_on_h100_exits_1_naming_the_three_ways_out(self):
+        code, out, err = run_cli("capacity", "--model", "llama-3.1-70b")
+        self.assertEqual((code, out), (1, ""))
+        self.assertEqual(len(err.splitlines()), 1)
+        self.assertIn("servesim: llama-3.1-70b does not fit on h100-sxm-80gb: weights 141.20 GB "
+                      "plus 2.0 GiB reserve exceed 71.64 GiB", err)
+        for way_out in ("quantize", "tensor parallelism", "more memory"):
+            self.assertIn(way_out, err)
+
+    def test_kv_tokens_fixes_the_cache_like_llama_cpp_ctx_size(self):
+        report = run_json("capacity", "--hardware", "cpu-4vcpu", "--model", "smollm2-135m-q8_0",
+                          "--kv-tokens", "4096")
+        self.assertEqual(report["capacity"]["num_blocks"], 256)
+        self.assertEqual(report["capacity"]["num_kv_tokens"], 4096)
+        self.assertTrue(report["capacity"]["kv_tokens_fixed"])
+
+    def test_kv_tokens_larger_than_free_memory_exits_1(self):
+        code, _, err = run_cli("capacity", "--hardware", "l4-24gb", "--kv-tokens", "100000")
+        self.assertEqual(code, 1)
+        self.assertIn("does not fit", err)
+
+    def test_gpu_memory_utilization_and_block_size_change_the_block_count(self):
+        plan = main.plan_capacity(main.HARDWARE["l4-24gb"], main.MODELS["llama-3.1-8b"],
+                                  gpu_memory_utilization=0.95, block_size=32)
+        # 22.5 GiB x 0.95 - 16.06 GB - 1.5 GiB = 5,279,014,400 bytes, 4 MiB per 32-token block.
+        self.assertEqual(plan.num_blocks, 1258)
+        self.assertEqual(plan.num_kv_tokens, 40256)
+
+    def test_max_model_len_sets_the_concurrency_line(self):
+        code, out, _ = run_cli("capacity", "--hardware", "l4-24gb", "--max-model-len", "8192")
+        self.assertEqual(code, 0)
+        self.assertIn("max concurrency 3.79x at 8,192 tokens per request", out)
+
+    def test_kv_bytes_per_token_uses_kv_heads_not_query_heads(self):
+        self.assertEqual(main.MODELS["llama-3.1-8b"].kv_bytes_per_token, 131072)
+        self.assertEqual(main.MODELS["llama-3.1-70b"].kv_bytes_per_token, 327680)
+        self.assertEqual(main.MODELS["smollm2-135m-q8_0"].kv_bytes_per_token, 23040)
+
+    def test_q8_0_weights_take_34_bytes_per_32_params(self):
+        self.assertAlmostEqual(main.MODELS["smollm2-135m-q8_0"].weight_bytes, 134_515_008 * 34 / 32)
+
+    def test_unknown_preset_exits_2_listing_the_valid_names(self):
+        code, out, err = run_cli("capacity", "--hardware", "tpu-v5")
+        self.assertEqual((code, out), (2, ""))
+        self.assertEqual(err, "servesim: error: --hardware: unknown preset 'tpu-v5'; expected one of "
+                              "h100-sxm-80gb, a100-sxm-80gb, l4-24gb, cpu-4vcpu\n")
+        code, _, err = run_cli("simulate", "--model", "gpt-5", "--concurrency", "1")
+        self.assertEqual(code, 2)
+        self.assertIn("llama-3.1-8b, llama-3.1-70b, smollm2-135m-q8_0", err)
+
+    def test_presets_are_frozen(self):
+        with self.assertRaises(Exception):
+            main.HARDWARE["l4-24gb"].memory_gib = 48
+
+
+class RooflineTest(unittest.TestCase):
+    L4 = main.HARDWARE["l4-24gb"]
+    H100 = main.HARDWARE["h100-sxm-80gb"]
+    LLAMA_8B = main.MODELS["llama-3.1-8b"]
+
+    def test_decode_at_batch_1_is_overhead_plus_the_weight_read(self):
+        # 1 ms + 16.06 GB / (300 GB/s x 0.75)
+        self.assertAlmostEqual(main.step_seconds(self.L4, self.LLAMA_8B, 1, 0), 0.07238, places=5)
+
+    def test_context_tokens_add_their_kv_read(self):
+        base = main.step_seconds(self.H100, self.LLAMA_8B, 1, 0)
+        with_context = main.step_seconds(self.H100, self.LLAMA_8B, 1, 10_000)
+        # 10,000 x 128 KiB / (3,350 GB/s x 0.75)
+        self.assertAlmostEqual(with_context - base, 10_000 * 131072 / (3350e9 * 0.75))
+
+    def test_batching_16_decodes_costs_barely_more_than_one(self):
+        one = main.step_seconds(self.H100, self.LLAMA_8B, 1, 1000)
+        sixteen = main.step_seconds(self.H100, self.LLAMA_8B, 16, 16 * 1000)
+        self.assertLess(sixteen / one, 1.15)
+
+    def test_a_prefill_chunk_is_compute_bound(self):
+        # 2 x 8.03e9 x 8192 / (989.4e12 x 0.5) + 1 ms
+        self.assertAlmostEqual(main.step_seconds(self.H100, self.LLAMA_8B, 8192, 8192),
+                               0.001 + 2 * 8.03e9 * 8192 / (989.4e12 * 0.5))
+
+    def test_critical_batch_is_about_197_on_h100_269_on_l4_under_3_on_cpu(self):
+        self.assertEqual(round(main.critical_batch(self.H100, self.LLAMA_8B)), 197)
+        self.assertEqual(round(main.critical_batch(self.L4, self.LLAMA_8B)), 269)
+        cpu = main.critical_batch(main.HARDWARE["cpu-4vcpu"], main.MODELS["smollm2-135m-q8_0"])
+        self.assertLess(cpu, 3)
+
+    def test_past_the_critical_batch_every_token_makes_the_step_slower(self):
+        knee = int(main.critical_batch(self.H100, self.LLAMA_8B))
+        below = main.step_seconds(self.H100, self.LLAMA_8B, knee - 50, 0)
+        at = main.step_seconds(self.H100, self.LLAMA_8B, knee, 0)
+        above = main.step_seconds(self.H100, self.LLAMA_8B, knee + 50, 0)
+        self.assertAlmostEqual(below, at, places=4)
+        self.assertGreater(above, at * 1.2)
+
+
+if __name__ == "__main__":
+    unittest.main()

@@ -1,0 +1,85 @@
+"""Bad input exits 2 with one line naming the flag (or file:line) and what was expected."""
+
+import tempfile
+import unittest
+
+from support import run_cli, write_file
+
+
+class BadInputTest(unittest.TestCase):
+
+    def assert_usage_error(self, argv, *fragments):
+        code, out, err = run_cli(*argv)
+        self.assertEqual(code, 2, err)
+        self.assertEqual(out, "")
+        self.assertEqual(len(err.splitlines()), 1, err)
+        self.assertTrue(err.startswith("servesim: error: "), err)
+        self.assertNotIn("Traceback", err)
+        for fragment in fragments:
+            self.assertIn(fragment, err)
+
+    def test_concurrency_zero_exits_2(self):
+        self.assert_usage_error(("simulate", "--concurrency", "0"),
+                                "argument --concurrency: expected a positive integer, got '0'")
+
+    def test_non_numeric_flag_exits_2(self):
+        self.assert_usage_error(("simulate", "--rate", "fast"), "--rate", "expected a positive number")
+        self.assert_usage_error(("sweep", "--concurrency", "1,8", "--max-num-seqs", "many"), "--max-num-seqs")
+
+    def test_negative_flags_exit_2(self):
+        self.assert_usage_error(("simulate", "--rate", "-2"), "--rate")
+        self.assert_usage_error(("capacity", "--block-size", "-16"), "--block-size")
+        self.assert_usage_error(("capacity", "--gpu-memory-utilization", "1.5"),
+                                "--gpu-memory-utilization", "(0, 1]")
+
+    def test_a_range_with_min_above_max_exits_2(self):
+        self.assert_usage_error(("simulate", "--concurrency", "1", "--prompt-tokens", "1024-256"),
+                                "--prompt-tokens", "0 < LO <= HI", "'1024-256'")
+
+    def test_a_bad_concurrency_list_exits_2(self):
+        self.assert_usage_error(("sweep", "--concurrency", "1,0,8"), "--concurrency", "positive integers")
+        self.assert_usage_error(("sweep", "--concurrency", "1,,8"), "--concurrency")
+
+    def test_simulate_without_an_arrival_mode_exits_2(self):
+        self.assert_usage_error(("simulate",), "--trace", "--rate", "--concurrency")
+
+    def test_two_arrival_modes_exit_2(self):
+        self.assert_usage_error(("simulate", "--rate", "2", "--concurrency", "4"), "not allowed with")
+
+    def test_unknown_flag_and_command_exit_2(self):
+        self.assert_usage_error(("simulate", "--rate", "2", "--concurency", "4"), "unrecognized arguments: --concurency 4")
+        self.assert_usage_error(("simulat",), "simulat")
+
+    def test_a_trace_line_that_is_not_json_names_file_and_line(self):
+        with tempfile.TemporaryDirectory() as directory:
+            path = write_file(directory, "t.jsonl",
+                              '{"arrival_s": 0, "prompt_tokens": 5, "output_tokens": 2}\n{oops\n')
+            self.assert_usage_error(("simulate", "--trace", path), f"--trace {path}:2: not JSON")
+
+    def test_a_trace_line_missing_a_field_names_file_line_and_field(self):
+        with tempfile.TemporaryDirectory() as directory:
+            path = write_file(directory, "t.jsonl", '\n{"arrival_s": 0, "prompt_tokens": 5}\n')
+            self.assert_usage_error(("simulate", "--trace", path), f"--trace {path}:2: missing output_tokens")
+
+    def test_a_trace_field_of_the_wrong_type_is_named(self):
+        with tempfile.TemporaryDirectory() as directory:
+            path = write_file(directory, "t.jsonl",
+                              '{"arrival_s": 0, "prompt_tokens": "5", "output_tokens": 2}\n')
+            self.assert_usage_error(("simulate", "--trace", path),
+                                    f"--trace {path}:1: prompt_tokens must be an integer >= 1, got '5'")
+            path = write_file(directory, "u.jsonl",
+                              '{"arrival_s": -1, "prompt_tokens": 5, "output_tokens": 2}\n')
+            self.assert_usage_error(("simulate", "--trace", path), "arrival_s must be a number >= 0")
+
+    def test_a_missing_trace_file_exits_2(self):
+        self.assert_usage_error(("simulate", "--trace", "/nonexistent/t.jsonl"),
+                                "--trace /nonexistent/t.jsonl: cannot read it")
+
+    def test_an_empty_trace_exits_2(self):
+        with tempfile.TemporaryDirectory() as directory:
+            path = write_file(directory, "t.jsonl", "\n")
+            self.assert_usage_error(("simulate", "--trace", path), "no requests")
+
+
+if __name__ == "__main__":
+    unittest.main()

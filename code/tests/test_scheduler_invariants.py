@@ -1,0 +1,92 @@
+"""Randomised invariants: thousands of tiny engines with mixed flags, checked after every step."""
+
+import random
+import unittest
+
+from support import main, make_scheduler
+
+NUM_SEEDS = 2500
+
+
+def random_case(rng):
+    block_size = rng.choice((1, 2, 4))
+    scheduler = make_scheduler(
+        num_blocks=rng.randint(4, 24), block_size=block_size, max_num_seqs=rng.randint(1, 6),
+        max_num_batched_tokens=rng.randint(2, 32), chunked_prefill=rng.random() < 0.7,
+        prefix_caching=rng.random() < 0.5, max_model_len=rng.choice((None, None, 32)))
+    requests = []
+    for request_id in range(rng.randint(1, 10)):
+        prompt = rng.randint(1, 16)
+        prefix = rng.choice((None, "a", "b"))
+        requests.append(main.Request(request_id, prompt, rng.randint(1, 12), rng.randint(0, 12),
+                                     prefix, rng.randint(0, prompt) if prefix else 0))
+    return scheduler, requests
+
+
+class SchedulerInvariantTest(unittest.TestCase):
+
+    def check_pool(self, scheduler):
+        pool = scheduler.pool
+        self.assertEqual(len(pool.refs) + len(pool.free), pool.num_blocks, "used + free = total")
+        self.assertFalse(set(pool.refs) & set(pool.free), "a block is used or free, not both")
+        holders = {}
+        for request in scheduler.running:
+            self.assertEqual(len(request.blocks), scheduler.blocks_for(request.computed))
+            for block in request.blocks:
+                holders[block] = holders.get(block, 0) + 1
+        self.assertEqual(holders, pool.refs, "reference counts equal the running requests holding a block")
+        for request in scheduler.waiting:
+            self.assertEqual((request.blocks, request.computed), ([], 0))
+        for key, block in pool.cached.items():
+            self.assertEqual(pool.key_of[block], key)
+
+    def run_case(self, seed):
+        rng = random.Random(seed)
+        scheduler, requests = random_case(rng)
+        config = scheduler.config
+        arrivals = sorted(requests, key=lambda r: r.arrival_s)
+        for step_index in range(2000):
+            while arrivals and arrivals[0].arrival_s <= step_index:
+                scheduler.add(arrivals.pop(0))
+            if not scheduler.has_work() and not arrivals:
+                break
+            batch = scheduler.schedule(float(step_index))
+            self.assertLessEqual(sum(tokens for _, tokens in batch), config.max_num_batched_tokens)
+            self.assertLessEqual(len(scheduler.running), config.max_num_seqs)
+            self.assertEqual(len({id(request) for request, _ in batch}), len(batch))
+            for request, tokens in batch:
+                self.assertTrue(0 < tokens <= request.remaining)
+            scheduler.update(batch, step_index + 1.0)
+            self.check_pool(scheduler)
+        else:
+            self.fail("the run did not terminate")
+        for request in requests:
+            if request.error is None:
+                self.assertEqual(len(request.token_times), request.max_tokens)
+                self.assertEqual(request.token_times, sorted(request.token_times))
+            else:
+                self.assertEqual(request.token_times, [])
+        self.assertEqual(scheduler.pool.free_count(), scheduler.pool.num_blocks)
+
+    def test_invariants_hold_after_every_step_for_many_seeds(self):
+        for seed in range(NUM_SEEDS):
+            with self.subTest(seed=seed):
+                self.run_case(seed)
+
+    def test_the_random_cases_exercise_every_rule(self):
+        """Guard against a generator that never preempts, rejects or hits the cache."""
+        preemptions = rejections = hits = 0
+        for seed in range(300):
+            rng = random.Random(seed)
+            scheduler, requests = random_case(rng)
+            main.simulate(scheduler, main.HARDWARE["l4-24gb"], main.MODELS["llama-3.1-8b"], requests)
+            preemptions += scheduler.num_preemptions
+            hits += scheduler.num_prefix_hit_tokens
+            rejections += sum(request.error is not None for request in requests)
+        self.assertGreater(preemptions, 0)
+        self.assertGreater(rejections, 0)
+        self.assertGreater(hits, 0)
+
+
+if __name__ == "__main__":
+    unittest.main()
