@@ -10,12 +10,19 @@ spread (min-max) so the noise is visible.
 
 sweep    the lesson's Step 9 sweep: H100, 256 requests, concurrency 1,8,32,128,256
 poisson  20,000 Poisson requests on H100 at 30 req/s (about 100 running at a time)
+loadgen  loadgen's timing accuracy against a stub server in its own process that
+         streams 256 tokens, one every 5 ms, and stamps its send time in each event
+         (perf_counter is CLOCK_MONOTONIC on Linux, so comparable across processes);
+         at concurrency 1, 64 and 256: receive-minus-send error and measured ITL
 """
 
 import argparse
+import json
 import os
 import statistics
+import subprocess
 import sys
+import threading
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -60,10 +67,98 @@ def bench_poisson(repeat):
           f"{tokens / median:,.0f} simulated output tok per wall s")
 
 
-BENCHMARKS = {"sweep": bench_sweep, "poisson": bench_poisson}
+STUB_TOKENS = 256
+STUB_GAP_S = 0.005
+
+
+async def _stub_stream(reader, writer):
+    """One connection: read a POST, then stream STUB_TOKENS events on an absolute schedule."""
+    import asyncio
+    headers = await reader.readuntil(b"\r\n\r\n")
+    length = next((int(line.split(b":")[1]) for line in headers.split(b"\r\n")
+                   if line.lower().startswith(b"content-length:")), 0)
+    await reader.readexactly(length)
+    writer.write(b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nConnection: close\r\n\r\n")
+    head = b'data: {"choices": [{"index": 0, "delta": {"content": "x"}, "finish_reason": null}], "t": '
+    start = time.perf_counter()
+    for index in range(STUB_TOKENS):
+        delay = start + index * STUB_GAP_S - time.perf_counter()
+        if delay > 0:
+            await asyncio.sleep(delay)
+        # NOTE: stamp as late as possible: the error measured runs from here to the client.
+        writer.write(head + repr(time.perf_counter()).encode() + b"}\n\n")
+    tail = {"choices": [{"index": 0, "delta": {}, "finish_reason": "length"}],
+            "usage": {"prompt_tokens": 8, "completion_tokens": STUB_TOKENS}}
+    writer.write(b"data: " + json.dumps(tail).encode() + b"\n\ndata: [DONE]\n\n")
+    await writer.drain()
+    writer.close()
+
+
+def run_stub_server() -> int:
+    """The stub server process: one asyncio thread (so it costs the client little CPU);
+    prints its port, serves until killed."""
+    import asyncio
+
+    async def serve():
+        server = await asyncio.start_server(_stub_stream, "127.0.0.1", 0, backlog=1024)
+        print(server.sockets[0].getsockname()[1], flush=True)
+        await server.serve_forever()
+
+    asyncio.run(serve())
+    return 0
+
+
+def _percentile(sorted_values, pct):
+    return sorted_values[min(len(sorted_values) - 1, int(pct / 100 * len(sorted_values)))]
+
+
+def loadgen_accuracy_once(endpoint, concurrency):
+    """One closed-loop run of 2 x concurrency stub streams: (errors ms, ITL ms, failures)."""
+    errors_ms, lock = [], threading.Lock()
+
+    def on_event(at, event):
+        if "t" in event:
+            with lock:
+                errors_ms.append((at - event["t"]) * 1000)
+
+    bodies = [main.chat_body("stub", "hi", STUB_TOKENS, True, 0.0)] * concurrency * 2
+    plan = main.LoadPlan(endpoint, bodies, {"Content-Type": "application/json"}, 0, concurrency, None, 120.0)
+    with main.LoadRun(plan, on_event=on_event) as run:
+        run.start()
+        run.wait()
+    itl_ms = sorted((b - a) * 1000 for r in run.records for a, b in zip(r.token_times, r.token_times[1:]))
+    return sorted(errors_ms), itl_ms, [r.error for r in run.records if r.error is not None]
+
+
+def bench_loadgen(repeat):
+    sys.setswitchinterval(main.LOADGEN_SWITCH_INTERVAL_S)  # as loadgen sets it
+    stub = subprocess.Popen([sys.executable, os.path.abspath(__file__), "_stub"], stdout=subprocess.PIPE, text=True)
+    try:
+        endpoint = main.Endpoint.parse(f"http://127.0.0.1:{int(stub.stdout.readline())}")
+        for concurrency in (1, 64, 256):
+            figures = {"error p50": [], "error p99": [], "itl p50": [], "itl p99": []}
+            failures = []
+            for _ in range(repeat):
+                errors_ms, itl_ms, failed = loadgen_accuracy_once(endpoint, concurrency)
+                failures += failed
+                for name, values in (("error", errors_ms), ("itl", itl_ms)):
+                    figures[f"{name} p50"].append(_percentile(values, 50))
+                    figures[f"{name} p99"].append(_percentile(values, 99))
+            parts = [f"{name} {statistics.median(values):.3f} ({min(values):.3f}-{max(values):.3f})"
+                     for name, values in figures.items()]
+            print(f"loadgen  c={concurrency:<3} {2 * concurrency} streams x {STUB_TOKENS} tokens, {repeat} runs, "
+                  f"{len(failures)} failed; ms, median (min-max) of runs: " + ", ".join(parts))
+    finally:
+        stub.kill()
+        stub.wait()
+
+
+BENCHMARKS = {"sweep": bench_sweep, "poisson": bench_poisson, "loadgen": bench_loadgen}
 
 
 def main_bench(argv=None) -> int:
+    if argv is None and sys.argv[1:] == ["_stub"]:
+        return run_stub_server()
     parser = argparse.ArgumentParser(description="servesim benchmarks")
     parser.add_argument("names", nargs="*", help=f"any of {', '.join(BENCHMARKS)} (default: all)")
     parser.add_argument("--repeat", type=int, default=5, help="runs per benchmark (default 5)")
@@ -73,7 +168,7 @@ def main_bench(argv=None) -> int:
         parser.error(f"unknown benchmark {unknown[0]!r}; expected {', '.join(BENCHMARKS)}")
     print(f"python {sys.version.split()[0]} on {os.cpu_count()} cpus")
     for name in args.names or BENCHMARKS:
-        BENCHMARKS[name](args.repeat if name == "sweep" else max(1, args.repeat // 2))
+        BENCHMARKS[name](args.repeat if name == "sweep" else max(1, (args.repeat + 1) // 2))
     return 0
 
 

@@ -1,0 +1,175 @@
+"""A stdlib OpenAI-compatible server on 127.0.0.1:0 whose answers each test scripts.
+
+    with FakeServer(chat=stream_of([chunk(role="assistant"), chunk("Hi"), ...])) as server:
+        run_cli("loadgen", "--url", server.url, ...)
+
+chat(handler, body) writes the answer to one POST /v1/chat/completions; metrics is a
+list of /metrics texts served in turn (the last one repeats), or None for a 404.
+"""
+
+import json
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+
+def chunk(content=None, role=None, reasoning=None, finish=None, usage=None, timings=None, choices=True):
+    """One chat.completion.chunk event as a dict."""
+    delta = {}
+    if role is not None:
+        delta["role"] = role
+    if content is not None:
+        delta["content"] = content
+    if reasoning is not None:
+        delta["reasoning_content"] = reasoning
+    event = {"object": "chat.completion.chunk",
+             "choices": [{"index": 0, "delta": delta, "finish_reason": finish}] if choices else []}
+    if usage is not None:
+        event["usage"] = {"prompt_tokens": usage[0], "completion_tokens": usage[1],
+                          "total_tokens": usage[0] + usage[1]}
+    if timings is not None:
+        event["timings"] = timings
+    return event
+
+
+def sse(*events, done=True):
+    """The bytes of a well-formed stream: one "data: {json}" line and a blank line each."""
+    text = "".join(f"data: {json.dumps(event)}\n\n" for event in events)
+    return (text + ("data: [DONE]\n\n" if done else "")).encode()
+
+
+def standard_stream(num_tokens=4, prompt_tokens=12):
+    """Role chunk, num_tokens one-token chunks, finish chunk, usage chunk, [DONE]."""
+    events = [chunk(role="assistant", content="")]
+    events += [chunk(f" w{index}") for index in range(num_tokens)]
+    events += [chunk(finish="length"), chunk(choices=False, usage=(prompt_tokens, num_tokens))]
+    return sse(*events)
+
+
+def stream_of(*pieces, gate=None):
+    """A chat handler writing pieces (bytes), each flushed as its own HTTP chunk.
+
+    If gate (a threading.Event) is given, the handler waits for it before the last piece.
+    """
+    def handle(handler, body):
+        handler.start_stream()
+        for index, piece in enumerate(pieces):
+            if gate is not None and index == len(pieces) - 1:
+                gate.wait(30)
+            handler.write_chunk(piece)
+        handler.end_stream()
+    return handle
+
+
+def error_response(status, payload):
+    def handle(handler, body):
+        data = json.dumps(payload).encode()
+        handler.send_response(status)
+        handler.send_header("Content-Type", "application/json")
+        handler.send_header("Content-Length", str(len(data)))
+        handler.end_headers()
+        handler.wfile.write(data)
+    return handle
+
+
+class _Handler(BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+
+    def log_message(self, format, *args):  # keep test output clean
+        pass
+
+    def do_GET(self):
+        server = self.server.fake
+        server.headers_seen.append(dict(self.headers))
+        if self.path == "/v1/models":
+            self._send_json(200, {"object": "list", "data": [{"id": name} for name in server.models]})
+        elif self.path == "/metrics" and server.metrics:
+            with server.lock:
+                text = server.metrics[0] if len(server.metrics) == 1 else server.metrics.pop(0)
+                server.num_scrapes += 1
+            data = text.encode()
+            self.send_response(200)
+            self.send_header("Content-Type", "text/plain; version=0.0.4")
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+        else:
+            self._send_json(404, {"error": {"code": 404, "message": "File Not Found", "type": "not_found_error"}})
+
+    def do_POST(self):
+        server = self.server.fake
+        length = int(self.headers.get("Content-Length", 0))
+        body = json.loads(self.rfile.read(length))
+        with server.arrived:
+            server.bodies.append(body)
+            server.headers_seen.append(dict(self.headers))
+            index = len(server.bodies) - 1
+            server.arrived.notify_all()
+        handler = server.chat(index, body) if server.per_request else server.chat
+        try:
+            handler(self, body)
+        except (BrokenPipeError, ConnectionResetError):
+            pass
+
+    def start_stream(self):
+        self.send_response(200)
+        self.send_header("Content-Type", "text/event-stream")
+        self.send_header("Transfer-Encoding", "chunked")
+        self.end_headers()
+
+    def write_chunk(self, data):
+        self.wfile.write(b"%x\r\n%s\r\n" % (len(data), data))
+        self.wfile.flush()
+
+    def end_stream(self):
+        self.wfile.write(b"0\r\n\r\n")
+        self.wfile.flush()
+        self.close_connection = True
+
+    def _send_json(self, status, payload):
+        data = json.dumps(payload).encode()
+        self.send_response(status)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+
+class FakeServer:
+    """Context manager: a ThreadingHTTPServer on 127.0.0.1:0 serving in a thread.
+
+    chat: a handler for every request, or with per_request=True a function
+    (index, body) -> handler, so each request can get its own script.
+    """
+
+    def __init__(self, chat=None, metrics=None, models=("fake-model",), per_request=False):
+        self.chat = chat or stream_of(standard_stream())
+        self.per_request = per_request
+        self.metrics = list(metrics) if metrics else None
+        self.models = models
+        self.bodies = []
+        self.headers_seen = []
+        self.num_scrapes = 0
+        self.lock = threading.Lock()
+        self.arrived = threading.Condition(self.lock)
+
+    def __enter__(self):
+        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), _Handler)
+        self.httpd.daemon_threads = True
+        self.httpd.fake = self
+        self.thread = threading.Thread(target=self.httpd.serve_forever, kwargs={"poll_interval": 0.02},
+                                       daemon=True)
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc):
+        self.httpd.shutdown()
+        self.httpd.server_close()
+
+    def wait_for_requests(self, count, timeout_s=30):
+        """Block until count chat requests have arrived; False on timeout."""
+        with self.arrived:
+            return self.arrived.wait_for(lambda: len(self.bodies) >= count, timeout_s)
+
+    @property
+    def url(self):
+        return f"http://127.0.0.1:{self.httpd.server_address[1]}"

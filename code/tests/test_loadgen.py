@@ -1,0 +1,514 @@
+"""loadgen against a scripted fake server: stream parsing, metrics, errors, load shapes."""
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import unittest
+from unittest import mock
+
+from fake_server import FakeServer, chunk, error_response, sse, standard_stream, stream_of
+from support import CODE_DIR, main, run_cli
+
+LLAMA_400 = {"error": {"code": 400, "message": "request (1124 tokens) exceeds the available context size "
+                                               "(1024 tokens), try increasing it",
+                       "type": "exceed_context_size_error", "n_prompt_tokens": 1124, "n_ctx": 1024}}
+
+
+def parse(stream):
+    """Feed a stream to the parser line by line, line n arriving at t = n seconds."""
+    record = main.MeasuredRequest(0, sent_s=0.0)
+    parser = main.StreamParser(record)
+    for index, line in enumerate(stream.splitlines(keepends=True), start=1):
+        if not parser.feed(line, float(index)):
+            break
+    parser.end()
+    return record
+
+
+def measure(server, timeout_s=10.0):
+    """Send one request to server and return its record."""
+    record = main.MeasuredRequest(0, sent_s=0.0)
+    with main.StreamReader() as reader:
+        main.stream_chat(main.Endpoint.parse(server.url), main.chat_body("m", "hi", 8, False, 0.0),
+                         {"Content-Type": "application/json"}, record, reader, timeout_s)
+    return record
+
+
+def free_port():
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+class StreamParsingTest(unittest.TestCase):
+    """parse(): line n arrives at t = n, so each event (a data line, a blank line) is 2 s."""
+
+    def test_usage_gives_exact_token_counts_and_a_role_only_chunk_is_not_a_token(self):
+        record = parse(standard_stream(num_tokens=4, prompt_tokens=12))
+        self.assertIsNone(record.error)
+        self.assertEqual((record.prompt_tokens, record.output_tokens), (12, 4))
+        self.assertEqual(record.chunk_times, [3.0, 5.0, 7.0, 9.0])  # the role chunk was t=1
+        summary = main.summarize([record])
+        self.assertEqual(summary["ttft_ms"]["p50"], 3000.0)
+        self.assertEqual(summary["tpot_ms"]["p50"], 2000.0)
+        self.assertEqual((record.finish_reason, record.saw_done, record.token_counts), ("length", True, "usage"))
+
+    def test_two_tokens_per_chunk_give_tpot_from_usage_and_itl_per_token_and_per_chunk(self):
+        stream = sse(chunk(role="assistant"), chunk("ab"), chunk("cd"), chunk("ef"),
+                     chunk(finish="length", usage=(5, 6)))
+        record = parse(stream)
+        self.assertEqual(record.chunk_times, [3.0, 5.0, 7.0])
+        self.assertEqual(record.token_times, [3.0, 3.0, 4.0, 5.0, 6.0, 7.0])
+        summary = main.summarize([record])
+        self.assertEqual(summary["tpot_ms"]["mean"], 800.0)            # (7 - 3) s / 5 gaps
+        self.assertEqual(summary["itl_ms"]["count"], 5)
+        self.assertEqual(summary["itl_ms"]["max"], 1000.0)             # 2 s gap / 2 tokens
+        self.assertEqual(summary["itl_per_chunk_ms"]["count"], 2)
+        self.assertEqual(summary["itl_per_chunk_ms"]["p50"], 2000.0)
+
+    def test_a_running_usage_count_gives_each_chunk_its_exact_tokens(self):
+        events = [chunk("a", usage=(5, 1)), chunk("bcd", usage=(5, 4)), chunk("e", finish="stop", usage=(5, 5))]
+        record = parse(sse(*events))
+        self.assertEqual(record.token_counts, "usage-per-chunk")
+        # Events at t = 1, 3, 5 carrying 1, 3 and 1 tokens.
+        self.assertEqual(record.token_times, [1.0, 1.0 + 2 / 3, 1.0 + 4 / 3, 3.0, 5.0])
+
+    def test_reasoning_content_counts_as_the_first_token(self):
+        stream = sse(chunk(role="assistant"), chunk(reasoning="hmm"), chunk("yes"),
+                     chunk(finish="stop", usage=(3, 2)))
+        record = parse(stream)
+        self.assertEqual(record.chunk_times, [3.0, 5.0])
+        self.assertEqual(main.summarize([record])["ttft_ms"]["p50"], 3000.0)
+
+    def test_usage_in_the_finish_chunk_or_a_later_chunk_gives_the_same_counts(self):
+        in_finish = sse(chunk("a"), chunk("b"), chunk(finish="stop", usage=(7, 2)))
+        later = sse(chunk("a"), chunk("b"), chunk(finish="stop"), chunk(choices=False, usage=(7, 2)))
+        for stream in (in_finish, later):
+            record = parse(stream)
+            self.assertEqual((record.prompt_tokens, record.output_tokens, record.error), (7, 2, None))
+
+    def test_a_stream_without_usage_counts_chunks_and_says_so(self):
+        record = parse(sse(chunk("a"), chunk("b"), chunk("c", finish="stop")))
+        self.assertEqual((record.output_tokens, record.token_counts), (3, "chunks"))
+
+    def test_llama_cpp_timings_are_kept(self):
+        timings = {"cache_n": 4, "prompt_n": 25, "prompt_ms": 75.4, "prompt_per_token_ms": 3.0,
+                   "predicted_n": 2, "predicted_ms": 25.6, "predicted_per_token_ms": 12.8}
+        stream = sse(chunk("a"), chunk("b"), chunk(finish="length"),
+                     chunk(choices=False, usage=(29, 2), timings=timings))
+        record = parse(stream)
+        self.assertEqual(record.timings, {"prompt_n": 25, "prompt_ms": 75.4, "cache_n": 4, "predicted_n": 2,
+                                          "predicted_ms": 25.6, "predicted_per_token_ms": 12.8})
+
+    def test_comments_other_fields_no_space_data_and_crlf_are_understood(self):
+        stream = (b": keep-alive\r\n\r\nevent: message\r\nid: 7\r\ndata:" + json.dumps(chunk("a")).encode()
+                  + b"\r\n\r\ndata:" + json.dumps(chunk(finish="stop", usage=(3, 1))).encode() + b"\r\n\r\ndata:[DONE]\r\n")
+        record = parse(stream)
+        self.assertEqual((record.error, record.chunk_times, record.output_tokens, record.saw_done),
+                         (None, [5.0], 1, True))
+
+    def test_an_event_spread_over_two_data_lines_is_one_event(self):
+        head, tail = json.dumps(chunk("a")).split(', "choices"')
+        stream = (f'data: {head},\ndata:  "choices"{tail}\n\n'.encode()
+                  + sse(chunk(finish="stop", usage=(3, 1))))
+        record = parse(stream)
+        self.assertEqual((record.error, record.chunk_times, record.output_tokens), (None, [1.0], 1))
+
+    def test_an_in_band_error_event_fails_the_request(self):
+        stream = sse(chunk("a"), {"error": {"message": "engine died", "type": "internal_error"}})
+        record = parse(stream)
+        self.assertEqual((record.error_kind, record.error), ("stream-error", "engine died (internal_error)"))
+
+class HttpStreamTest(unittest.TestCase):
+    """The same streams over HTTP from the fake server: framing, flush boundaries, errors."""
+
+    def test_comments_no_space_data_crlf_and_an_event_split_across_flushes_parse(self):
+        first = b": keep-alive\r\n\r\ndata:" + json.dumps(chunk("a")).encode() + b"\r\n\r\nevent: x\r\n"
+        split = json.dumps(chunk("b")).encode()
+        pieces = (first, b"data: " + split[:10], split[10:] + b"\r\n\r\n",
+                  b"data: " + json.dumps(chunk(finish="stop", usage=(3, 2))).encode() + b"\r\n\r\ndata:[DONE]\r\n\r\n")
+        with FakeServer(chat=stream_of(*pieces)) as server:
+            record = measure(server)
+        self.assertIsNone(record.error)
+        self.assertEqual((len(record.chunk_times), record.output_tokens, record.saw_done), (2, 2, True))
+
+    def test_a_truncated_stream_is_an_error_not_a_short_answer(self):
+        with FakeServer(chat=stream_of(sse(chunk("a"), chunk("b"), done=False))) as server:
+            record = measure(server)
+        self.assertEqual(record.error_kind, "truncated")
+        self.assertEqual(main.summarize([record])["num_completed"], 0)
+
+    def test_a_finish_reason_without_done_is_complete(self):
+        with FakeServer(chat=stream_of(sse(chunk("a"), chunk(finish="stop", usage=(1, 1)), done=False))) as server:
+            self.assertIsNone(measure(server).error)
+
+    def test_a_stalled_stream_becomes_a_timeout_error(self):
+        gate = threading.Event()
+        try:
+            with FakeServer(chat=stream_of(sse(chunk("a"), done=False), b"", gate=gate)) as server:
+                record = measure(server, timeout_s=0.5)
+        finally:
+            gate.set()
+        self.assertEqual(record.error_kind, "timeout")
+        self.assertIn("--timeout 0.5 s", record.error)
+
+    def test_an_http_error_keeps_status_and_the_servers_message(self):
+        with FakeServer(chat=error_response(400, LLAMA_400)) as server:
+            record = measure(server)
+        self.assertEqual((record.status, record.error_kind), (400, "http 400"))
+        self.assertEqual(record.error, "request (1124 tokens) exceeds the available context size (1024 tokens), "
+                                       "try increasing it (exceed_context_size_error)")
+
+    def test_a_refused_connection_raises_server_unreachable(self):
+        with self.assertRaisesRegex(main.ServerUnreachable, "connection refused"):
+            with main.StreamReader() as reader:
+                main.stream_chat(main.Endpoint.parse(f"http://127.0.0.1:{free_port()}"), b"{}", {},
+                                 main.MeasuredRequest(0, sent_s=0.0), reader, 5.0)
+
+    def test_a_close_delimited_stream_without_chunking_parses(self):
+        def handle(handler, body):
+            handler.send_response(200)
+            handler.send_header("Content-Type", "text/event-stream")
+            handler.send_header("Connection", "close")
+            handler.end_headers()
+            handler.wfile.write(standard_stream(num_tokens=3))
+            handler.close_connection = True
+        with FakeServer(chat=handle) as server:
+            record = measure(server)
+        self.assertEqual((record.error, record.output_tokens, len(record.chunk_times)), (None, 3, 3))
+
+
+class HttpBodyTest(unittest.TestCase):
+
+    def test_chunked_bodies_decode_across_arbitrary_splits(self):
+        wire = b"4\r\nWiki\r\n6;ext=1\r\npedia \r\nE\r\nin \r\n\r\nchunks.\r\n0\r\nX-Trailer: 1\r\n\r\n"
+        for split in range(1, len(wire)):
+            body = main.HttpBody({"transfer-encoding": "chunked"})
+            decoded = body.feed(wire[:split]) + body.feed(wire[split:])
+            self.assertEqual((decoded, body.complete), (b"Wikipedia in \r\n\r\nchunks.", True))
+
+    def test_content_length_bodies_stop_at_their_length(self):
+        body = main.HttpBody({"content-length": "5"})
+        self.assertEqual((body.feed(b"abc"), body.complete), (b"abc", False))
+        self.assertEqual((body.feed(b"defgh"), body.complete), (b"de", True))
+
+    def test_a_malformed_chunk_size_raises_value_error(self):
+        with self.assertRaises(ValueError):
+            main.HttpBody({"transfer-encoding": "chunked"}).feed(b"zz\r\n")
+
+
+class TokenSpreadTest(unittest.TestCase):
+
+    def test_tokens_spread_evenly_with_the_remainder_on_the_last_chunks(self):
+        self.assertEqual(main.tokens_per_chunk([None] * 3, 7, 3), [2, 2, 3])
+        self.assertEqual(main.tokens_per_chunk([None] * 3, 3, 3), [1, 1, 1])
+        self.assertIsNone(main.tokens_per_chunk([None] * 3, 2, 3))
+
+    def test_a_gap_that_delivered_k_tokens_counts_as_k_gaps(self):
+        self.assertEqual(main.spread_token_times([0.0, 4.0], [1, 4]), [0.0, 1.0, 2.0, 3.0, 4.0])
+
+
+class PrometheusTest(unittest.TestCase):
+
+    def test_parser_reads_labels_special_values_and_skips_comments(self):
+        samples = main.parse_prometheus(
+            '# HELP vllm:x help\n# TYPE vllm:x gauge\n'
+            'vllm:num_requests_running{model_name="a b",engine="0"} 3\n'
+            'vllm:num_requests_running{model_name="c\\"d",engine="1"} 4.5 1700000000\n'
+            'weird_nan NaN\nup_inf +Inf\ndown -Inf\nnot a sample line\n')
+        self.assertEqual(samples["vllm:num_requests_running"],
+                         [({"model_name": "a b", "engine": "0"}, 3.0), ({"model_name": 'c"d', "engine": "1"}, 4.5)])
+        self.assertTrue(samples["weird_nan"][0][1] != samples["weird_nan"][0][1])
+        self.assertEqual((samples["up_inf"][0][1], samples["down"][0][1]), (float("inf"), float("-inf")))
+        self.assertEqual(main.metric_total(samples, "vllm:num_requests_running"), 7.5)
+        self.assertIsNone(main.metric_total(samples, "absent"))
+
+
+def llama_metrics(decodes, busy_avg, prompt, predicted, processing, deferred, cached=0):
+    return (f"# TYPE llamacpp:n_decode_total counter\nllamacpp:prompt_tokens_total {prompt}\n"
+            f"llamacpp:prompt_tokens_cached_total {cached}\nllamacpp:tokens_predicted_total {predicted}\n"
+            f"llamacpp:n_decode_total {decodes}\nllamacpp:requests_processing {processing}\n"
+            f"llamacpp:requests_deferred {deferred}\nllamacpp:n_busy_slots_per_decode {busy_avg}\n")
+
+
+def vllm_metrics(running, waiting, kv, preemptions, hits, queries, generated):
+    return (f'vllm:num_requests_running{{model_name="m"}} {running}\n'
+            f'vllm:num_requests_waiting{{model_name="m"}} {waiting}\n'
+            f'vllm:kv_cache_usage_perc{{model_name="m"}} {kv}\n'
+            f'vllm:num_preemptions_total{{model_name="m"}} {preemptions}\n'
+            f'vllm:prefix_cache_hits_total{{model_name="m"}} {hits}\n'
+            f'vllm:prefix_cache_queries_total{{model_name="m"}} {queries}\n'
+            f'vllm:generation_tokens_total{{model_name="m"}} {generated}\n')
+
+
+class ServerWindowTest(unittest.TestCase):
+
+    def test_llama_cpp_mean_batch_in_the_window_follows_the_step_8_formula(self):
+        scrapes = [main.parse_prometheus(text) for text in (
+            llama_metrics(100, 1.0, 500, 100, 0, 0),
+            llama_metrics(200, 2.0, 900, 300, 4, 3),
+            llama_metrics(300, 2.5, 1400, 600, 2, 1, cached=40))]
+        window = main.server_window(scrapes)
+        # (2.5 x 300 - 1.0 x 100) / (300 - 100)
+        self.assertEqual(window["mean_batch"], 3.25)
+        self.assertEqual((window["decode_calls"], window["prompt_tokens"], window["generated_tokens"]),
+                         (200.0, 900.0, 500.0))
+        self.assertEqual((window["max_running"], window["max_waiting"], window["cached_prompt_tokens"]),
+                         (4.0, 3.0, 40.0))
+        self.assertEqual(window["server"], "llama.cpp")
+
+    def test_vllm_counter_deltas_and_gauge_maxima_are_exact(self):
+        scrapes = [main.parse_prometheus(text) for text in (
+            vllm_metrics(0, 0, 0.1, 5, 100, 1000, 10_000),
+            vllm_metrics(32, 40, 1.0, 9, 400, 1800, 12_000),
+            vllm_metrics(30, 12, 0.7, 12, 700, 2000, 15_000))]
+        window = main.server_window(scrapes)
+        self.assertEqual(window["server"], "vllm")
+        self.assertEqual((window["max_running"], window["max_waiting"], window["kv_usage_peak"]), (32.0, 40.0, 1.0))
+        self.assertEqual((window["preemptions"], window["generated_tokens"]), (7.0, 5000.0))
+        self.assertEqual((window["prefix_cache_hits"], window["prefix_cache_queries"]), (600.0, 1000.0))
+        self.assertEqual(window["prefix_hit_rate"], 0.6)
+
+    def test_one_scrape_is_no_window(self):
+        self.assertIsNone(main.server_window([main.parse_prometheus(llama_metrics(1, 1, 1, 1, 0, 0))]))
+
+
+class LoadgenCliTest(unittest.TestCase):
+
+    def loadgen(self, server, *argv):
+        return run_cli("loadgen", "--url", server.url, "--scrape-interval", "0.05", *argv)
+
+    def test_a_closed_loop_run_reports_the_summary_and_the_server_window(self):
+        metrics = [llama_metrics(100, 1.0, 0, 0, 0, 0), llama_metrics(164, 3.0, 192, 64, 4, 0)]
+        with FakeServer(metrics=metrics) as server:
+            code, out, err = self.loadgen(server, "--concurrency", "4", "--requests", "16")
+            bodies = server.bodies
+        self.assertEqual((code, err), (0, ""))
+        lines = out.splitlines()
+        self.assertEqual(lines[0], f"loadgen fake-model at {server.url} 16 requests closed loop concurrency 4 "
+                                   f"max tokens 64")
+        self.assertEqual(lines[1], "tokens per request prompt 12.0 output 4.0 (from usage)")
+        self.assertEqual([line.split()[0] for line in lines[3:8]], ["ttft", "tpot", "itl", "chunk", "e2e"])
+        # (3.0 x 164 - 1.0 x 100) / 64
+        self.assertIn("server llama.cpp mean batch 6.12 max running 4 max waiting 0 decodes 64 "
+                      "prompt tokens 192 cached 0 generated 64", out)
+        self.assertEqual(len(bodies), 16)
+
+    def test_the_request_body_carries_the_openai_streaming_fields(self):
+        with FakeServer() as server:
+            code, _, _ = self.loadgen(server, "--requests", "1", "--max-tokens", "32", "--ignore-eos",
+                                      "--temperature", "0.5")
+            body = server.bodies[0]
+        self.assertEqual(code, 0)
+        self.assertEqual(body["model"], "fake-model")
+        self.assertEqual((body["stream"], body["stream_options"]), (True, {"include_usage": True}))
+        self.assertEqual((body["max_tokens"], body["ignore_eos"], body["temperature"]), (32, True, 0.5))
+        self.assertEqual(body["messages"][0]["role"], "user")
+
+    def test_model_flag_overrides_the_first_listed_model(self):
+        with FakeServer(models=("first", "second")) as server:
+            self.loadgen(server, "--requests", "1")
+            self.loadgen(server, "--requests", "1", "--model", "second")
+            self.assertEqual([body["model"] for body in server.bodies], ["first", "second"])
+
+    def test_prompts_share_the_prefix_and_differ_after_it(self):
+        with FakeServer() as server:
+            self.loadgen(server, "--requests", "3", "--prompt-tokens", "60", "--shared-prefix-tokens", "40")
+            prompts = [body["messages"][0]["content"] for body in server.bodies]
+        heads = {" ".join(prompt.split()[:40]) for prompt in prompts}
+        self.assertEqual(len(heads), 1)
+        self.assertEqual(len({" ".join(prompt.split()[40:]) for prompt in prompts}), 3)
+        self.assertTrue(all(50 <= len(prompt.split()) <= 62 for prompt in prompts))
+
+    def test_prompt_file_text_is_the_body_of_every_prompt(self):
+        import tempfile
+        with tempfile.NamedTemporaryFile("w", suffix=".txt", delete=False) as handle:
+            handle.write("Explain paged attention.")
+        try:
+            with FakeServer() as server:
+                self.loadgen(server, "--requests", "2", "--prompt-file", handle.name, "--seed", "7")
+                prompts = [body["messages"][0]["content"] for body in server.bodies]
+        finally:
+            os.unlink(handle.name)
+        self.assertEqual(prompts, ["Request 7-0. Explain paged attention.", "Request 7-1. Explain paged attention."])
+
+    def test_prompts_differ_between_runs_unless_the_seed_is_repeated(self):
+        def prompts(*argv):
+            with FakeServer() as server:
+                self.loadgen(server, "--requests", "2", *argv)
+                return [body["messages"][0]["content"] for body in server.bodies]
+        self.assertNotEqual(prompts(), prompts())
+        self.assertEqual(prompts("--seed", "3"), prompts("--seed", "3"))
+
+    def test_the_api_key_is_sent_as_a_bearer_token_and_never_printed(self):
+        with FakeServer(metrics=[llama_metrics(1, 1, 0, 0, 0, 0)]) as server:
+            code, out, err = self.loadgen(server, "--requests", "2", "--api-key", "sk-SECRET", "--json",
+                                          "--json-requests")
+            seen = [headers.get("Authorization") for headers in server.headers_seen]
+        self.assertEqual(code, 0)
+        self.assertTrue(seen and all(value == "Bearer sk-SECRET" for value in seen), seen)
+        self.assertNotIn("SECRET", out + err)
+
+    def test_openai_api_key_from_the_environment_is_used(self):
+        with mock.patch.dict(os.environ, {"OPENAI_API_KEY": "sk-ENV"}), FakeServer() as server:
+            self.loadgen(server, "--requests", "1")
+            self.assertEqual(server.headers_seen[-1].get("Authorization"), "Bearer sk-ENV")
+
+    def test_an_http_400_is_kept_per_request_and_the_others_are_reported(self):
+        def script(index, body):
+            return error_response(400, LLAMA_400) if index == 2 else stream_of(standard_stream())
+        with FakeServer(chat=script, per_request=True) as server:
+            code, out, err = self.loadgen(server, "--requests", "5")
+        self.assertEqual(code, 1)
+        self.assertIn("tokens per request prompt 12.0 output 4.0", out)
+        self.assertIn("errors 1: http 400 1", out)
+        self.assertIn("  request 2 http 400: request (1124 tokens) exceeds the available context size", out)
+        report = json.loads(self.loadgen_json(script))
+        self.assertEqual((report["summary"]["num_completed"], report["summary"]["errors"]), (4, {"http 400": 1}))
+        self.assertEqual(report["errors"][0]["status"], 400)
+
+    def loadgen_json(self, script):
+        with FakeServer(chat=script, per_request=True) as server:
+            return self.loadgen(server, "--requests", "5", "--json")[1]
+
+    def test_a_truncated_stream_is_reported_then_exits_1(self):
+        with FakeServer(chat=stream_of(sse(chunk("a"), done=False))) as server:
+            code, out, err = self.loadgen(server, "--requests", "2")
+        self.assertEqual((code, err), (1, ""))
+        self.assertIn("errors 2: truncated 2", out)
+
+    def test_a_refused_connection_exits_1_with_one_line_and_no_traceback(self):
+        url = f"http://127.0.0.1:{free_port()}"
+        for argv in (("--model", "m"), ()):
+            code, out, err = run_cli("loadgen", "--url", url, "--requests", "4", *argv)
+            self.assertEqual((code, out), (1, ""))
+            self.assertEqual(err, f"servesim: cannot connect to {url}: connection refused\n")
+
+    def test_missing_metrics_is_said_and_the_run_goes_on(self):
+        with FakeServer(metrics=None) as server:
+            code, out, _ = self.loadgen(server, "--requests", "2")
+        self.assertEqual(code, 0)
+        self.assertIn("server window unavailable: no /metrics (HTTP 404); llama-server needs --metrics", out)
+
+    def test_warmup_requests_are_sent_first_and_left_out_of_the_report(self):
+        with FakeServer() as server:
+            code, out, _ = self.loadgen(server, "--requests", "3", "--warmup", "2", "--json")
+            self.assertEqual(len(server.bodies), 5)
+        report = json.loads(out)
+        self.assertEqual(report["summary"]["num_requests"], 3)
+
+    def test_goodput_counts_requests_meeting_every_slo(self):
+        with FakeServer() as server:
+            code, out, _ = self.loadgen(server, "--requests", "4", "--slo-ttft-ms", "60000", "--slo-tpot-ms",
+                                        "60000", "--json")
+        goodput = json.loads(out)["summary"]["goodput"]
+        self.assertEqual((goodput["num_met"], goodput["attainment"]), (4, 1.0))
+        self.assertEqual(goodput["slo"], {"ttft_ms": 60000.0, "tpot_ms": 60000.0})
+
+    def test_the_json_report_round_trips(self):
+        def script(index, body):
+            return error_response(429, {"error": {"message": "busy"}}) if index == 1 else stream_of(standard_stream())
+        with FakeServer(chat=script, per_request=True, metrics=[llama_metrics(1, 1, 0, 0, 0, 0)]) as server:
+            code, out, _ = self.loadgen(server, "--requests", "4", "--json-requests", "--slo-ttft-ms", "1000")
+        report = json.loads(out)
+        records = main.records_from_report(json.loads(json.dumps(report)))
+        self.assertEqual(main.summarize(records, {"ttft_ms": 1000.0}), report["summary"])
+        self.assertEqual([r["request_id"] for r in report["requests"]], [0, 1, 2, 3])
+        self.assertEqual(report["requests"][0]["sent_s"] >= 0, True)
+
+    def test_a_bad_url_exits_2(self):
+        code, out, err = run_cli("loadgen", "--url", "localhost:8080")
+        self.assertEqual((code, out), (2, ""))
+        self.assertIn("--url: expected http://HOST:PORT", err)
+
+
+class FakeTime:
+    """A clock that only moves when the code under test sleeps."""
+
+    def __init__(self):
+        self.now = 0.0
+
+    def clock(self):
+        return self.now
+
+    def sleep(self, seconds):
+        self.now += seconds
+
+
+class OpenLoopTest(unittest.TestCase):
+
+    def plan(self, server, schedule, concurrency=None):
+        bodies = [main.chat_body("m", "hi", 4, False, 0.0)] * len(schedule)
+        return main.LoadPlan(main.Endpoint.parse(server.url), bodies, {"Content-Type": "application/json"},
+                             0, concurrency, schedule, 10.0)
+
+    def test_gamma_schedule_has_the_requested_mean_rate_and_starts_at_zero(self):
+        offsets = main.open_loop_schedule(4000, rate=20.0, burstiness=0.5, seed=1)
+        self.assertEqual(offsets[0], 0.0)
+        self.assertAlmostEqual(offsets[-1] / 3999, 1 / 20, delta=0.004)
+        self.assertEqual(main.open_loop_schedule(50, 20.0, 1.0, 3), main.open_loop_schedule(50, 20.0, 1.0, 3))
+
+    def test_sends_follow_the_precomputed_absolute_schedule(self):
+        schedule = main.open_loop_schedule(20, rate=10.0, burstiness=1.0, seed=5)
+        fake = FakeTime()
+        with FakeServer() as server:
+            with main.LoadRun(self.plan(server, schedule), clock=fake.clock, sleep=fake.sleep) as run:
+                run.start()
+                run.wait()
+        self.assertEqual([record.sent_s for record in run.records], schedule)
+
+    def test_sends_on_the_real_clock_stay_within_5_ms_of_the_schedule(self):
+        schedule = main.open_loop_schedule(24, rate=60.0, burstiness=1.0, seed=2)
+        with FakeServer() as server:
+            with main.LoadRun(self.plan(server, schedule)) as run:
+                run.start()
+                run.wait()
+        errors = sorted(abs(r.sent_s - r.scheduled_s) for r in run.records)
+        self.assertLess(errors[len(errors) // 2], 0.005)
+        self.assertTrue(all(r.error is None for r in run.records))
+
+    def test_rate_with_concurrency_caps_requests_in_flight(self):
+        gate = threading.Event()
+        with FakeServer(chat=stream_of(sse(chunk("a"), done=False), sse(chunk(finish="stop", usage=(1, 1))), gate=gate)) as server:
+            with main.LoadRun(self.plan(server, [0.0] * 6, concurrency=2)) as run:
+                dispatcher = threading.Thread(target=run.start)
+                dispatcher.start()
+                self.assertTrue(server.wait_for_requests(2))
+                dispatcher.join(0.3)
+                self.assertEqual(len(run.threads), 2)  # the third waits for a slot
+                gate.set()
+                dispatcher.join(10)
+                run.wait()
+        self.assertEqual(len(server.bodies), 6)
+
+
+class InterruptTest(unittest.TestCase):
+
+    def test_ctrl_c_stops_sending_reports_what_finished_and_exits_130(self):
+        gate = threading.Event()  # never opened while loadgen runs: both streams stay in flight
+        with FakeServer(chat=stream_of(sse(chunk("a"), done=False), sse(chunk(finish="stop", usage=(9, 2))),
+                                       gate=gate)) as server:
+            process = subprocess.Popen(
+                [sys.executable, os.path.join(CODE_DIR, "main.py"), "loadgen", "--url", server.url, "--model", "m",
+                 "--concurrency", "2", "--requests", "10"],
+                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+            try:
+                self.assertTrue(server.wait_for_requests(2))
+                process.send_signal(signal.SIGINT)
+                out, err = process.communicate(timeout=30)
+            finally:
+                process.kill()
+                gate.set()
+            self.assertEqual(len(server.bodies), 2)
+        self.assertEqual(process.returncode, 130, err)
+        self.assertNotIn("Traceback", err)
+        self.assertIn(" 2 requests closed loop concurrency 2", out.splitlines()[0])
+        self.assertIn("errors 2: interrupted 2", out)
+
+
+if __name__ == "__main__":
+    unittest.main()
