@@ -13,6 +13,7 @@ Usage:
     python3 code/main.py capacity [--hardware H] [--model M] [options]
     python3 code/main.py simulate (--trace FILE | --rate R | --concurrency N) [options]
     python3 code/main.py sweep --concurrency 1,8,32 [options]
+    python3 code/main.py loadgen --url URL [--concurrency N | --rate R] [options]
 
 Examples:
     # the memory plan: weights, KV per token, blocks, max concurrency, step time
@@ -22,6 +23,8 @@ Examples:
     python3 code/main.py simulate --hardware l4-24gb --trace code/fixtures/burst.jsonl --prefix-caching
     # closed-loop clients: how throughput and latency trade as the batch grows
     python3 code/main.py sweep --requests 256 --concurrency 1,8,32,128,256
+    # the same metrics measured from a real server's stream, plus its /metrics window
+    python3 code/main.py loadgen --url http://127.0.0.1:8080 --concurrency 4 --max-tokens 64 --ignore-eos
 
 Options shared by every subcommand:
     --hardware NAME              h100-sxm-80gb (default), a100-sxm-80gb, l4-24gb, cpu-4vcpu
@@ -48,8 +51,14 @@ Trace format (--trace): JSON Lines, one request per line:
 prefix and prefix_tokens are optional: requests whose prompts start with the same
 prefix name share its first prefix_tokens tokens, which prefix caching can reuse.
 
-Exit status: 0 success; 1 the model does not fit; 2 bad input (one line on
-stderr naming the flag or file:line and what was expected).
+Options of loadgen (see --help): --url, --model, --api-key, --concurrency, --rate,
+--burstiness, --requests, --warmup, --max-tokens, --ignore-eos, --temperature,
+--prompt-tokens, --prompt-file, --shared-prefix-tokens, --timeout, --seed,
+--scrape-interval, --slo-ttft-ms, --slo-tpot-ms, --json, --json-requests, --quiet.
+
+Exit status: 0 success; 1 the model does not fit, a server is unreachable or a
+request failed; 2 bad input (one line on stderr naming the flag or file:line and
+what was expected); 130 interrupted.
 """
 
 from __future__ import annotations
@@ -1877,7 +1886,8 @@ def build_parser() -> argparse.ArgumentParser:
                      help="TPOT objective: goodput counts requests whose TPOT is within it")
 
     parser = _Parser(prog="servesim", description=__doc__.split("\n\n")[0],
-                     epilog="Exit status: 0 success, 1 does not fit, 2 bad input.")
+                     epilog="Exit status: 0 success; 1 does not fit, unreachable or a request failed; "
+                            "2 bad input; 130 interrupted.")
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     capacity = commands.add_parser("capacity", parents=[common], help="the memory plan",
