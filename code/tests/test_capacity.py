@@ -101,6 +101,19 @@ class RooflineTest(unittest.TestCase):
         self.assertAlmostEqual(main.step_seconds(self.H100, self.LLAMA_8B, 8192, 8192),
                                0.001 + 2 * 8.03e9 * 8192 / (989.4e12 * 0.5))
 
+    def test_the_lm_head_is_priced_only_for_tokens_that_sample(self):
+        cpu = main.HARDWARE["cpu-4vcpu"]
+        gemma = main.MODELS["gemma-3-270m-q4_k_m"]
+        body, head = 268_098_176 - 167_772_160, 167_772_160
+        prefill = main.step_seconds(cpu, gemma, 100, 100, num_sampled=1)
+        self.assertAlmostEqual(prefill, 0.002 + 2 * (body * 100 + head) / 0.1e12)
+        decode = main.step_seconds(cpu, gemma, 4, 400)
+        self.assertAlmostEqual(decode, 0.002 + 2 * (body + head) * 4 / 0.1e12)
+
+    def test_without_head_params_every_token_pays_for_every_parameter(self):
+        self.assertEqual(main.step_seconds(self.H100, self.LLAMA_8B, 512, 512, num_sampled=1),
+                         main.step_seconds(self.H100, self.LLAMA_8B, 512, 512))
+
     def test_critical_batch_is_about_197_on_h100_269_on_l4_under_3_on_cpu(self):
         self.assertEqual(round(main.critical_batch(self.H100, self.LLAMA_8B)), 197)
         self.assertEqual(round(main.critical_batch(self.L4, self.LLAMA_8B)), 269)

@@ -81,6 +81,16 @@ class ModelFileTest(unittest.TestCase):
         self.assertEqual((model.name, model.layers, model.kv_heads, model.head_dim), ("tiny-mixed", 2, 2, 32))
         self.assertEqual(model.kv_bytes_per_token, 2 * 2 * 2 * 32 * 2)
 
+    def test_gguf_without_an_output_tensor_ties_the_embedding_to_the_head(self):
+        model = main.model_from_file(self.write("tied.gguf", llama_like()))
+        self.assertEqual((model.head_params, model.embedding_params), (256_000, 0))
+
+    def test_gguf_with_an_output_tensor_has_a_separate_head_and_embedding(self):
+        tensors = [("token_embd.weight", [256, 1000], Q8_0), ("output.weight", [256, 1000], Q6_K),
+                   ("blk.0.attn_q.weight", [256, 256], F16)]
+        model = main.model_from_file(self.write("untied.gguf", llama_like(tensors=tensors)))
+        self.assertEqual((model.head_params, model.embedding_params, model.body_params), (256_000, 256_000, 65_536))
+
     def test_gguf_without_head_count_kv_is_multi_head_attention(self):
         model = main.model_from_file(self.write("mha.gguf", llama_like(head_count_kv=None)))
         self.assertEqual(model.kv_heads, 8)
@@ -164,6 +174,7 @@ class ConfigJsonTest(unittest.TestCase):
         self.assertEqual(model.params, 8_030_261_248)
         self.assertEqual((model.layers, model.kv_heads, model.head_dim, model.bytes_per_param), (32, 8, 128, 2))
         self.assertEqual(model.name, "meta-llama/llama-3.1-8b")
+        self.assertEqual((model.head_params, model.embedding_params), (128256 * 4096, 128256 * 4096))
 
     def test_capacity_from_config_matches_the_preset_plan(self):
         code, out, _ = run_cli("capacity", "--hardware", "l4-24gb", "--model-file", self.config())
@@ -176,6 +187,8 @@ class ConfigJsonTest(unittest.TestCase):
         # one 128,256 x 4,096 matrix fewer; q/k/v/o grow with a 256 head dim
         attention_growth = 32 * (4096 * 32 * 128 * 2 + 4096 * 8 * 128 * 2)
         self.assertEqual(tied, untied - 128256 * 4096 + attention_growth)
+        model = main.model_from_file(self.config(tie_word_embeddings=True))
+        self.assertEqual((model.head_params, model.embedding_params), (128256 * 4096, 0))
 
     def test_dtype_sets_bytes_per_parameter(self):
         self.assertEqual(main.model_from_file(self.config(torch_dtype="float32")).bytes_per_param, 4)
