@@ -14,6 +14,8 @@ Usage:
     python3 code/main.py simulate (--trace FILE | --rate R | --concurrency N) [options]
     python3 code/main.py sweep --concurrency 1,8,32 [options]
     python3 code/main.py loadgen --url URL [--concurrency N | --rate R] [options]
+    python3 code/main.py compare REPORT.json... [--hardware H] [--model M] [options]
+    python3 code/main.py calibrate REPORT.json REPORT.json... [options] [--out FILE]
 
 Examples:
     # the memory plan: weights, KV per token, blocks, max concurrency, step time
@@ -25,17 +27,23 @@ Examples:
     python3 code/main.py sweep --requests 256 --concurrency 1,8,32,128,256
     # the same metrics measured from a real server's stream, plus its /metrics window
     python3 code/main.py loadgen --url http://127.0.0.1:8080 --concurrency 4 --max-tokens 64 --ignore-eos
+    # loadgen reports beside their prediction; hardware figures fitted to them
+    python3 code/main.py compare c1.json c4.json --hardware cpu-2vcpu --kv-tokens 4096 --max-num-seqs 4
+    python3 code/main.py calibrate c1.json c4.json --hardware cpu-2vcpu --out my-cpu.json
 
 Options shared by every subcommand:
-    --hardware NAME              h100-sxm-80gb (default), a100-sxm-80gb, l4-24gb, cpu-4vcpu
-    --model NAME                 llama-3.1-8b (default), llama-3.1-70b, smollm2-135m-q8_0
+    --hardware NAME              h100-sxm-80gb (default), a100-sxm-80gb, l4-24gb, cpu-4vcpu, cpu-2vcpu
+    --hardware-file FILE         hardware from a JSON file (calibrate --out writes one)
+    --model NAME                 llama-3.1-8b (default), llama-3.1-70b, smollm2-135m-q8_0,
+                                 gemma-3-270m-q4_k_m
+    --model-file FILE            a model from a GGUF file or a Hugging Face config.json
     --gpu-memory-utilization F   share of device memory for weights + KV cache (0.90)
     --block-size N               tokens per KV block (16)
     --kv-tokens N                fix the KV cache size in tokens (llama.cpp --ctx-size)
     --max-model-len N            longest request in tokens
     --json                       print the full report as JSON
 
-Options of simulate and sweep:
+Options of simulate, sweep, compare and calibrate:
     --max-num-seqs N             sequences per step (256)
     --max-num-batched-tokens N   tokens per step, prefill chunks included (8192)
     --no-chunked-prefill         a prompt is admitted only if all of it fits the step
@@ -182,6 +190,12 @@ HARDWARE: Dict[str, Hardware] = {
         # (mfu = mbu = 1), meant to be calibrated against a real server.
         Hardware("cpu-4vcpu", memory_gib=16.0, bandwidth_gbs=20, tflops=0.1,
                  mfu=1.0, mbu=1.0, step_overhead_ms=2.0, reserve_gib=0.5),
+        # The 2-vCPU AMD EPYC VM servesim is developed on (23.5 GiB), running llama.cpp
+        # b11434 with --threads 2: effective figures from `calibrate` on Gemma 3 270M Q4_K_M
+        # loadgen runs at concurrency 1, 4 and 8 (median of three fits, 2026-11-29). Other
+        # quant types run other kernels; calibrate again for them.
+        Hardware("cpu-2vcpu", memory_gib=23.5, bandwidth_gbs=43, tflops=0.087,
+                 mfu=1.0, mbu=1.0, step_overhead_ms=8.4, reserve_gib=0.5),
     )
 }
 
@@ -2715,7 +2729,7 @@ def cmd_loadgen(args) -> int:
     auth = {key: value for key, value in headers.items() if key == "Authorization"}
     model = args.model or discover_model(endpoint, auth, args.timeout)
     if args.seed is None:
-        args.seed = random.SystemRandom().randrange(1 << 31)  # fresh prompts: nothing cached from a last run
+        args.seed = random.SystemRandom().randrange(10 ** 6)  # fresh prompts: nothing cached from a last run
     num_total = args.warmup + args.requests
     prompts = build_prompts(num_total, args.prompt_tokens, args.shared_prefix_tokens, args.seed, prompt_text)
     bodies = [chat_body(model, prompt, args.max_tokens, args.ignore_eos, args.temperature) for prompt in prompts]
