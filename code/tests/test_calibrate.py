@@ -1,0 +1,152 @@
+"""compare and calibrate on reports the simulator writes itself, with known hardware."""
+
+import json
+import os
+import tempfile
+import unittest
+
+from support import main, run_cli
+
+KNOWN = main.Hardware("known", memory_gib=16, bandwidth_gbs=30, tflops=0.2, mfu=1.0, mbu=1.0,
+                      step_overhead_ms=3.0, reserve_gib=0.5)
+MODEL = main.MODELS["smollm2-135m-q8_0"]
+FLAGS = ("--model", "smollm2-135m-q8_0", "--kv-tokens", "4096", "--max-num-seqs", "8")
+
+
+def simulated_report(concurrency, prompt_tokens=40, output_tokens=64, num_requests=16, hardware=KNOWN):
+    """A loadgen-shaped report of a run the simulator made on known hardware."""
+    plan = main.plan_capacity(hardware, MODEL, kv_tokens=4096)
+    requests = main.synthetic_requests(num_requests, (prompt_tokens,) * 2, (output_tokens,) * 2, seed=0)
+    scheduler = main.Scheduler(main.SchedulerConfig(max_num_seqs=8), plan.num_blocks)
+    report = main.simulation_report(scheduler, hardware, MODEL, requests, concurrency)
+    settings = {"url": "simulated", "model": MODEL.name, "mode": "closed", "concurrency": concurrency, "rate": None,
+                "num_requests": num_requests, "max_tokens": output_tokens, "ignore_eos": True, "seed": 0}
+    return {"settings": settings, "summary": report["summary"],
+            "server": {"mean_batch": report["engine"]["mean_batch_seqs"]}}
+
+
+class CalibrateTest(unittest.TestCase):
+
+    def setUp(self):
+        self.directory = tempfile.TemporaryDirectory()
+        self.addCleanup(self.directory.cleanup)
+
+    def write(self, name, report):
+        path = os.path.join(self.directory.name, name)
+        with open(path, "w", encoding="utf-8") as handle:
+            json.dump(report, handle)
+        return path
+
+    def calibrate(self, *concurrencies):
+        paths = [self.write(f"c{c}.json", simulated_report(c)) for c in concurrencies]
+        return run_cli("calibrate", *paths, *FLAGS, "--hardware", "cpu-4vcpu", "--json")
+
+    def assert_recovered(self, fitted):
+        for name in ("bandwidth_gbs", "tflops", "step_overhead_ms"):
+            self.assertAlmostEqual(fitted[name] / getattr(KNOWN, name), 1.0, delta=0.05, msg=name)
+
+    def test_two_reports_recover_the_hardware_that_made_them(self):
+        code, out, err = self.calibrate(1, 8)
+        self.assertEqual((code, err), (0, ""))
+        report = json.loads(out)
+        self.assert_recovered(report["hardware"])
+        self.assertEqual([(r["concurrency"], r["figure"]) for r in report["residuals"]],
+                         [(1, "tpot p50"), (8, "tpot p50"), (1, "ttft p50")])
+        self.assertTrue(all(abs(r["error"]) < 0.01 for r in report["residuals"]))
+
+    def test_more_reports_are_a_least_squares_fit(self):
+        code, out, _ = self.calibrate(1, 2, 8)
+        self.assertEqual(code, 0)
+        self.assert_recovered(json.loads(out)["hardware"])
+
+    def test_the_fit_keeps_memory_and_reserve_of_the_base_and_folds_in_mfu_and_mbu(self):
+        hardware = json.loads(self.calibrate(1, 8)[1])["hardware"]
+        self.assertEqual((hardware["memory_gib"], hardware["reserve_gib"], hardware["mfu"], hardware["mbu"]),
+                         (16.0, 0.5, 1.0, 1.0))
+        self.assertEqual(hardware["name"], "cpu-4vcpu-calibrated")
+
+    def test_out_writes_a_hardware_file_that_every_subcommand_loads(self):
+        paths = [self.write(f"c{c}.json", simulated_report(c)) for c in (1, 8)]
+        out_path = os.path.join(self.directory.name, "fitted.json")
+        code, out, _ = run_cli("calibrate", *paths, *FLAGS, "--hardware", "cpu-4vcpu", "--name", "my-cpu",
+                               "--out", out_path)
+        self.assertEqual(code, 0)
+        self.assertIn(f"wrote {out_path}", out)
+        self.assertTrue(out.splitlines()[1].startswith('Hardware("my-cpu", memory_gib=16, bandwidth_gbs='))
+        code, out, _ = run_cli("capacity", "--hardware-file", out_path, "--model", "smollm2-135m-q8_0")
+        self.assertEqual(code, 0)
+        self.assertIn("capacity smollm2-135m-q8_0 on my-cpu", out)
+
+    def test_one_report_exits_2(self):
+        code, out, err = self.calibrate(4)
+        self.assertEqual((code, out), (2, ""))
+        self.assertIn("calibrate needs at least two loadgen reports", err)
+
+    def test_reports_at_the_same_concurrency_exit_2(self):
+        paths = [self.write(f"r{i}.json", simulated_report(4)) for i in range(2)]
+        code, _, err = run_cli("calibrate", *paths, *FLAGS)
+        self.assertEqual(code, 2)
+        self.assertIn("every report ran at concurrency 4; calibrate needs two different concurrencies", err)
+
+    def test_a_report_without_tpot_exits_2(self):
+        paths = [self.write("c1.json", simulated_report(1, output_tokens=1)), self.write("c8.json", simulated_report(8))]
+        code, _, err = run_cli("calibrate", *paths, *FLAGS)
+        self.assertEqual(code, 2)
+        self.assertIn("c1.json: no TPOT (requests of 1 output token)", err)
+
+    def test_a_report_with_nothing_completed_exits_2(self):
+        empty = simulated_report(1)
+        empty["summary"]["num_completed"] = 0
+        code, _, err = run_cli("calibrate", self.write("empty.json", empty), self.write("c8.json", simulated_report(8)),
+                               *FLAGS)
+        self.assertEqual(code, 2)
+        self.assertIn("empty.json: no request completed", err)
+
+    def test_an_open_loop_report_exits_2(self):
+        report = simulated_report(1)
+        report["settings"].update(mode="open", rate=2.0)
+        code, _, err = run_cli("calibrate", self.write("open.json", report), self.write("c8.json", simulated_report(8)),
+                               *FLAGS)
+        self.assertEqual(code, 2)
+        self.assertIn("an open-loop (--rate) run", err)
+
+    def test_a_file_that_is_not_a_report_exits_2(self):
+        path = self.write("other.json", {"hello": 1})
+        code, _, err = run_cli("calibrate", path, path, *FLAGS)
+        self.assertEqual(code, 2)
+        self.assertIn("not a loadgen --json report", err)
+
+    def test_a_bad_hardware_file_names_the_field(self):
+        path = self.write("hw.json", {"name": "x", "memory_gib": 16, "bandwidth_gbs": -1})
+        code, _, err = run_cli("capacity", "--hardware-file", path)
+        self.assertEqual(code, 2)
+        self.assertIn(f"--hardware-file {path}: bandwidth_gbs must be a positive number, got -1", err)
+
+
+class CompareTest(unittest.TestCase):
+
+    def test_a_report_compared_with_the_hardware_that_made_it_has_no_error(self):
+        with tempfile.TemporaryDirectory() as directory:
+            paths = []
+            for concurrency in (1, 8):
+                paths.append(os.path.join(directory, f"c{concurrency}.json"))
+                with open(paths[-1], "w", encoding="utf-8") as handle:
+                    json.dump(simulated_report(concurrency), handle)
+            hardware_path = os.path.join(directory, "known.json")
+            with open(hardware_path, "w", encoding="utf-8") as handle:
+                json.dump({name: getattr(KNOWN, name) for name in main.HARDWARE_FIELDS}, handle)
+            code, out, err = run_cli("compare", *paths, *FLAGS, "--hardware-file", hardware_path)
+            report = json.loads(run_cli("compare", *paths, *FLAGS, "--hardware-file", hardware_path, "--json")[1])
+        self.assertEqual((code, err), (0, ""))
+        lines = out.splitlines()
+        self.assertEqual(lines[0], "compare smollm2-135m-q8_0 on known (4,096 KV tokens, max-num-seqs 8) "
+                                   "with loadgen at simulated; times in ms")
+        self.assertEqual(lines[1].split(), ["measured", "|", "predicted", "|", "error"])
+        self.assertEqual(lines[3].split()[-3:], ["+0%", "+0%", "+0%"])
+        row = report["rows"][1]
+        self.assertEqual((row["concurrency"], row["prompt_tokens"], row["output_tokens"]), (8, 40, 64))
+        self.assertEqual(row["measured"], row["predicted"])
+
+
+if __name__ == "__main__":
+    unittest.main()
