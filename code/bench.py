@@ -45,25 +45,25 @@ def simulate_once(concurrency, rate, num_requests):
     plan = main.plan_capacity(main.HARDWARE["h100-sxm-80gb"], main.MODELS["llama-3.1-8b"])
     scheduler = main.Scheduler(main.SchedulerConfig(), plan.num_blocks)
     requests = main.synthetic_requests(num_requests, (256, 1024), (64, 256), seed=0, rate=rate)
-    return main.simulate(scheduler, plan.hardware, plan.model, requests, concurrency)
+    return requests, main.simulate(scheduler, plan.hardware, plan.model, requests, concurrency)
 
 
 def bench_sweep(repeat):
     def run():
         return [simulate_once(concurrency, None, 256) for concurrency in (1, 8, 32, 128, 256)]
     median, low, high, results = timed(run, repeat)
-    tokens = sum(sum(r.generated for r in result.requests) for result in results)
-    steps = sum(result.num_steps for result in results)
+    tokens = sum(sum(r.generated for r in requests) for requests, _ in results)
+    steps = sum(engine.num_steps for _, engine in results)
     print(f"sweep    {median:.3f} s wall (min {low:.3f}, max {high:.3f}, {repeat} runs); "
           f"{steps:,} steps, {tokens / median:,.0f} simulated output tok per wall s")
 
 
 def bench_poisson(repeat):
-    median, low, high, result = timed(lambda: simulate_once(None, 30.0, 20_000), repeat)
-    tokens = sum(r.generated for r in result.requests)
-    report = result.engine_report()
+    median, low, high, (requests, engine) = timed(lambda: simulate_once(None, 30.0, 20_000), repeat)
+    tokens = sum(r.generated for r in requests)
+    report = engine.report()
     print(f"poisson  {median:.3f} s wall (min {low:.3f}, max {high:.3f}, {repeat} runs); "
-          f"{result.num_steps:,} steps, mean batch {report['mean_batch_seqs']:.1f}, "
+          f"{engine.num_steps:,} steps, mean batch {report['mean_batch_seqs']:.1f}, "
           f"{tokens / median:,.0f} simulated output tok per wall s")
 
 

