@@ -705,6 +705,7 @@ class SchedulerConfig:
     chunked_prefill: bool = True         # --no-chunked-prefill turns it off
     prefix_caching: bool = False         # --prefix-caching
     max_model_len: Optional[int] = None  # --max-model-len: longest request (None: no limit)
+    max_tokens_in_flight: Optional[int] = None  # --max-tokens-in-flight (see TokenCapScheduler)
 
 
 Batch = List[Tuple[Request, int]]
@@ -801,6 +802,8 @@ class Scheduler:
             num_tokens = min(request.length - num_cached, budget)
             if not self.config.chunked_prefill and num_tokens < request.length - num_cached:
                 break
+            if not self._may_admit(request):
+                break
             num_new_blocks = self.blocks_for(num_cached + num_tokens) - len(hits)
             # NOTE: free cached hits count as free blocks but touching them takes them
             # off the free list, so they cannot also be allocated.
@@ -821,6 +824,10 @@ class Scheduler:
             batch.append((request, num_tokens))
             budget -= num_tokens
         return batch
+
+    def _may_admit(self, request: Request) -> bool:
+        """An admission policy beyond sequences, tokens and blocks (none here)."""
+        return True
 
     def _preempt(self, request: Request) -> None:
         """Free a request's KV and put it back at the head of the queue to recompute."""
@@ -870,6 +877,29 @@ class Scheduler:
 
 
 # =============================================================================
+# Scheduler extension: a cap on the tokens in flight (the lesson's Easy exercise)
+# =============================================================================
+
+class TokenCapScheduler(Scheduler):
+    """Admits a request only while the running requests' lengths plus its own stay within
+    max_tokens_in_flight, a cap set below what the KV cache holds: some servers protect
+    running requests this way, refusing work that would need memory later, so that
+    growing sequences never force a preemption. The price is queue time (TTFT).
+    A request longer than the cap still runs, alone, so that nothing waits forever."""
+
+    def _may_admit(self, request: Request) -> bool:
+        in_flight = sum(running.length for running in self.running)
+        return not self.running or in_flight + request.length <= self.config.max_tokens_in_flight
+
+
+def new_scheduler(config: SchedulerConfig, num_blocks: int) -> Scheduler:
+    """The scheduler a configuration asks for."""
+    if config.max_tokens_in_flight is not None:
+        return TokenCapScheduler(config, num_blocks)
+    return Scheduler(config, num_blocks)
+
+
+# =============================================================================
 # Simulation: the scheduler on a virtual clock
 # =============================================================================
 
@@ -888,6 +918,7 @@ class Engine:
         self.num_steps = 0
         self.num_batched_seqs = 0
         self.num_batched_tokens = 0
+        self.max_batch_seqs = 0
         self.busy_s = 0.0              # virtual seconds spent in steps
         self.kv_peak = 0.0             # highest share of blocks in use after scheduling
         self.kv_block_seconds = 0.0    # blocks in use x step seconds, for the time-weighted mean
@@ -914,6 +945,7 @@ class Engine:
         self.num_steps += 1
         self.num_batched_seqs += len(batch)
         self.num_batched_tokens += num_tokens
+        self.max_batch_seqs = max(self.max_batch_seqs, len(batch))
         self.busy_s += duration_s
         self.kv_block_seconds += used * duration_s
         self.kv_peak = max(self.kv_peak, used / scheduler.pool.num_blocks)
@@ -928,6 +960,7 @@ class Engine:
             "num_steps": self.num_steps,
             "mean_batch_seqs": self.num_batched_seqs / self.num_steps if self.num_steps else 0.0,
             "mean_batch_tokens": self.num_batched_tokens / self.num_steps if self.num_steps else 0.0,
+            "max_batch_seqs": self.max_batch_seqs,
             "busy_s": busy,
             "kv_peak": self.kv_peak,
             "kv_mean": self.kv_block_seconds / (busy * scheduler.pool.num_blocks) if busy else 0.0,
@@ -2334,6 +2367,13 @@ def _parse_int_list(text: str) -> Optional[List[int]]:
     return values if all(value > 0 for value in values) else None
 
 
+def _parse_float_list(text: str) -> Optional[List[float]]:
+    values = [float(part) for part in text.split(",")]
+    return values if all(value > 0 and math.isfinite(value) for value in values) else None
+
+
+float_list = _flag_type("float_list", _parse_float_list, lambda v: True,
+                        "positive numbers separated by commas (e.g. 1,2,4)")
 token_range = _flag_type("token_range", _parse_range, lambda v: True,
                          "N or LO-HI with 0 < LO <= HI (e.g. 256-1024)")
 int_list = _flag_type("int_list", _parse_int_list, lambda v: True,
@@ -2404,13 +2444,20 @@ def build_parser() -> argparse.ArgumentParser:
     arrivals.add_argument("--rate", type=positive_float, help="open loop: Poisson arrivals, requests/s")
     arrivals.add_argument("--concurrency", type=positive_int,
                           help="closed loop: N clients, each sending when its last request ends")
+    simulate_parser.add_argument("--max-tokens-in-flight", type=positive_int,
+                                 help="admit only while running requests' lengths stay within N tokens")
     simulate_parser.set_defaults(run=cmd_simulate)
 
     sweep = commands.add_parser(
-        "sweep", parents=[common, engine, slo], help="simulate several concurrencies, one table",
-        description="One closed-loop run per concurrency on the same seeded requests.")
-    sweep.add_argument("--concurrency", type=int_list, required=True,
-                       help="comma-separated client counts, e.g. 1,8,32,128,256")
+        "sweep", parents=[common, engine, slo], help="simulate several loads or caps, one table",
+        description="One run per load (client count, arrival rate, or a trace) and per "
+                    "--max-tokens-in-flight value, all on the same seeded requests.")
+    loads = sweep.add_mutually_exclusive_group(required=True)
+    loads.add_argument("--concurrency", type=int_list, help="closed-loop client counts, e.g. 1,8,32,128,256")
+    loads.add_argument("--rate", type=float_list, help="open-loop Poisson rates in requests/s, e.g. 1,2,4")
+    loads.add_argument("--trace", help="replay this JSON Lines trace in every run")
+    sweep.add_argument("--max-tokens-in-flight", type=int_list,
+                       help="caps on running requests' tokens to try, e.g. 16000,24000")
     sweep.set_defaults(run=cmd_sweep)
 
     loadgen = commands.add_parser(
@@ -2544,12 +2591,18 @@ def _workload(args, rate: Optional[float] = None) -> List[Request]:
     return synthetic_requests(args.requests, args.prompt_tokens, args.output_tokens, args.seed, rate)
 
 
-def run_simulation(args, plan: CapacityPlan, concurrency: Optional[int],
-                   rate: Optional[float] = None) -> dict:
+def _scheduler_config(args, max_tokens_in_flight: Optional[int] = None) -> SchedulerConfig:
+    return SchedulerConfig(args.max_num_seqs, args.max_num_batched_tokens, args.block_size,
+                           args.chunked_prefill, args.prefix_caching, args.max_model_len,
+                           max_tokens_in_flight)
+
+
+def run_simulation(args, plan: CapacityPlan, concurrency: Optional[int], rate: Optional[float] = None,
+                   max_tokens_in_flight: Optional[int] = None) -> dict:
     """One simulated run from parsed flags, as the report that text and --json print."""
-    config = _scheduler_config(args)
+    config = _scheduler_config(args, max_tokens_in_flight)
     requests = _workload(args, rate)
-    report = simulation_report(Scheduler(config, plan.num_blocks), plan.hardware, plan.model, requests,
+    report = simulation_report(new_scheduler(config, plan.num_blocks), plan.hardware, plan.model, requests,
                                concurrency, slo_from_args(args))
     if getattr(args, "trace", None):
         arrivals = {"mode": "trace", "trace": args.trace}
@@ -2628,7 +2681,7 @@ def _format_rejected(rejected: List[dict]) -> List[str]:
 
 def cmd_simulate(args) -> int:
     plan = _plan(args, args.max_model_len or 4096)
-    report = run_simulation(args, plan, args.concurrency, args.rate)
+    report = run_simulation(args, plan, args.concurrency, args.rate, args.max_tokens_in_flight)
     if args.json:
         _print_json(report)
     else:
@@ -2636,13 +2689,12 @@ def cmd_simulate(args) -> int:
     return 0
 
 
-SWEEP_COLUMNS = ("concurrency", "out tok/s", "ttft p50", "tpot p50", "tpot p95", "queue p95",
-                 "batch", "kv peak", "preempt")
+SWEEP_COLUMNS = ("out tok/s", "ttft p50", "tpot p50", "tpot p95", "queue p95", "batch", "kv peak", "preempt")
 
 
-def sweep_row(concurrency: int, report: dict) -> List[str]:
+def sweep_row(report: dict) -> List[str]:
     summary, engine = report["summary"], report["engine"]
-    return [str(concurrency), f"{summary['output_tok_per_s']:.1f}", _ms(summary["ttft_ms"]["p50"]),
+    return [f"{summary['output_tok_per_s']:.1f}", _ms(summary["ttft_ms"]["p50"]),
             _ms(summary["tpot_ms"]["p50"]), _ms(summary["tpot_ms"]["p95"]),
             _ms(summary["queue_ms"]["p95"]), f"{engine['mean_batch_seqs']:.1f}",
             f"{engine['kv_peak']:.1%}", str(engine["num_preemptions"])]
@@ -2650,14 +2702,30 @@ def sweep_row(concurrency: int, report: dict) -> List[str]:
 
 def cmd_sweep(args) -> int:
     plan = _plan(args, args.max_model_len or 4096)
-    runs = [run_simulation(args, plan, concurrency) for concurrency in args.concurrency]
+    if args.trace:
+        loads, axis = [("trace", None, None)], "trace"
+    elif args.rate:
+        loads, axis = [(f"{rate:g}", None, rate) for rate in args.rate], "rate"
+    else:
+        loads, axis = [(str(clients), clients, None) for clients in args.concurrency], "concurrency"
+    caps = args.max_tokens_in_flight or [None]
+    rows, runs = [], []
+    for label, concurrency, rate in loads:
+        for cap in caps:
+            runs.append(run_simulation(args, plan, concurrency, rate, cap))
+            cells = [label] if args.max_tokens_in_flight is None else [label, f"{cap:,}"]
+            rows.append(cells + sweep_row(runs[-1]))
     if args.json:
-        _print_json({"concurrency": args.concurrency, "runs": runs})
+        _print_json({"runs": runs})
         return 0
-    print(f"sweep {plan.model.name} on {plan.hardware.name} {args.requests} requests "
-          f"prompt {_describe_range(args.prompt_tokens)} output {_describe_range(args.output_tokens)}")
-    rows = [sweep_row(concurrency, run) for concurrency, run in zip(args.concurrency, runs)]
-    print("\n".join(format_table(SWEEP_COLUMNS, rows)))
+    if args.trace:
+        workload = f"trace {args.trace} ({runs[0]['settings']['num_requests']} requests)"
+    else:
+        workload = (f"{args.requests} requests prompt {_describe_range(args.prompt_tokens)} "
+                    f"output {_describe_range(args.output_tokens)}")
+    print(f"sweep {plan.model.name} on {plan.hardware.name} {workload}")
+    header = (axis,) if args.max_tokens_in_flight is None else (axis, "tokens cap")
+    print("\n".join(format_table(header + SWEEP_COLUMNS, rows)))
     for run in runs:
         for line in _format_rejected(run["rejected"]):
             print(line)
@@ -2871,11 +2939,6 @@ def cmd_compare(args) -> int:
           f"max-num-seqs {config.max_num_seqs}) with loadgen at {', '.join(servers)}; times in ms")
     print("\n".join(format_compare(rows)))
     return 0
-
-
-def _scheduler_config(args) -> SchedulerConfig:
-    return SchedulerConfig(args.max_num_seqs, args.max_num_batched_tokens, args.block_size,
-                           args.chunked_prefill, args.prefix_caching, args.max_model_len)
 
 
 def cmd_calibrate(args) -> int:

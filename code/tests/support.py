@@ -41,10 +41,10 @@ def make_pool(num_blocks=11):
 
 
 def make_scheduler(num_blocks=11, block_size=4, max_num_seqs=256, max_num_batched_tokens=64,
-                   chunked_prefill=True, prefix_caching=False, max_model_len=None):
+                   chunked_prefill=True, prefix_caching=False, max_model_len=None, max_tokens_in_flight=None):
     config = main.SchedulerConfig(max_num_seqs, max_num_batched_tokens, block_size,
-                                  chunked_prefill, prefix_caching, max_model_len)
-    return main.Scheduler(config, num_blocks)
+                                  chunked_prefill, prefix_caching, max_model_len, max_tokens_in_flight)
+    return main.new_scheduler(config, num_blocks)
 
 
 def step(scheduler, now_s=0.0):

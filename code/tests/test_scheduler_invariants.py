@@ -13,7 +13,8 @@ def random_case(rng):
     scheduler = make_scheduler(
         num_blocks=rng.randint(4, 24), block_size=block_size, max_num_seqs=rng.randint(1, 6),
         max_num_batched_tokens=rng.randint(2, 32), chunked_prefill=rng.random() < 0.7,
-        prefix_caching=rng.random() < 0.5, max_model_len=rng.choice((None, None, 32)))
+        prefix_caching=rng.random() < 0.5, max_model_len=rng.choice((None, None, 32)),
+        max_tokens_in_flight=rng.choice((None, None, rng.randint(4, 40))))
     requests = []
     for request_id in range(rng.randint(1, 10)):
         prompt = rng.randint(1, 16)

@@ -16,7 +16,7 @@ CPU_SWEEP = ("sweep", "--hardware", "cpu-4vcpu", "--model", "smollm2-135m-q8_0",
 
 
 def by_concurrency(report):
-    return dict(zip(report["concurrency"], report["runs"]))
+    return {run["settings"]["arrivals"]["concurrency"]: run for run in report["runs"]}
 
 
 class SweepShapeTest(unittest.TestCase):
