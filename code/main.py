@@ -72,8 +72,11 @@ what was expected); 130 interrupted.
 from __future__ import annotations
 
 import argparse
+import dataclasses
+import heapq
 import http.client
 import io
+import itertools
 import json
 import math
 import os
@@ -798,7 +801,8 @@ class Scheduler:
         while self.waiting and budget > 0 and len(self.running) < self.config.max_num_seqs:
             request = self.waiting[0]
             hits = self.pool.lookup(self._prefix_keys(request))
-            num_cached = len(hits) * self.config.block_size
+            num_hit_tokens = len(hits) * self.config.block_size
+            num_cached = self._tokens_with_kv(request, num_hit_tokens)
             num_tokens = min(request.length - num_cached, budget)
             if not self.config.chunked_prefill and num_tokens < request.length - num_cached:
                 break
@@ -814,9 +818,9 @@ class Scheduler:
             request.blocks = hits
             request.computed = num_cached
             request.num_cached_blocks = len(hits)
-            request.num_prefix_hit_tokens += num_cached
+            request.num_prefix_hit_tokens += num_hit_tokens
             self.num_prefix_query_tokens += request.length
-            self.num_prefix_hit_tokens += num_cached
+            self.num_prefix_hit_tokens += num_hit_tokens
             if request.scheduled_s is None:
                 request.scheduled_s = now_s
             self._allocate(request, num_new_blocks, num_tokens)
@@ -828,6 +832,10 @@ class Scheduler:
     def _may_admit(self, request: Request) -> bool:
         """An admission policy beyond sequences, tokens and blocks (none here)."""
         return True
+
+    def _tokens_with_kv(self, request: Request, num_hit_tokens: int) -> int:
+        """Tokens whose KV a request has when it is admitted: its prefix-cache hits."""
+        return num_hit_tokens
 
     def _preempt(self, request: Request) -> None:
         """Free a request's KV and put it back at the head of the queue to recompute."""
@@ -870,10 +878,14 @@ class Scheduler:
                     finished.append(request)
         if finished:
             for request in finished:
-                self.pool.release(request.blocks)
-                request.blocks = []
+                self._free(request)
             self.running = [request for request in self.running if not request.finished]
         return finished
+
+    def _free(self, request: Request) -> None:
+        """A finished request gives its blocks back."""
+        self.pool.release(request.blocks)
+        request.blocks = []
 
 
 # =============================================================================
@@ -922,19 +934,14 @@ class Engine:
         self.busy_s = 0.0              # virtual seconds spent in steps
         self.kv_peak = 0.0             # highest share of blocks in use after scheduling
         self.kv_block_seconds = 0.0    # blocks in use x step seconds, for the time-weighted mean
-        self._stalled = False
 
-    def step(self) -> List[Request]:
-        """One step at clock_s; returns the requests that finished when it ended."""
+    def step(self) -> Optional[List[Request]]:
+        """One step at clock_s; the requests that finished when it ended, or None when the
+        pass scheduled nothing (it only preempted, or everything waits for blocks)."""
         scheduler = self.scheduler
         batch = scheduler.schedule(self.clock_s)
         if not batch:
-            # A pass that only preempted frees blocks, so the next one makes progress.
-            if self._stalled:
-                raise RuntimeError("scheduler made no progress in two passes")
-            self._stalled = True
-            return []
-        self._stalled = False
+            return None
         num_tokens = num_context_tokens = num_sampled = 0
         for request, tokens in batch:
             num_tokens += tokens
@@ -994,6 +1001,7 @@ def simulate(scheduler: Scheduler, hardware: Hardware, model: ModelSpec,
     if concurrency is not None:
         for _ in range(concurrency):
             send_next(0.0)
+    stalled = False
     while True:
         if concurrency is None:
             while pending and pending[0].arrival_s <= engine.clock_s:
@@ -1006,6 +1014,13 @@ def simulate(scheduler: Scheduler, hardware: Hardware, model: ModelSpec,
                 continue
             break
         finished = engine.step()
+        if finished is None:
+            # A pass that only preempted frees blocks, so the next one makes progress.
+            if stalled:
+                raise RuntimeError("scheduler made no progress in two passes")
+            stalled = True
+            continue
+        stalled = False
         if concurrency is not None:
             for _ in finished:
                 send_next(engine.clock_s)
@@ -1118,6 +1133,161 @@ def meets_slo(ttft_s: float, tpot_s: Optional[float], slo: Dict[str, float]) -> 
     if "tpot_ms" in slo and tpot_s is not None and tpot_s * 1000 > slo["tpot_ms"]:
         return False
     return True
+
+
+# =============================================================================
+# Disaggregated prefill and decode (the lesson's Hard exercise)
+# =============================================================================
+
+class PrefillScheduler(Scheduler):
+    """The scheduler of a prefill engine: a finished prefill keeps its blocks until the
+    link has delivered them to the decode engine (release_held), as a real prefill
+    engine must, so a slow link fills the prefill engine's memory."""
+
+    def __init__(self, config: SchedulerConfig, num_blocks: int):
+        super().__init__(config, num_blocks)
+        self.held: Dict[Request, List[int]] = {}
+
+    def _free(self, request: Request) -> None:
+        self.held[request], request.blocks = request.blocks, []
+
+    def release_held(self, request: Request) -> None:
+        self.pool.release(self.held.pop(request))
+
+
+class DecodeScheduler(Scheduler):
+    """The scheduler of a decode engine: requests arrive with the KV of their prompt,
+    computed by a prefill engine and moved over a link. The last prompt token is
+    recomputed here, because its logits are needed to sample the first output token
+    (vLLM's NIXL connector does the same). A preempted request loses the transferred
+    KV and recomputes it here."""
+
+    def __init__(self, config: SchedulerConfig, num_blocks: int):
+        super().__init__(config, num_blocks)
+        self.transferred: Dict[Request, int] = {}  # request -> tokens whose KV came over the link
+
+    def add_with_kv(self, request: Request) -> bool:
+        if not self.add(request):
+            return False
+        self.transferred[request] = request.prompt_tokens - 1
+        return True
+
+    def _tokens_with_kv(self, request: Request, num_hit_tokens: int) -> int:
+        return max(num_hit_tokens, self.transferred.pop(request, 0))
+
+    def _preempt(self, request: Request) -> None:
+        self.transferred.pop(request, None)
+        super()._preempt(request)
+
+
+@dataclass
+class KvLink:
+    """The link between the engines: transfers go one at a time at gbs GB/s."""
+
+    gbs: float
+    free_at_s: float = 0.0
+    num_transfers: int = 0
+    num_bytes: float = 0.0
+    waits_s: List[float] = field(default_factory=list)  # from prefill done to KV delivered
+
+    def send(self, num_bytes: float, ready_s: float) -> float:
+        """Start a transfer of num_bytes when the data is ready and the link is free;
+        return when it arrives."""
+        start_s = max(ready_s, self.free_at_s)
+        self.free_at_s = start_s + num_bytes / (self.gbs * GB)
+        self.num_transfers += 1
+        self.num_bytes += num_bytes
+        self.waits_s.append(self.free_at_s - ready_s)
+        return self.free_at_s
+
+    def report(self) -> dict:
+        return {"kv_link_gbs": self.gbs, "num_transfers": self.num_transfers, "bytes": self.num_bytes,
+                "transfer_ms": distribution_ms(self.waits_s)}
+
+
+def simulate_disaggregated(prefill: Engine, decode: Engine, requests: List[Request], link: KvLink,
+                           min_prompt_tokens: int = 0, concurrency: Optional[int] = None) -> None:
+    """Run requests through a prefill engine, the KV link and a decode engine.
+
+    A request is prefilled on the prefill engine (its twin there samples one token that
+    nobody sees), its prompt's KV (prompt_tokens x kv_bytes_per_token) crosses the link,
+    and the decode engine produces every token the user sees, the first one included,
+    so TTFT pays for the transfer. Prompts shorter than min_prompt_tokens skip the
+    prefill engine and run whole on the decode engine (conditional disaggregation).
+    Arrivals are open loop, or closed loop with concurrency clients, as in simulate().
+    Each engine keeps its own clock; the next event (an arrival, a delivered transfer,
+    an engine's next step) always goes first.
+    """
+    assert isinstance(prefill.scheduler, PrefillScheduler) and isinstance(decode.scheduler, DecodeScheduler)
+    pending = deque(sorted(requests, key=lambda r: r.arrival_s) if concurrency is None else requests)
+    deliveries: List[Tuple[float, int, Request, Request]] = []  # (arrival at decode, order, twin, request)
+    order = itertools.count()
+    twins: Dict[Request, Request] = {}  # prefill-side twin -> the user's request
+    kv_bytes_per_token = decode.model.kv_bytes_per_token
+
+    def wake(engine: Engine, now_s: float) -> None:
+        if not engine.scheduler.has_work():
+            engine.clock_s = max(engine.clock_s, now_s)
+
+    def arrive(request: Request, now_s: float) -> bool:
+        request.sent_s = now_s
+        if request.prompt_tokens < min_prompt_tokens:
+            wake(decode, now_s)
+            return decode.scheduler.add(request)
+        twin = Request(request.request_id, request.prompt_tokens, 1, now_s, request.prefix,
+                       request.prefix_tokens, sent_s=now_s)
+        wake(prefill, now_s)
+        if not prefill.scheduler.add(twin):
+            request.error_kind, request.error = twin.error_kind, twin.error
+            return False
+        twins[twin] = request
+        return True
+
+    def send_next(now_s: float) -> None:
+        while pending and not arrive(pending.popleft(), now_s):
+            pass
+
+    def step(engine: Engine) -> List[Request]:
+        preemptions = engine.scheduler.num_preemptions
+        finished = engine.step()
+        if finished is not None:
+            return finished
+        if engine.scheduler.num_preemptions == preemptions:
+            # NOTE: nothing scheduled and nothing preempted: every block is held for a
+            # transfer, so the prefill engine waits for the link to free some.
+            if engine is decode or not deliveries:
+                raise RuntimeError(f"the {'decode' if engine is decode else 'prefill'} engine is stuck")
+            engine.clock_s = max(engine.clock_s, deliveries[0][0])
+        return []
+
+    if concurrency is not None:
+        for _ in range(concurrency):
+            send_next(0.0)
+    while True:
+        next_arrival = pending[0].arrival_s if concurrency is None and pending else math.inf
+        next_delivery = deliveries[0][0] if deliveries else math.inf
+        steps = [engine.clock_s if engine.scheduler.has_work() else math.inf for engine in (prefill, decode)]
+        now_s = min(next_arrival, next_delivery, *steps)
+        if now_s == math.inf:
+            break
+        if next_arrival == now_s:
+            arrive(pending.popleft(), now_s)
+        elif next_delivery == now_s:
+            _, _, twin, request = heapq.heappop(deliveries)
+            prefill.scheduler.release_held(twin)
+            wake(decode, now_s)
+            if not decode.scheduler.add_with_kv(request) and concurrency is not None:
+                send_next(now_s)
+        elif steps[0] == now_s:
+            for twin in step(prefill):
+                request = twins.pop(twin)
+                request.scheduled_s = twin.scheduled_s  # its queue time was spent on the prefill engine
+                arrival_s = link.send(twin.prompt_tokens * kv_bytes_per_token, prefill.clock_s)
+                heapq.heappush(deliveries, (arrival_s, next(order), twin, request))
+        else:
+            for _ in step(decode):
+                if concurrency is not None:
+                    send_next(decode.clock_s)
 
 
 # =============================================================================
@@ -2446,6 +2616,23 @@ def build_parser() -> argparse.ArgumentParser:
                           help="closed loop: N clients, each sending when its last request ends")
     simulate_parser.add_argument("--max-tokens-in-flight", type=positive_int,
                                  help="admit only while running requests' lengths stay within N tokens")
+    disagg = simulate_parser.add_argument_group(
+        "disaggregated prefill and decode", "two engines joined by a link that moves each prompt's KV")
+    disagg.add_argument("--disaggregate", action="store_true",
+                        help="prefill on one engine, decode on another; compared with one colocated engine")
+    disagg.add_argument("--kv-link-gbs", type=positive_float, default=50.0,
+                        help="GB/s of the link between the engines (default 50, a 400 Gb/s RDMA NIC)")
+    disagg.add_argument("--prefill-hardware", help="hardware preset of the prefill engine (default --hardware)")
+    disagg.add_argument("--decode-hardware", help="hardware preset of the decode engine (default --hardware)")
+    for phase in ("prefill", "decode"):
+        disagg.add_argument(f"--{phase}-max-num-seqs", type=positive_int,
+                            help=f"--max-num-seqs of the {phase} engine (default --max-num-seqs)")
+        disagg.add_argument(f"--{phase}-max-num-batched-tokens", type=positive_int,
+                            help=f"--max-num-batched-tokens of the {phase} engine (default --max-num-batched-tokens)")
+    disagg.add_argument("--disaggregate-min-prompt-tokens", type=non_negative_int, default=0,
+                        help="shorter prompts prefill on the decode engine (conditional disaggregation)")
+    disagg.add_argument("--find-kv-link-crossover", action="store_true",
+                        help="search the link bandwidth below which the colocated engine has the lower TTFT p95")
     simulate_parser.set_defaults(run=cmd_simulate)
 
     sweep = commands.add_parser(
@@ -2682,11 +2869,126 @@ def _format_rejected(rejected: List[dict]) -> List[str]:
 def cmd_simulate(args) -> int:
     plan = _plan(args, args.max_model_len or 4096)
     report = run_simulation(args, plan, args.concurrency, args.rate, args.max_tokens_in_flight)
+    if args.disaggregate or args.find_kv_link_crossover:
+        return cmd_disaggregated(args, plan, report)
     if args.json:
         _print_json(report)
     else:
         print("\n".join(format_simulation(report)))
     return 0
+
+
+def _phase_plan(args, plan: CapacityPlan, phase: str) -> CapacityPlan:
+    name = getattr(args, f"{phase}_hardware")
+    if name is None:
+        return plan
+    hardware = get_preset(HARDWARE, name, f"--{phase}-hardware")
+    return plan_capacity(hardware, plan.model, args.gpu_memory_utilization, args.block_size, args.kv_tokens,
+                         plan.max_model_len)
+
+
+def _phase_config(args, phase: str) -> SchedulerConfig:
+    config = _scheduler_config(args, args.max_tokens_in_flight)
+    return dataclasses.replace(
+        config, max_num_seqs=getattr(args, f"{phase}_max_num_seqs") or config.max_num_seqs,
+        max_num_batched_tokens=getattr(args, f"{phase}_max_num_batched_tokens") or config.max_num_batched_tokens)
+
+
+def run_disaggregated(args, plan: CapacityPlan, kv_link_gbs: float) -> dict:
+    """One disaggregated run from parsed flags: both engines, the link and the summary."""
+    prefill_plan, decode_plan = _phase_plan(args, plan, "prefill"), _phase_plan(args, plan, "decode")
+    prefill_config, decode_config = _phase_config(args, "prefill"), _phase_config(args, "decode")
+    prefill = Engine(PrefillScheduler(prefill_config, prefill_plan.num_blocks), prefill_plan.hardware, plan.model)
+    decode = Engine(DecodeScheduler(decode_config, decode_plan.num_blocks), decode_plan.hardware, plan.model)
+    link = KvLink(kv_link_gbs)
+    requests = _workload(args, args.rate)
+    simulate_disaggregated(prefill, decode, requests, link, args.disaggregate_min_prompt_tokens, args.concurrency)
+    rejected = [{"request_id": r.request_id, "kind": r.error_kind, "error": r.error}
+                for r in requests if r.error is not None]
+    return {
+        "prefill": {"hardware": prefill_plan.hardware.name, "scheduler": asdict(prefill_config),
+                    "capacity": prefill_plan.to_dict(), "engine": prefill.report()},
+        "decode": {"hardware": decode_plan.hardware.name, "scheduler": asdict(decode_config),
+                   "capacity": decode_plan.to_dict(), "engine": decode.report()},
+        "link": link.report(),
+        "min_prompt_tokens": args.disaggregate_min_prompt_tokens,
+        "summary": summarize(requests, slo_from_args(args)),
+        "rejected": rejected,
+    }
+
+
+def find_kv_link_crossover(ttft_p95_at: Callable[[float], Optional[float]], colocated_ms: float,
+                           low_gbs: float = 0.1, high_gbs: float = 10_000.0) -> dict:
+    """The link bandwidth below which one colocated engine has the lower TTFT p95.
+
+    Bisection on a log scale (the disaggregated TTFT only grows as the link slows) until
+    the bracket is within 1%; the answer is None when disaggregation wins even over the
+    slowest link tried, or loses even over the fastest.
+    """
+    at_high, at_low = ttft_p95_at(high_gbs), ttft_p95_at(low_gbs)
+    result = {"colocated_ttft_p95_ms": colocated_ms, "searched_gbs": [low_gbs, high_gbs],
+              "disaggregated_ttft_p95_ms_at_fastest": at_high, "disaggregated_ttft_p95_ms_at_slowest": at_low,
+              "crossover_gbs": None}
+    if at_high is None or at_high >= colocated_ms:
+        result["verdict"] = f"the colocated engine has the lower TTFT p95 even over a {high_gbs:g} GB/s link"
+        return result
+    if at_low is not None and at_low < colocated_ms:
+        result["verdict"] = f"disaggregation has the lower TTFT p95 even over a {low_gbs:g} GB/s link"
+        return result
+    while high_gbs / low_gbs > 1.01:
+        middle = math.sqrt(low_gbs * high_gbs)
+        middle_ms = ttft_p95_at(middle)
+        if middle_ms is not None and middle_ms < colocated_ms:
+            high_gbs = middle
+        else:
+            low_gbs = middle
+    result["crossover_gbs"] = high_gbs
+    result["verdict"] = (f"below {high_gbs:.3g} GB/s the colocated engine has the lower TTFT p95 "
+                         f"({colocated_ms:.1f} ms)")
+    return result
+
+
+def cmd_disaggregated(args, plan: CapacityPlan, colocated: dict) -> int:
+    report = run_disaggregated(args, plan, args.kv_link_gbs)
+    report["colocated"] = {"hardware": plan.hardware.name, "engine": colocated["engine"],
+                           "summary": colocated["summary"]}
+    if args.find_kv_link_crossover:
+        report["kv_link_crossover"] = find_kv_link_crossover(
+            lambda gbs: run_disaggregated(args, plan, gbs)["summary"]["ttft_ms"]["p95"],
+            colocated["summary"]["ttft_ms"]["p95"])
+    if args.json:
+        _print_json(dict(settings=colocated["settings"], **report))
+    else:
+        print("\n".join(format_disaggregated(colocated["settings"], report)))
+    return 0
+
+
+def format_disaggregated(settings: dict, report: dict) -> List[str]:
+    prefill, decode, link = report["prefill"], report["decode"], report["link"]
+    lines = [f"servesim {settings['model']} disaggregated, {settings['num_requests']} requests: "
+             f"prefill on {prefill['hardware']}, decode on {decode['hardware']}, "
+             f"KV link {link['kv_link_gbs']:g} GB/s"]
+    for name, phase in (("prefill", prefill), ("decode", decode)):
+        engine = phase["engine"]
+        lines.append(f"{name + ' engine':<15} steps {engine['num_steps']:,} mean batch "
+                     f"{engine['mean_batch_seqs']:.1f} seqs kv peak {engine['kv_peak']:.1%} "
+                     f"preemptions {engine['num_preemptions']}")
+    transfer = link["transfer_ms"]
+    lines.append(f"{'kv link':<15} {link['num_transfers']:,} transfers {link['bytes'] / GB:.1f} GB, wait + "
+                 f"transfer ms p50 {_ms(transfer['p50'])} p99 {_ms(transfer['p99'])}")
+    lines += format_summary(report["summary"])
+    lines += _format_rejected(report["rejected"])
+    colocated, disaggregated = report["colocated"]["summary"], report["summary"]
+    rows = [[label, figure(colocated), figure(disaggregated)] for label, figure in (
+        ("ttft p50 ms", lambda s: _ms(s["ttft_ms"]["p50"])), ("ttft p95 ms", lambda s: _ms(s["ttft_ms"]["p95"])),
+        ("tpot p50 ms", lambda s: _ms(s["tpot_ms"]["p50"])), ("itl p99 ms", lambda s: _ms(s["itl_ms"]["p99"])),
+        ("out tok/s", lambda s: f"{s['output_tok_per_s']:.1f}"))]
+    lines.append(f"versus one colocated engine on {report['colocated']['hardware']}:")
+    lines += format_table(("", "colocated", "disaggregated"), rows)
+    crossover = report.get("kv_link_crossover")
+    if crossover is not None:
+        lines.append(f"kv link crossover: {crossover['verdict']}")
+    return lines
 
 
 SWEEP_COLUMNS = ("out tok/s", "ttft p50", "tpot p50", "tpot p95", "queue p95", "batch", "kv peak", "preempt")

@@ -13,7 +13,7 @@ MODEL = main.MODELS["smollm2-135m-q8_0"]
 FLAGS = ("--model", "smollm2-135m-q8_0", "--kv-tokens", "4096", "--max-num-seqs", "8")
 
 
-def simulated_report(concurrency, prompt_tokens=40, output_tokens=64, num_requests=16, hardware=KNOWN):
+def simulated_report(concurrency, prompt_tokens=40, output_tokens=64, num_requests=8, hardware=KNOWN):
     """A loadgen-shaped report of a run the simulator made on known hardware."""
     plan = main.plan_capacity(hardware, MODEL, kv_tokens=4096)
     requests = main.synthetic_requests(num_requests, (prompt_tokens,) * 2, (output_tokens,) * 2, seed=0)
@@ -45,8 +45,18 @@ class CalibrateTest(unittest.TestCase):
         for name in ("bandwidth_gbs", "tflops", "step_overhead_ms"):
             self.assertAlmostEqual(fitted[name] / getattr(KNOWN, name), 1.0, delta=0.05, msg=name)
 
+    @classmethod
+    def setUpClass(cls):
+        with tempfile.TemporaryDirectory() as directory:
+            paths = []
+            for concurrency in (1, 8):
+                paths.append(os.path.join(directory, f"c{concurrency}.json"))
+                with open(paths[-1], "w", encoding="utf-8") as handle:
+                    json.dump(simulated_report(concurrency), handle)
+            cls.fit = run_cli("calibrate", *paths, *FLAGS, "--hardware", "cpu-4vcpu", "--json")
+
     def test_two_reports_recover_the_hardware_that_made_them(self):
-        code, out, err = self.calibrate(1, 8)
+        code, out, err = self.fit
         self.assertEqual((code, err), (0, ""))
         report = json.loads(out)
         self.assert_recovered(report["hardware"])
@@ -60,7 +70,7 @@ class CalibrateTest(unittest.TestCase):
         self.assert_recovered(json.loads(out)["hardware"])
 
     def test_the_fit_keeps_memory_and_reserve_of_the_base_and_folds_in_mfu_and_mbu(self):
-        hardware = json.loads(self.calibrate(1, 8)[1])["hardware"]
+        hardware = json.loads(self.fit[1])["hardware"]
         self.assertEqual((hardware["memory_gib"], hardware["reserve_gib"], hardware["mfu"], hardware["mbu"]),
                          (16.0, 0.5, 1.0, 1.0))
         self.assertEqual(hardware["name"], "cpu-4vcpu-calibrated")
@@ -70,6 +80,7 @@ class CalibrateTest(unittest.TestCase):
         out_path = os.path.join(self.directory.name, "fitted.json")
         code, out, _ = run_cli("calibrate", *paths, *FLAGS, "--hardware", "cpu-4vcpu", "--name", "my-cpu",
                                "--out", out_path)
+        self.assertEqual(json.load(open(out_path, encoding="utf-8"))["name"], "my-cpu")
         self.assertEqual(code, 0)
         self.assertIn(f"wrote {out_path}", out)
         self.assertTrue(out.splitlines()[1].startswith('Hardware("my-cpu", memory_gib=16, bandwidth_gbs='))

@@ -1,0 +1,128 @@
+"""--disaggregate (the lesson's Hard exercise): a prefill engine, a KV link, a decode engine."""
+
+import json
+import os
+import random
+import tempfile
+import unittest
+
+from support import main, run_cli, run_json
+
+H100 = main.HARDWARE["h100-sxm-80gb"]
+LLAMA_8B = main.MODELS["llama-3.1-8b"]
+
+
+def write_mixed_trace(directory, num_requests=240, rate=8.0, seed=1):
+    """One request in five has an 8,000-token prompt; the rest are short chats."""
+    rng = random.Random(seed)
+    path = os.path.join(directory, "mixed.jsonl")
+    arrival_s = 0.0
+    with open(path, "w", encoding="utf-8") as handle:
+        for _ in range(num_requests):
+            arrival_s += rng.expovariate(rate)
+            if rng.random() < 0.2:
+                row = {"arrival_s": round(arrival_s, 3), "prompt_tokens": 8000, "output_tokens": 64}
+            else:
+                row = {"arrival_s": round(arrival_s, 3), "prompt_tokens": rng.randint(100, 400),
+                       "output_tokens": rng.randint(100, 300)}
+            handle.write(json.dumps(row) + "\n")
+    return path
+
+
+def disaggregated(requests, link_gbs, min_prompt_tokens=0, config=main.SchedulerConfig()):
+    plan = main.plan_capacity(H100, LLAMA_8B)
+    prefill = main.Engine(main.PrefillScheduler(config, plan.num_blocks), H100, LLAMA_8B)
+    decode = main.Engine(main.DecodeScheduler(config, plan.num_blocks), H100, LLAMA_8B)
+    link = main.KvLink(link_gbs)
+    main.simulate_disaggregated(prefill, decode, requests, link, min_prompt_tokens)
+    return prefill, decode, link
+
+
+class DisaggregateTest(unittest.TestCase):
+
+    @classmethod
+    def setUpClass(cls):
+        cls.directory = tempfile.TemporaryDirectory()
+        cls.trace = write_mixed_trace(cls.directory.name)
+
+    @classmethod
+    def tearDownClass(cls):
+        cls.directory.cleanup()
+
+    def test_a_2000_token_prompt_of_llama_8b_waits_about_10_ms_on_a_25_gbs_link(self):
+        request = main.Request(0, 2000, 8, 0.0)
+        _, _, link = disaggregated([request], 25.0)
+        self.assertEqual(len(link.waits_s), 1)
+        self.assertAlmostEqual(link.waits_s[0], 2000 * 131072 / 25e9)   # 10.49 ms
+        prefill_s = main.step_seconds(H100, LLAMA_8B, 2000, 2000, 1)
+        first_decode_s = main.step_seconds(H100, LLAMA_8B, 1, 2000, 1)  # the last prompt token, recomputed
+        self.assertAlmostEqual(request.token_times[0], prefill_s + 2000 * 131072 / 25e9 + first_decode_s)
+        self.assertEqual(request.generated, 8)
+
+    def test_decode_side_itl_does_not_spike_when_long_prompts_arrive(self):
+        colocated = run_json("simulate", "--trace", self.trace)["summary"]
+        split = run_json("simulate", "--trace", self.trace, "--disaggregate", "--kv-link-gbs", "25")["summary"]
+        self.assertGreater(colocated["itl_ms"]["p99"], 10 * colocated["tpot_ms"]["p50"])
+        self.assertLess(split["itl_ms"]["p99"], 1.2 * split["tpot_ms"]["p50"])
+        self.assertLess(split["itl_ms"]["p99"], colocated["itl_ms"]["p99"] / 10)
+
+    def test_the_search_finds_the_link_bandwidth_below_which_colocated_wins_on_ttft_p95(self):
+        argv = ("simulate", "--trace", self.trace, "--max-num-seqs", "24")
+        report = run_json(*argv, "--find-kv-link-crossover")
+        crossover = report["kv_link_crossover"]["crossover_gbs"]
+        self.assertIsNotNone(crossover)
+        colocated = report["colocated"]["summary"]["ttft_ms"]["p95"]
+
+        def ttft_p95(gbs):
+            return run_json(*argv, "--disaggregate", "--kv-link-gbs", gbs)["summary"]["ttft_ms"]["p95"]
+        self.assertLess(ttft_p95(crossover * 1.02), colocated)
+        self.assertGreaterEqual(ttft_p95(crossover / 1.02), colocated)
+        lines = main.format_disaggregated(report["settings"], report)
+        self.assertEqual(lines[-1], f"kv link crossover: below {crossover:.3g} GB/s the colocated engine has "
+                                    f"the lower TTFT p95 ({colocated:.1f} ms)")
+
+    def test_without_a_binding_cap_one_colocated_engine_keeps_the_lower_ttft(self):
+        report = run_json("simulate", "--trace", self.trace, "--find-kv-link-crossover")
+        self.assertIsNone(report["kv_link_crossover"]["crossover_gbs"])
+        self.assertIn("the colocated engine has the lower TTFT p95 even over", report["kv_link_crossover"]["verdict"])
+
+    def test_every_request_finishes_and_both_engines_end_with_every_block_free(self):
+        requests = main.read_trace(self.trace)
+        prefill, decode, link = disaggregated(requests, 2.0)  # a slow link: prefill blocks wait for it
+        self.assertTrue(all(r.error is None and r.generated == r.max_tokens for r in requests))
+        for engine in (prefill, decode):
+            self.assertEqual(engine.scheduler.pool.free_count(), engine.scheduler.pool.num_blocks)
+        self.assertEqual(prefill.scheduler.held, {})
+        self.assertEqual(link.num_transfers, len(requests))
+
+    def test_the_prefill_engine_holds_blocks_until_the_link_delivers(self):
+        fast = disaggregated(main.read_trace(self.trace), 1000.0)[0].report()
+        slow = disaggregated(main.read_trace(self.trace), 0.5)[0].report()
+        self.assertGreater(slow["kv_peak"], 5 * fast["kv_peak"])
+
+    def test_conditional_disaggregation_keeps_short_prompts_on_the_decode_engine(self):
+        requests = main.read_trace(self.trace)
+        _, _, link = disaggregated(requests, 25.0, min_prompt_tokens=1000)
+        self.assertEqual(link.num_transfers, sum(r.prompt_tokens >= 1000 for r in requests))
+        self.assertTrue(all(r.generated == r.max_tokens for r in requests))
+
+    def test_each_engine_takes_its_own_hardware_and_limits(self):
+        report = run_json("simulate", "--trace", self.trace, "--disaggregate", "--prefill-hardware", "a100-sxm-80gb",
+                          "--decode-max-num-seqs", "64", "--prefill-max-num-batched-tokens", "16384")
+        self.assertEqual((report["prefill"]["hardware"], report["decode"]["hardware"]),
+                         ("a100-sxm-80gb", "h100-sxm-80gb"))
+        self.assertEqual(report["prefill"]["scheduler"]["max_num_batched_tokens"], 16384)
+        self.assertEqual(report["decode"]["scheduler"]["max_num_seqs"], 64)
+        self.assertEqual(report["decode"]["scheduler"]["max_num_batched_tokens"], 8192)
+
+    def test_the_text_report_names_both_engines_the_link_and_the_colocated_baseline(self):
+        code, out, _ = run_cli("simulate", "--trace", self.trace, "--disaggregate", "--kv-link-gbs", "25")
+        lines = out.splitlines()
+        self.assertEqual(lines[0], "servesim llama-3.1-8b disaggregated, 240 requests: prefill on h100-sxm-80gb, "
+                                   "decode on h100-sxm-80gb, KV link 25 GB/s")
+        self.assertEqual([line.split()[0] for line in lines[1:4]], ["prefill", "decode", "kv"])
+        self.assertIn("versus one colocated engine on h100-sxm-80gb:", lines)
+
+
+if __name__ == "__main__":
+    unittest.main()
