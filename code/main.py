@@ -2317,9 +2317,11 @@ def compare_rows(reports: Sequence[dict], predictions: Sequence[dict]) -> List[d
     return rows
 
 
-def format_table(header: Sequence[str], rows: List[List[str]]) -> List[str]:
+def format_table(header: Sequence[str], rows: List[List[str]], label_column: bool = False) -> List[str]:
+    """Right-aligned columns two spaces apart; with label_column the first is left-aligned."""
     widths = [max(len(cell) for cell in column) for column in zip(header, *rows)]
-    return ["  ".join(cell.rjust(width) for cell, width in zip(row, widths)).rstrip()
+    return ["  ".join(cell.ljust(width) if label_column and index == 0 else cell.rjust(width)
+                      for index, (cell, width) in enumerate(zip(row, widths))).rstrip()
             for row in [list(header)] + rows]
 
 
@@ -2984,7 +2986,7 @@ def format_disaggregated(settings: dict, report: dict) -> List[str]:
         ("tpot p50 ms", lambda s: _ms(s["tpot_ms"]["p50"])), ("itl p99 ms", lambda s: _ms(s["itl_ms"]["p99"])),
         ("out tok/s", lambda s: f"{s['output_tok_per_s']:.1f}"))]
     lines.append(f"versus one colocated engine on {report['colocated']['hardware']}:")
-    lines += format_table(("", "colocated", "disaggregated"), rows)
+    lines += format_table(("", "colocated", "disaggregated"), rows, label_column=True)
     crossover = report.get("kv_link_crossover")
     if crossover is not None:
         lines.append(f"kv link crossover: {crossover['verdict']}")

@@ -1,32 +1,14 @@
 """--disaggregate (the lesson's Hard exercise): a prefill engine, a KV link, a decode engine."""
 
-import json
 import os
-import random
-import tempfile
 import unittest
 
-from support import main, run_cli, run_json
+from support import FIXTURES_DIR, main, run_cli, run_json
+
+MIXED = os.path.join(FIXTURES_DIR, "mixed.jsonl")
 
 H100 = main.HARDWARE["h100-sxm-80gb"]
 LLAMA_8B = main.MODELS["llama-3.1-8b"]
-
-
-def write_mixed_trace(directory, num_requests=240, rate=8.0, seed=1):
-    """One request in five has an 8,000-token prompt; the rest are short chats."""
-    rng = random.Random(seed)
-    path = os.path.join(directory, "mixed.jsonl")
-    arrival_s = 0.0
-    with open(path, "w", encoding="utf-8") as handle:
-        for _ in range(num_requests):
-            arrival_s += rng.expovariate(rate)
-            if rng.random() < 0.2:
-                row = {"arrival_s": round(arrival_s, 3), "prompt_tokens": 8000, "output_tokens": 64}
-            else:
-                row = {"arrival_s": round(arrival_s, 3), "prompt_tokens": rng.randint(100, 400),
-                       "output_tokens": rng.randint(100, 300)}
-            handle.write(json.dumps(row) + "\n")
-    return path
 
 
 def disaggregated(requests, link_gbs, min_prompt_tokens=0, config=main.SchedulerConfig()):
@@ -40,14 +22,7 @@ def disaggregated(requests, link_gbs, min_prompt_tokens=0, config=main.Scheduler
 
 class DisaggregateTest(unittest.TestCase):
 
-    @classmethod
-    def setUpClass(cls):
-        cls.directory = tempfile.TemporaryDirectory()
-        cls.trace = write_mixed_trace(cls.directory.name)
-
-    @classmethod
-    def tearDownClass(cls):
-        cls.directory.cleanup()
+    trace = MIXED
 
     def test_a_2000_token_prompt_of_llama_8b_waits_about_10_ms_on_a_25_gbs_link(self):
         request = main.Request(0, 2000, 8, 0.0)

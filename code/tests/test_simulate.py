@@ -170,13 +170,14 @@ class SimulateTest(unittest.TestCase):
             self.assertEqual(set(report["summary"][name]), {"count", "mean", "p50", "p95", "p99", "max"})
 
 
-class BurstFixtureTest(unittest.TestCase):
+class FixtureTest(unittest.TestCase):
 
-    def test_the_committed_burst_trace_is_what_its_generator_writes(self):
-        generated = subprocess.run([sys.executable, os.path.join(FIXTURES_DIR, "make_burst.py")],
-                                   capture_output=True, text=True, check=True).stdout
-        with open(BURST, encoding="utf-8") as handle:
-            self.assertEqual(handle.read(), generated)
+    def test_the_committed_traces_are_what_their_generators_write(self):
+        for generator, trace in (("make_burst.py", "burst.jsonl"), ("make_mixed.py", "mixed.jsonl")):
+            generated = subprocess.run([sys.executable, os.path.join(FIXTURES_DIR, generator)],
+                                       capture_output=True, text=True, check=True).stdout
+            with open(os.path.join(FIXTURES_DIR, trace), encoding="utf-8") as handle:
+                self.assertEqual(handle.read(), generated, trace)
 
     def test_the_burst_is_48_requests_within_3_5_seconds_on_two_system_prompts(self):
         with open(BURST, encoding="utf-8") as handle:
