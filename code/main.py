@@ -1290,6 +1290,37 @@ def simulate_disaggregated(prefill: Engine, decode: Engine, requests: List[Reque
                     send_next(decode.clock_s)
 
 
+def find_kv_link_crossover(ttft_p95_at: Callable[[float], Optional[float]], colocated_ms: float,
+                           low_gbs: float = 0.1, high_gbs: float = 10_000.0) -> dict:
+    """The link bandwidth below which one colocated engine has the lower TTFT p95.
+
+    Bisection on a log scale (the disaggregated TTFT only grows as the link slows) until
+    the bracket is within 1%; the answer is None when disaggregation wins even over the
+    slowest link tried, or loses even over the fastest.
+    """
+    at_high, at_low = ttft_p95_at(high_gbs), ttft_p95_at(low_gbs)
+    result = {"colocated_ttft_p95_ms": colocated_ms, "searched_gbs": [low_gbs, high_gbs],
+              "disaggregated_ttft_p95_ms_at_fastest": at_high, "disaggregated_ttft_p95_ms_at_slowest": at_low,
+              "crossover_gbs": None}
+    if at_high is None or at_high >= colocated_ms:
+        result["verdict"] = f"the colocated engine has the lower TTFT p95 even over a {high_gbs:g} GB/s link"
+        return result
+    if at_low is not None and at_low < colocated_ms:
+        result["verdict"] = f"disaggregation has the lower TTFT p95 even over a {low_gbs:g} GB/s link"
+        return result
+    while high_gbs / low_gbs > 1.01:
+        middle = math.sqrt(low_gbs * high_gbs)
+        middle_ms = ttft_p95_at(middle)
+        if middle_ms is not None and middle_ms < colocated_ms:
+            high_gbs = middle
+        else:
+            low_gbs = middle
+    result["crossover_gbs"] = high_gbs
+    result["verdict"] = (f"below {high_gbs:.3g} GB/s the colocated engine has the lower TTFT p95 "
+                         f"({colocated_ms:.1f} ms)")
+    return result
+
+
 # =============================================================================
 # Traces and synthetic workloads
 # =============================================================================
@@ -2243,6 +2274,50 @@ def timings_summary(records: Sequence[MeasuredRequest]) -> Optional[dict]:
     }
 
 
+def discover_model(endpoint: Endpoint, headers: Dict[str, str], timeout_s: float) -> str:
+    """The first model id the server lists at GET /v1/models."""
+    status, body = endpoint.get("/v1/models", timeout_s, headers)
+    try:
+        if status != 200:
+            raise ValueError(f"HTTP {status}")
+        return str(json.loads(body)["data"][0]["id"])
+    except (ValueError, KeyError, IndexError, TypeError) as error:
+        raise ServesimError(f"GET {endpoint}/v1/models gave no model id ({error}); pass --model") from None
+
+
+def finish_in_flight(run: LoadRun, grace_s: float) -> None:
+    """After Ctrl-C: give streams in flight grace_s to end, then mark the rest interrupted."""
+    deadline = time.monotonic() + grace_s
+    for thread in run.threads:
+        thread.join(max(0.0, deadline - time.monotonic()))
+    for record in run.measured():
+        if record.sent_s is not None and record.error is None and not (record.finish_reason or record.saw_done):
+            record.fail("interrupted", "still streaming when the run was interrupted")
+
+
+def build_loadgen_report(settings: dict, records: Sequence[MeasuredRequest], window: Optional[dict],
+                         server_problem: Optional[str], slo: Optional[Dict[str, float]],
+                         include_requests: bool) -> dict:
+    """The loadgen report; its shape is documented in the README (calibrate reads it)."""
+    token_counts: Dict[str, int] = {}
+    for r in records:
+        if r.error is None:
+            token_counts[r.token_counts] = token_counts.get(r.token_counts, 0) + 1
+    report = {
+        "settings": settings,
+        "summary": summarize(records, slo),
+        "token_counts": token_counts,
+        "server": window,
+        "server_note": None if window else (server_problem or "fewer than two /metrics scrapes"),
+        "server_timings": timings_summary(records),
+        "errors": [{"request_id": r.request_id, "kind": r.error_kind, "status": r.status, "error": r.error}
+                   for r in records if r.error is not None],
+    }
+    if include_requests:
+        report["requests"] = [request_to_dict(r) for r in records]
+    return report
+
+
 # =============================================================================
 # Compare: a prediction beside a measurement
 # =============================================================================
@@ -2315,39 +2390,6 @@ def compare_rows(reports: Sequence[dict], predictions: Sequence[dict]) -> List[d
                         for label in row["measured"]}
         rows.append(row)
     return rows
-
-
-def format_table(header: Sequence[str], rows: List[List[str]], label_column: bool = False) -> List[str]:
-    """Right-aligned columns two spaces apart; with label_column the first is left-aligned."""
-    widths = [max(len(cell) for cell in column) for column in zip(header, *rows)]
-    return ["  ".join(cell.ljust(width) if label_column and index == 0 else cell.rjust(width)
-                      for index, (cell, width) in enumerate(zip(row, widths))).rstrip()
-            for row in [list(header)] + rows]
-
-
-def format_compare(rows: Sequence[dict]) -> List[str]:
-    labels = [label for label, _ in COMPARED] + ["batch"]
-    header = ["concurrency", "prompt"] + labels + ["|"] + labels + ["|"] + labels[:3]
-
-    def cell(value: Optional[float], style: str) -> str:
-        return "-" if value is None else style.format(value)
-
-    table = []
-    for row in rows:
-        load = str(row["concurrency"]) if row["concurrency"] else f"rate {row['rate']:g}"
-        cells = [load, str(row["prompt_tokens"])]
-        for side in ("measured", "predicted"):
-            figures = row[side]
-            cells += [cell(figures["out tok/s"], "{:.1f}"), cell(figures["ttft p50"], "{:.1f}"),
-                      cell(figures["tpot p50"], "{:.1f}"), cell(figures["batch"], "{:.2f}"), "|"]
-        cells += [cell(row["error"][label], "{:+.0%}") for label in labels[:3]]
-        table.append(cells)
-    lines = format_table(header, table)
-    width = lines[0].index("|")
-    second = lines[0].index("|", width + 1)
-    title = ("measured".center(width) + "|" + "predicted".center(second - width - 1) + "|"
-             + "error".center(len(lines[0]) - second - 1))
-    return [title.rstrip()] + lines
 
 
 # =============================================================================
@@ -2817,6 +2859,14 @@ def _ms(value: Optional[float]) -> str:
     return "-" if value is None else f"{value:.1f}"
 
 
+def format_table(header: Sequence[str], rows: List[List[str]], label_column: bool = False) -> List[str]:
+    """Right-aligned columns two spaces apart; with label_column the first is left-aligned."""
+    widths = [max(len(cell) for cell in column) for column in zip(header, *rows)]
+    return ["  ".join(cell.ljust(width) if label_column and index == 0 else cell.rjust(width)
+                      for index, (cell, width) in enumerate(zip(row, widths))).rstrip()
+            for row in [list(header)] + rows]
+
+
 def format_summary(summary: dict, chunk_gaps: bool = False) -> List[str]:
     """The latency, throughput and goodput lines shared by simulate and loadgen reports."""
     rows = [("ttft ms", "ttft_ms"), ("tpot ms", "tpot_ms"), ("itl ms", "itl_ms")]
@@ -2919,37 +2969,6 @@ def run_disaggregated(args, plan: CapacityPlan, kv_link_gbs: float) -> dict:
     }
 
 
-def find_kv_link_crossover(ttft_p95_at: Callable[[float], Optional[float]], colocated_ms: float,
-                           low_gbs: float = 0.1, high_gbs: float = 10_000.0) -> dict:
-    """The link bandwidth below which one colocated engine has the lower TTFT p95.
-
-    Bisection on a log scale (the disaggregated TTFT only grows as the link slows) until
-    the bracket is within 1%; the answer is None when disaggregation wins even over the
-    slowest link tried, or loses even over the fastest.
-    """
-    at_high, at_low = ttft_p95_at(high_gbs), ttft_p95_at(low_gbs)
-    result = {"colocated_ttft_p95_ms": colocated_ms, "searched_gbs": [low_gbs, high_gbs],
-              "disaggregated_ttft_p95_ms_at_fastest": at_high, "disaggregated_ttft_p95_ms_at_slowest": at_low,
-              "crossover_gbs": None}
-    if at_high is None or at_high >= colocated_ms:
-        result["verdict"] = f"the colocated engine has the lower TTFT p95 even over a {high_gbs:g} GB/s link"
-        return result
-    if at_low is not None and at_low < colocated_ms:
-        result["verdict"] = f"disaggregation has the lower TTFT p95 even over a {low_gbs:g} GB/s link"
-        return result
-    while high_gbs / low_gbs > 1.01:
-        middle = math.sqrt(low_gbs * high_gbs)
-        middle_ms = ttft_p95_at(middle)
-        if middle_ms is not None and middle_ms < colocated_ms:
-            high_gbs = middle
-        else:
-            low_gbs = middle
-    result["crossover_gbs"] = high_gbs
-    result["verdict"] = (f"below {high_gbs:.3g} GB/s the colocated engine has the lower TTFT p95 "
-                         f"({colocated_ms:.1f} ms)")
-    return result
-
-
 def cmd_disaggregated(args, plan: CapacityPlan, colocated: dict) -> int:
     report = run_disaggregated(args, plan, args.kv_link_gbs)
     report["colocated"] = {"hardware": plan.hardware.name, "engine": colocated["engine"],
@@ -3036,17 +3055,6 @@ def cmd_sweep(args) -> int:
     return 0
 
 
-def discover_model(endpoint: Endpoint, headers: Dict[str, str], timeout_s: float) -> str:
-    """The first model id the server lists at GET /v1/models."""
-    status, body = endpoint.get("/v1/models", timeout_s, headers)
-    try:
-        if status != 200:
-            raise ValueError(f"HTTP {status}")
-        return str(json.loads(body)["data"][0]["id"])
-    except (ValueError, KeyError, IndexError, TypeError) as error:
-        raise ServesimError(f"GET {endpoint}/v1/models gave no model id ({error}); pass --model") from None
-
-
 def _read_prompt_file(path: Optional[str]) -> Optional[str]:
     if path is None:
         return None
@@ -3120,7 +3128,7 @@ def cmd_loadgen(args) -> int:
     except KeyboardInterrupt:
         interrupted = True
         run.stop()
-        _finish_in_flight(run, grace_s=2.0)
+        finish_in_flight(run, grace_s=2.0)
     finally:
         run.close()
     progress.close()
@@ -3146,39 +3154,6 @@ def cmd_loadgen(args) -> int:
     if interrupted:
         return 130
     return 1 if report["summary"]["num_failed"] else 0
-
-
-def _finish_in_flight(run: LoadRun, grace_s: float) -> None:
-    """After Ctrl-C: give streams in flight grace_s to end, then mark the rest interrupted."""
-    deadline = time.monotonic() + grace_s
-    for thread in run.threads:
-        thread.join(max(0.0, deadline - time.monotonic()))
-    for record in run.measured():
-        if record.sent_s is not None and record.error is None and not (record.finish_reason or record.saw_done):
-            record.fail("interrupted", "still streaming when the run was interrupted")
-
-
-def build_loadgen_report(settings: dict, records: Sequence[MeasuredRequest], window: Optional[dict],
-                         server_problem: Optional[str], slo: Optional[Dict[str, float]],
-                         include_requests: bool) -> dict:
-    """The loadgen report; its shape is documented in the README (calibrate reads it)."""
-    token_counts: Dict[str, int] = {}
-    for r in records:
-        if r.error is None:
-            token_counts[r.token_counts] = token_counts.get(r.token_counts, 0) + 1
-    report = {
-        "settings": settings,
-        "summary": summarize(records, slo),
-        "token_counts": token_counts,
-        "server": window,
-        "server_note": None if window else (server_problem or "fewer than two /metrics scrapes"),
-        "server_timings": timings_summary(records),
-        "errors": [{"request_id": r.request_id, "kind": r.error_kind, "status": r.status, "error": r.error}
-                   for r in records if r.error is not None],
-    }
-    if include_requests:
-        report["requests"] = [request_to_dict(r) for r in records]
-    return report
 
 
 SERVER_LINE = (("mean_batch", "mean batch", "{:.2f}"), ("max_running", "max running", "{:,.0f}"),
@@ -3226,6 +3201,31 @@ def format_loadgen(report: dict) -> List[str]:
                 seen.add(entry["kind"])
                 lines.append(f"  request {entry['request_id']} {entry['kind']}: {entry['error']}")
     return lines
+
+
+def format_compare(rows: Sequence[dict]) -> List[str]:
+    labels = [label for label, _ in COMPARED] + ["batch"]
+    header = ["concurrency", "prompt"] + labels + ["|"] + labels + ["|"] + labels[:3]
+
+    def cell(value: Optional[float], style: str) -> str:
+        return "-" if value is None else style.format(value)
+
+    table = []
+    for row in rows:
+        load = str(row["concurrency"]) if row["concurrency"] else f"rate {row['rate']:g}"
+        cells = [load, str(row["prompt_tokens"])]
+        for side in ("measured", "predicted"):
+            figures = row[side]
+            cells += [cell(figures["out tok/s"], "{:.1f}"), cell(figures["ttft p50"], "{:.1f}"),
+                      cell(figures["tpot p50"], "{:.1f}"), cell(figures["batch"], "{:.2f}"), "|"]
+        cells += [cell(row["error"][label], "{:+.0%}") for label in labels[:3]]
+        table.append(cells)
+    lines = format_table(header, table)
+    width = lines[0].index("|")
+    second = lines[0].index("|", width + 1)
+    title = ("measured".center(width) + "|" + "predicted".center(second - width - 1) + "|"
+             + "error".center(len(lines[0]) - second - 1))
+    return [title.rstrip()] + lines
 
 
 def cmd_compare(args) -> int:
