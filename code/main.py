@@ -127,6 +127,24 @@ class ServerUnreachable(ServesimError):
     exit_code = 1
 
 
+def read_text_file(path: str, where: str) -> str:
+    """A file's text; UsageError starting with where (the flag and the path) if unreadable."""
+    try:
+        with open(path, encoding="utf-8") as handle:
+            return handle.read()
+    except (OSError, UnicodeDecodeError) as error:
+        reason = error.strerror if isinstance(error, OSError) and error.strerror else str(error)
+        raise UsageError(f"{where}: cannot read it ({reason})") from None
+
+
+def read_json_file(path: str, where: str):
+    """The JSON value in a file; UsageError starting with where when it is not JSON."""
+    try:
+        return json.loads(read_text_file(path, where))
+    except ValueError as error:
+        raise UsageError(f"{where}: not JSON ({error})") from None
+
+
 # =============================================================================
 # Presets: hardware and models
 # =============================================================================
@@ -386,13 +404,7 @@ HF_DTYPE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2, "float8_e4m3fn": 1,
 def model_from_config(path: str) -> ModelSpec:
     """A dense decoder from a Hugging Face config.json: parameters counted from the
     dimensions (embeddings, attention, gated MLP, norms), bytes from torch_dtype."""
-    try:
-        with open(path, encoding="utf-8") as handle:
-            config = json.load(handle)
-    except OSError as error:
-        raise UsageError(f"--model-file {path}: cannot read it ({error.strerror})") from None
-    except ValueError as error:
-        raise UsageError(f"--model-file {path}: not JSON ({error})") from None
+    config = read_json_file(path, f"--model-file {path}")
     if not isinstance(config, dict):
         raise UsageError(f"--model-file {path}: expected a JSON object")
     text = dict(config, **config.get("text_config", {}))  # multimodal configs nest the decoder
@@ -1330,11 +1342,7 @@ TRACE_FIELDS = ("arrival_s", "prompt_tokens", "output_tokens")
 
 def read_trace(path: str) -> List[Request]:
     """Requests from a JSON Lines trace (see the module docstring for the fields)."""
-    try:
-        with open(path, encoding="utf-8") as handle:
-            lines = handle.readlines()
-    except OSError as error:
-        raise UsageError(f"--trace {path}: cannot read it ({error.strerror})") from None
+    lines = read_text_file(path, f"--trace {path}").splitlines()
     requests = []
     for lineno, line in enumerate(lines, start=1):
         if not line.strip():
@@ -2324,13 +2332,7 @@ def build_loadgen_report(settings: dict, records: Sequence[MeasuredRequest], win
 
 def read_loadgen_report(path: str) -> dict:
     """A loadgen --json report; UsageError naming the file when it is not one."""
-    try:
-        with open(path, encoding="utf-8") as handle:
-            report = json.load(handle)
-    except OSError as error:
-        raise UsageError(f"{path}: cannot read it ({error.strerror})") from None
-    except ValueError as error:
-        raise UsageError(f"{path}: not JSON ({error}); expected a loadgen --json report") from None
+    report = read_json_file(path, path)
     if not (isinstance(report, dict) and isinstance(report.get("settings"), dict)
             and isinstance(report.get("summary"), dict) and "max_tokens" in report["settings"]):
         raise UsageError(f"{path}: not a loadgen --json report (no settings and summary)")
@@ -2401,13 +2403,7 @@ HARDWARE_FIELDS = ("memory_gib", "bandwidth_gbs", "tflops", "mfu", "mbu", "step_
 
 def read_hardware_file(path: str) -> Hardware:
     """A Hardware from a JSON file (what calibrate --out writes)."""
-    try:
-        with open(path, encoding="utf-8") as handle:
-            data = json.load(handle)
-    except OSError as error:
-        raise UsageError(f"--hardware-file {path}: cannot read it ({error.strerror})") from None
-    except ValueError as error:
-        raise UsageError(f"--hardware-file {path}: not JSON ({error})") from None
+    data = read_json_file(path, f"--hardware-file {path}")
     if not isinstance(data, dict):
         raise UsageError(f"--hardware-file {path}: expected a JSON object with {', '.join(HARDWARE_FIELDS)}")
     for name in HARDWARE_FIELDS:
@@ -3058,11 +3054,7 @@ def cmd_sweep(args) -> int:
 def _read_prompt_file(path: Optional[str]) -> Optional[str]:
     if path is None:
         return None
-    try:
-        with open(path, encoding="utf-8") as handle:
-            text = handle.read().strip()
-    except (OSError, UnicodeDecodeError) as error:
-        raise UsageError(f"--prompt-file {path}: cannot read it ({error})") from None
+    text = read_text_file(path, f"--prompt-file {path}").strip()
     if not text:
         raise UsageError(f"--prompt-file {path}: the file is empty")
     return text
