@@ -2158,6 +2158,7 @@ SERVER_METRICS = (
     ("max_running", "sglang:num_running_reqs", "max"),
     ("max_waiting", "sglang:num_queue_reqs", "max"),
     ("kv_usage_peak", "sglang:token_usage", "max"),
+    ("preemptions", "sglang:num_retracted_requests_total", "delta"),  # SGLang calls them retractions
 )
 
 
@@ -2530,6 +2531,388 @@ def nelder_mead(cost: Callable[[Sequence[float]], float], start: Sequence[float]
 
 
 # =============================================================================
+# Explain: which budget binds, read from a server's own numbers
+# =============================================================================
+
+@dataclass(frozen=True)
+class Fact:
+    """One observed figure and where it came from, so every verdict can cite it."""
+
+    value: float
+    source: str
+
+
+class Evidence(dict):
+    """What an input says about a server, under one set of names.
+
+    running, waiting (max over the window), kv_usage (0 to 1, peak), preemptions (in
+    the window, or since start), prefix_hit_rate; prompt_tokens, output_tokens (mean
+    per request), shared_prefix_tokens; ttft_ms, queue_ms, prefill_ms, decode_ms,
+    tpot_ms, e2e_ms; mean_batch (sequences per step), tokens_per_step; max_num_seqs,
+    max_num_batched_tokens, prefix_caching (1 on, 0 off); tpot_rising (1 when TPOT grew
+    with the batch across runs).
+    """
+
+    def value(self, name: str) -> Optional[float]:
+        fact = self.get(name)
+        return None if fact is None else fact.value
+
+    def put(self, name: str, value: Optional[float], source: str) -> None:
+        if value is not None and not (isinstance(value, float) and math.isnan(value)):
+            self[name] = Fact(float(value), source)
+
+    SHARES = ("kv_usage", "prefix_hit_rate", "prefill_share")
+    FLAGS = ("tpot_rising", "prefix_caching", "preemptions_climbing")
+
+    def shown(self, name: str) -> str:
+        value = self[name].value
+        if name in self.SHARES:
+            return f"{value:.0%}"
+        if name in self.FLAGS:
+            return "yes" if value else "no"
+        return f"{value:.2f}" if 0 < abs(value) < 10 and value != int(value) else f"{value:,.0f}"
+
+    def cite(self, name: str) -> str:
+        return f"{self[name].source} = {self.shown(name)}"
+
+    def render(self, template: str) -> str:
+        """template with {name} fields filled; a part after " | " is dropped when it
+        names a figure the evidence lacks."""
+        text, _, detail = template.partition(" | ")
+        try:
+            return text + (" " + detail.format(**{name: self.shown(name) for name in self}) if detail else "")
+        except KeyError:
+            return text
+
+
+# What a Prometheus scrape says, per evidence name: how to read it ("gauge": the
+# highest value seen; "counter": the change between the first and last scrape, or the
+# total since start when there is one scrape; "mean": a histogram's sum / count over
+# the window) and the metric names of vLLM, llama.cpp and SGLang that carry it.
+SCRAPE_EVIDENCE = (
+    ("running", "gauge", ("vllm:num_requests_running", "llamacpp:requests_processing", "sglang:num_running_reqs")),
+    ("waiting", "gauge", ("vllm:num_requests_waiting", "llamacpp:requests_deferred", "sglang:num_queue_reqs")),
+    ("kv_usage", "gauge", ("vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc", "sglang:token_usage")),
+    ("preemptions", "counter", ("vllm:num_preemptions_total", "sglang:num_retracted_requests_total")),
+    ("prefix_hits", "counter", ("vllm:prefix_cache_hits_total",)),
+    ("prefix_queries", "counter", ("vllm:prefix_cache_queries_total",)),
+    ("prefix_hit_rate", "gauge", ("sglang:cache_hit_rate",)),
+    ("ttft_ms", "mean", ("vllm:time_to_first_token_seconds", "sglang:time_to_first_token_seconds")),
+    ("queue_ms", "mean", ("vllm:request_queue_time_seconds", "sglang:queue_time_seconds")),
+    ("prefill_ms", "mean", ("vllm:request_prefill_time_seconds",)),
+    ("decode_ms", "mean", ("vllm:request_decode_time_seconds",)),
+    ("tpot_ms", "mean", ("vllm:request_time_per_output_token_seconds", "vllm:time_per_output_token_seconds",
+                         "sglang:time_per_output_token_seconds")),
+    ("e2e_ms", "mean", ("vllm:e2e_request_latency_seconds", "sglang:e2e_request_latency_seconds")),
+    ("prompt_tokens", "mean", ("vllm:request_prompt_tokens",)),
+    ("output_tokens", "mean", ("vllm:request_generation_tokens",)),
+    ("prefill_s_total", "counter", ("llamacpp:prompt_seconds_total",)),
+    ("decode_s_total", "counter", ("llamacpp:tokens_predicted_seconds_total",)),
+)
+
+
+def evidence_from_scrapes(scrapes: Sequence[Dict[str, list]]) -> Evidence:
+    """Evidence from one or more /metrics scrapes of the same server, oldest first."""
+    evidence = Evidence()
+    first, last = scrapes[0], scrapes[-1]
+    window = f"over {len(scrapes)} scrapes" if len(scrapes) > 1 else "in one scrape"
+    for name, how, metrics in SCRAPE_EVIDENCE:
+        for metric in metrics:
+            if how == "mean":
+                total, count = metric_total(last, metric + "_sum"), metric_total(last, metric + "_count")
+                if total is None or not count:
+                    continue
+                if len(scrapes) > 1:
+                    total -= metric_total(first, metric + "_sum") or 0.0
+                    count -= metric_total(first, metric + "_count") or 0.0
+                if count > 0:
+                    scale = 1000 if name.endswith("_ms") else 1
+                    evidence.put(name, total / count * scale, f"{metric} mean {window}")
+            elif metric_total(last, metric) is not None:
+                if how == "gauge":
+                    value = max(v for v in (metric_total(sample, metric) for sample in scrapes) if v is not None)
+                    evidence.put(name, value, f"{metric} {'max ' if len(scrapes) > 1 else ''}{window}")
+                else:
+                    value = metric_total(last, metric) - (metric_total(first, metric) or 0.0
+                                                          if len(scrapes) > 1 else 0.0)
+                    label = "rise" if len(scrapes) > 1 else "total since start"
+                    evidence.put(name, value, f"{metric} {label} {window}")
+            if name in evidence:
+                break
+    if evidence.value("prefix_queries"):
+        evidence.put("prefix_hit_rate", evidence.value("prefix_hits") / evidence.value("prefix_queries"),
+                     "vllm:prefix_cache_hits_total / vllm:prefix_cache_queries_total")
+    window_figures = server_window(scrapes) if len(scrapes) > 1 else None
+    if window_figures and window_figures.get("mean_batch") is not None:
+        evidence.put("mean_batch", window_figures["mean_batch"],
+                     "llamacpp:n_busy_slots_per_decode over the window (Step 8 formula)")
+    if "prefill_s_total" in evidence and "decode_s_total" in evidence:
+        evidence.put("prefill_share", evidence.value("prefill_s_total")
+                     / max(evidence.value("prefill_s_total") + evidence.value("decode_s_total"), 1e-9),
+                     "llamacpp:prompt_seconds_total / (that + llamacpp:tokens_predicted_seconds_total)")
+    if len(scrapes) > 1 and evidence.value("preemptions"):
+        evidence.put("preemptions_climbing", 1, "vllm:num_preemptions_total rose between scrapes")
+    return evidence
+
+
+def evidence_from_summary(evidence: Evidence, summary: dict, label: str) -> None:
+    """Latency and length figures of a simulate or loadgen summary."""
+    completed = summary.get("num_completed") or 0
+    if completed:
+        evidence.put("prompt_tokens", summary["prompt_tokens"] / completed, f"{label} mean prompt tokens")
+        evidence.put("output_tokens", summary["output_tokens"] / completed, f"{label} mean output tokens")
+    for name, key in (("ttft_ms", "ttft_ms"), ("tpot_ms", "tpot_ms"), ("e2e_ms", "e2e_ms"), ("queue_ms", "queue_ms")):
+        stats = summary.get(key) or {}
+        if stats.get("count"):
+            evidence.put(name, stats["p50"], f"{label} {key[:-3]} p50 ms")
+    queue = summary.get("queue_ms") or {}
+    if queue.get("count"):
+        evidence.put("queued_ms", queue["p95"], f"{label} queue p95 ms")
+
+
+def evidence_from_report(report: dict, path: str) -> Tuple[Evidence, dict]:
+    """Evidence from a loadgen, simulate or sweep --json report, and the settings it
+    names (hardware, model, scheduler flags) for the capacity check."""
+    evidence = Evidence()
+    settings: Dict[str, object] = {}
+    if "runs" in report:  # a sweep: explain its heaviest run, and see how TPOT moved with the batch
+        runs = report["runs"]
+        if not runs:
+            raise UsageError(f"{path}: a sweep report without runs")
+        trend = [(run["engine"]["mean_batch_seqs"], run["summary"]["tpot_ms"]["p50"]) for run in runs
+                 if run["summary"]["tpot_ms"]["p50"] is not None]
+        trend.sort()
+        if len(trend) > 1:
+            rising = trend[-1][1] > 1.5 * trend[0][1]
+            evidence.put("tpot_rising", 1 if rising else 0,
+                         f"sweep TPOT p50 {trend[0][1]:.1f} ms at batch {trend[0][0]:.0f} -> "
+                         f"{trend[-1][1]:.1f} ms at batch {trend[-1][0]:.0f}")
+        report = runs[-1]
+    if "engine" in report:  # simulate (or the heaviest sweep run)
+        engine, scheduler = report["engine"], report["settings"]["scheduler"]
+        evidence.put("kv_usage", engine["kv_peak"], "simulated kv peak")
+        evidence.put("preemptions", engine["num_preemptions"], "simulated preemptions")
+        evidence.put("running", engine["max_batch_seqs"], "simulated max sequences per step")
+        evidence.put("mean_batch", engine["mean_batch_seqs"], "simulated mean batch (sequences)")
+        evidence.put("tokens_per_step", engine["mean_batch_tokens"], "simulated mean tokens per step")
+        evidence.put("prefix_hit_rate", engine["prefix_hit_rate"], "simulated prefix hit rate")
+        evidence.put("max_num_seqs", scheduler["max_num_seqs"], "the run's --max-num-seqs")
+        evidence.put("max_num_batched_tokens", scheduler["max_num_batched_tokens"], "the run's --max-num-batched-tokens")
+        evidence.put("prefix_caching", 1 if scheduler["prefix_caching"] else 0, "the run's --prefix-caching")
+        evidence_from_summary(evidence, report["summary"], "simulated")
+        settings = {"hardware": report["settings"]["hardware"], "model": report["settings"]["model"]}
+    elif "summary" in report and isinstance(report.get("settings"), dict) and "url" in report["settings"]:
+        evidence_from_summary(evidence, report["summary"], "loadgen")
+        window = report.get("server") or {}
+        for name, key, source in (("running", "max_running", "server max running"),
+                                  ("waiting", "max_waiting", "server max waiting"),
+                                  ("kv_usage", "kv_usage_peak", "server kv peak"),
+                                  ("preemptions", "preemptions", "server preemptions in the window"),
+                                  ("mean_batch", "mean_batch", "server mean batch in the window"),
+                                  ("prefix_hit_rate", "prefix_hit_rate", "server prefix hit rate")):
+            evidence.put(name, window.get(key), source)
+        evidence.put("shared_prefix_tokens", report["settings"].get("shared_prefix_tokens") or None,
+                     "loadgen --shared-prefix-tokens")
+    else:
+        raise UsageError(f"{path}: not a loadgen, simulate or sweep --json report")
+    return evidence, settings
+
+
+@dataclass(frozen=True)
+class BudgetRule:
+    """One row of the diagnosis table: symptom -> binding budget -> knob -> effect -> not."""
+
+    budget: str
+    needs: Tuple[Tuple[str, ...], ...]  # facts without which the row cannot decide (any one of each group)
+    holds: Callable[[Evidence], bool]
+    symptom: str
+    knob: Callable[[Evidence], str]
+    effect: str
+    not_helpful: Tuple[str, ...]        # templates: Evidence.render fills their figures
+    cites: Tuple[str, ...] = ()         # further facts worth showing beside the verdict
+
+
+def _waiting(evidence: Evidence) -> bool:
+    """Requests wait: a server's waiting gauge, or a simulated queue time."""
+    return (evidence.value("waiting") or 0) > 0 or (evidence.value("queued_ms") or 0) > 1.0
+
+
+def _kv_knob(evidence: Evidence) -> str:
+    shared = evidence.value("shared_prefix_tokens") or 0
+    if shared >= 16 and not evidence.value("prefix_caching"):
+        return (f"turn on prefix caching, so the {shared:,.0f} shared prompt tokens are stored once: vLLM "
+                f"--enable-prefix-caching; SGLang RadixAttention (on unless --disable-radix-cache); "
+                f"llama.cpp reuses a slot's cache_prompt only")
+    return ("give the KV cache more room: raise --gpu-memory-utilization (SGLang --mem-fraction-static), "
+            "store it in FP8 (--kv-cache-dtype fp8: half the bytes per token), or send fewer tokens per "
+            "request (--max-model-len, shorter prompts)")
+
+
+def _seq_knob(evidence: Evidence) -> str:
+    fits = evidence.value("kv_fits_requests")
+    target = f" to about {fits:,.0f}, what the KV cache holds at these request lengths" if fits else ""
+    return f"raise --max-num-seqs{target} (llama.cpp --parallel, SGLang --max-running-requests)"
+
+
+def _token_knob(evidence: Evidence) -> str:
+    budget = evidence.value("max_num_batched_tokens")
+    return (f"raise --max-num-batched-tokens from {budget:,.0f} to {2 * budget:,.0f} or more (SGLang "
+            f"--chunked-prefill-size, llama.cpp --batch-size/--ubatch-size)")
+
+
+def _compute_knob(evidence: Evidence) -> str:
+    knee = evidence.value("critical_batch")
+    cap = f"; keep --max-num-seqs near the ~{knee:.0f}-token knee to protect TPOT" if knee else ""
+    return f"add replicas (data parallel) or shard with --tensor-parallel-size{cap}"
+
+
+def _kv_binds(evidence: Evidence) -> bool:
+    return evidence.value("kv_usage") >= 0.95 and (_waiting(evidence) or (evidence.value("preemptions") or 0) > 0)
+
+
+def _seqs_bind(evidence: Evidence) -> bool:
+    return evidence.value("running") >= evidence.value("max_num_seqs") and _waiting(evidence)
+
+
+def _tokens_bind(evidence: Evidence) -> bool:
+    return _waiting(evidence) and 4 * evidence.value("prompt_tokens") >= evidence.value("max_num_batched_tokens")
+
+
+def _compute_binds(evidence: Evidence) -> bool:
+    past_knee = evidence.value("tokens_per_step") >= evidence.value("critical_batch")
+    return past_knee and evidence.value("tpot_rising") != 0  # unknown trend: the knee decides
+
+
+NO_SECOND_GPU = ("a second GPU because utilisation reads 100%: utilisation says a kernel was running, not how "
+                 "full the batch was")
+BUDGET_RULES = (
+    BudgetRule("KV cache blocks", (("kv_usage",), ("waiting", "queued_ms")), _kv_binds,
+               "the KV cache is full while requests wait or are preempted", _kv_knob,
+               "preemptions stop; queue time and TTFT fall; the batch and throughput grow; TPOT rises a "
+               "little with the bigger batch",
+               ("raising --max-num-seqs (say to 512): memory, not the sequence cap, holds the batch | "
+                "({running} running, {waiting} waiting)",
+                NO_SECOND_GPU, "raising --max-num-batched-tokens: prompts wait for memory, not for budget"),
+               ("preemptions", "running")),
+    BudgetRule("sequences per step (--max-num-seqs)", (("running",), ("max_num_seqs",), ("waiting", "queued_ms")),
+               _seqs_bind,
+               "every sequence slot is taken while requests wait and the KV cache has room", _seq_knob,
+               "throughput grows and queue time falls; TPOT rises with the batch; KV use rises",
+               ("more KV memory: the cache is not what is full | (KV {kv_usage} used)",
+                "raising --max-num-batched-tokens: requests wait for a slot, not for budget"),
+               ("kv_usage",)),
+    BudgetRule("tokens per step (--max-num-batched-tokens)",
+               (("prompt_tokens",), ("max_num_batched_tokens",), ("waiting", "queued_ms")), _tokens_bind, "long prompts wait for prefill budget while slots and KV are free", _token_knob,
+               "TTFT falls as prompts prefill in fewer steps; ITL p99 rises because bigger prefill chunks share "
+               "steps with decodes; throughput about the same",
+               ("raising --max-num-seqs: slots are free | ({running} of {max_num_seqs} used)",
+                "more KV memory: the cache is not what is full | (KV {kv_usage} used)"),
+               ("running", "kv_usage")),
+    BudgetRule("compute", (("tokens_per_step",), ("critical_batch",)), _compute_binds,
+               "each step processes more tokens than the compute knee, so TPOT grows with the batch",
+               _compute_knob, "TPOT falls back toward the weight-read floor; total throughput grows with the "
+               "replicas",
+               ("a bigger batch (raising --max-num-seqs): past the knee every extra sequence slows every step | "
+                "({tokens_per_step} tokens per step against a knee of {critical_batch})",
+                "more KV memory: it is the arithmetic, not the cache"),
+               ("tpot_rising",)),
+)
+
+
+def capacity_checks(evidence: Evidence, plan: Optional[CapacityPlan]) -> List[str]:
+    """The memory arithmetic behind the verdict, with what it assumed."""
+    if plan is None:
+        return ["cannot check the capacity: name the --hardware and --model (or --model-file) the server runs"]
+    hardware, model = plan.hardware, plan.model
+    lines = [f"{model.name} on {hardware.name} at --gpu-memory-utilization {plan.gpu_memory_utilization:.2f}: "
+             f"{plan.num_blocks:,} blocks x {plan.block_size} = {plan.num_kv_tokens:,} KV tokens "
+             f"({model.kv_bytes_per_token / KIB:.0f} KiB per token); decode knee ~{critical_batch(hardware, model):.0f} "
+             f"tokens per step"]
+    prompt, output = evidence.value("prompt_tokens"), evidence.value("output_tokens")
+    if prompt is None:
+        lines.append("cannot check demand: the input gives no request length (pass --prompt-tokens and --output-tokens)")
+        return lines
+    per_request = prompt + (output or 0)
+    fits = plan.num_kv_tokens / per_request
+    evidence.put("kv_fits_requests", fits, "KV tokens / tokens per request")
+    lines.append(f"a request of {per_request:,.0f} tokens ({prompt:,.0f} prompt + {output or 0:,.0f} output): "
+                 f"the cache holds {fits:.1f} of them")
+    running, waiting = evidence.value("running"), evidence.value("waiting")
+    if running is not None and waiting is not None:
+        wanted = (running + waiting) * per_request
+        lines.append(f"{running:,.0f} running + {waiting:,.0f} waiting x {per_request:,.0f} = {wanted:,.0f} KV tokens "
+                     f"wanted: {wanted / plan.num_kv_tokens:.1f}x the cache")
+        shared = evidence.value("shared_prefix_tokens") or 0
+        if shared and wanted > plan.num_kv_tokens:
+            shared_total = (running + waiting) * (per_request - shared) + shared
+            verdict = "fits" if shared_total <= plan.num_kv_tokens else "still does not fit"
+            lines.append(f"with the {shared:,.0f} shared tokens stored once: {running + waiting:,.0f} x "
+                         f"{per_request - shared:,.0f} + {shared:,.0f} = {shared_total:,.0f} KV tokens: {verdict}")
+    return lines
+
+
+def latency_phase(evidence: Evidence, plan: Optional[CapacityPlan]) -> Tuple[str, List[str]]:
+    """Which phase of a request's life dominates its latency, and the figures saying so."""
+    queue, prefill, decode = (evidence.value(name) for name in ("queue_ms", "prefill_ms", "decode_ms"))
+    ttft, tpot, output = evidence.value("ttft_ms"), evidence.value("tpot_ms"), evidence.value("output_tokens")
+    if decode is None and tpot is not None and output is not None:
+        decode = tpot * max(output - 1, 0)
+        evidence.put("decode_ms", decode, f"TPOT x (output tokens - 1)")
+    if ttft is not None and queue is not None and prefill is None:
+        evidence.put("prefill_ms", max(ttft - queue, 0.0), "TTFT - queue time")
+    elif ttft is not None and queue is None and plan is not None and evidence.value("prompt_tokens"):
+        prompt = evidence.value("prompt_tokens")
+        estimate = step_seconds(plan.hardware, plan.model, int(prompt), int(prompt), 1) * 1000
+        evidence.put("prefill_ms", min(estimate, ttft), f"roofline prefill of a {prompt:,.0f}-token prompt")
+        evidence.put("queue_ms", max(ttft - estimate, 0.0), "TTFT - roofline prefill")
+    if "prefill_share" in evidence:
+        share = evidence.value("prefill_share")
+        phase = "prefill" if share > 0.5 else "decode"
+        return phase, [f"the server spent {share:.0%} of its busy time on prompts ({evidence.cite('prefill_share')})"]
+    parts = [(name, evidence.value(name + "_ms")) for name in ("queue", "prefill", "decode")]
+    parts = [(name, value) for name, value in parts if value is not None]
+    if not parts:
+        return "unknown", ["cannot tell which phase dominates: the input has no latency figures"]
+    total = sum(value for _, value in parts)
+    phase, value = max(parts, key=lambda item: item[1])
+    lines = [f"{name} {value:,.1f} ms ({evidence[name + '_ms'].source})" for name, value in parts]
+    share = f"{value / total:.0%}" if total else "all"
+    return phase, [f"{phase} dominates: {share} of the time measured"] + lines
+
+
+def diagnose(evidence: Evidence, plan: Optional[CapacityPlan]) -> dict:
+    """The five answers: phase, binding budget, capacity, the knob first, what will not help."""
+    if plan is not None:
+        evidence.put("critical_batch", critical_batch(plan.hardware, plan.model), "roofline knee (critical_batch)")
+        if "tokens_per_step" not in evidence and "mean_batch" in evidence:
+            evidence.put("tokens_per_step", evidence.value("mean_batch"), "mean batch (one token per decode)")
+    phase, phase_lines = latency_phase(evidence, plan)
+    capacity = capacity_checks(evidence, plan)
+    binding, undecided = None, []
+    for rule in BUDGET_RULES:
+        missing = [" or ".join(group) for group in rule.needs if not any(name in evidence for name in group)]
+        if missing:
+            undecided.append(f"cannot tell whether {rule.budget} binds: the input has no {', '.join(missing)}")
+        elif rule.holds(evidence):
+            binding = rule
+            break
+    if binding is None:
+        shown = ("kv_usage", "running", "waiting", "queued_ms", "preemptions")
+        verdict = {"budget": "none", "symptom": "no budget binds in what the input shows",
+                   "evidence": [evidence.cite(name) for name in shown if name in evidence],
+                   "knob": "nothing to change for capacity; keep watching waiting, KV use and preemptions",
+                   "effect": "", "not_helpful": ["turning any knob: nothing is saturated"]}
+    else:
+        cited = [name for group in binding.needs for name in group] + list(binding.cites)
+        verdict = {"budget": binding.budget, "symptom": binding.symptom,
+                   "evidence": [evidence.cite(name) for name in dict.fromkeys(cited) if name in evidence],
+                   "knob": binding.knob(evidence), "effect": binding.effect,
+                   "not_helpful": [evidence.render(template) for template in binding.not_helpful]}
+    return {"phase": {"dominant": phase, "lines": phase_lines}, "binding": verdict, "undecided": undecided,
+            "capacity": capacity, "evidence": {name: asdict(fact) for name, fact in evidence.items()}}
+
+
+# =============================================================================
 # Command line
 # =============================================================================
 
@@ -2724,6 +3107,36 @@ def build_parser() -> argparse.ArgumentParser:
                          help="include every request's record in the JSON report (implies --json)")
     loadgen.add_argument("--quiet", action="store_true", help="no progress line on stderr")
     loadgen.set_defaults(run=cmd_loadgen)
+
+    explain = commands.add_parser(
+        "explain", help="which budget binds, from a /metrics scrape or a report",
+        description="Read a Prometheus /metrics scrape (vLLM, llama.cpp, SGLang; several files are "
+                    "scrapes of one server, oldest first, or --url to scrape live), or a loadgen, "
+                    "simulate or sweep --json report, with the flags the server runs with, and say which "
+                    "phase dominates latency, which budget binds, the capacity arithmetic, the knob to "
+                    "change first and what will not help.")
+    explain.add_argument("inputs", nargs="*", metavar="FILE", help="scrape text files, or one --json report")
+    explain.add_argument("--url", help="scrape this server's /metrics instead of reading files")
+    explain.add_argument("--scrapes", type=positive_int, default=2, help="scrapes to take with --url (default 2)")
+    explain.add_argument("--scrape-interval", type=positive_float, default=5.0,
+                         help="seconds between scrapes with --url (default 5)")
+    explain.add_argument("--hardware", help=f"the server's hardware preset: {', '.join(HARDWARE)}")
+    explain.add_argument("--hardware-file", help="the server's hardware as a JSON file")
+    explain.add_argument("--model", help=f"the served model's preset: {', '.join(MODELS)}")
+    explain.add_argument("--model-file", help="the served model as a GGUF file or a config.json")
+    explain.add_argument("--gpu-memory-utilization", type=fraction, default=0.9,
+                         help="the server's memory share (default %(default)s)")
+    explain.add_argument("--block-size", type=positive_int, default=16, help="KV block size (default 16)")
+    explain.add_argument("--kv-tokens", type=positive_int, help="the KV cache size in tokens, if fixed")
+    explain.add_argument("--max-num-seqs", type=positive_int, help="the server's --max-num-seqs")
+    explain.add_argument("--max-num-batched-tokens", type=positive_int, help="the server's --max-num-batched-tokens")
+    explain.add_argument("--prefix-caching", choices=("on", "off"), help="whether the server caches prefixes")
+    explain.add_argument("--prompt-tokens", type=positive_float, help="mean prompt tokens per request")
+    explain.add_argument("--output-tokens", type=positive_float, help="mean output tokens per request")
+    explain.add_argument("--shared-prefix-tokens", type=non_negative_int,
+                         help="leading prompt tokens every request shares (a system prompt)")
+    explain.add_argument("--json", action="store_true", help="print the diagnosis as JSON")
+    explain.set_defaults(run=cmd_explain)
 
     compare = commands.add_parser(
         "compare", parents=[common, engine], help="predict loadgen runs and show both side by side",
@@ -3265,6 +3678,82 @@ def cmd_calibrate(args) -> int:
     if args.out:
         print(f"wrote {args.out}; use it with --hardware-file {args.out}")
     return 0
+
+
+def _explain_inputs(args) -> Tuple[Evidence, dict, str]:
+    """Evidence from the files or the live server named on the command line."""
+    if args.url:
+        endpoint = Endpoint.parse(args.url)
+        sampler = MetricsSampler(endpoint, args.scrape_interval, {})
+        for index in range(args.scrapes):
+            if index:
+                time.sleep(args.scrape_interval)
+            if not sampler.scrape():
+                raise ServesimError(f"{endpoint}: {sampler.problem}")
+        scrapes, what = sampler.scrapes, f"{endpoint}/metrics ({args.scrapes} scrapes)"
+    elif not args.inputs:
+        raise UsageError("explain: give a scrape file, a --json report, or --url")
+    else:
+        texts = [read_text_file(path, path) for path in args.inputs]
+        try:
+            report = json.loads(texts[0])
+        except ValueError:
+            report = None
+        if isinstance(report, dict):
+            if len(texts) > 1:
+                raise UsageError(f"{args.inputs[1]}: explain reads one --json report at a time")
+            evidence, settings = evidence_from_report(report, args.inputs[0])
+            return evidence, settings, f"report {args.inputs[0]}"
+        scrapes = [parse_prometheus(text) for text in texts]
+        for path, scrape in zip(args.inputs, scrapes):
+            if not scrape:
+                raise UsageError(f"{path}: neither a --json report nor a Prometheus /metrics scrape")
+        what = f"/metrics scrape{'s' if len(scrapes) > 1 else ''} {', '.join(args.inputs)}"
+    return evidence_from_scrapes(scrapes), {}, what
+
+
+def cmd_explain(args) -> int:
+    evidence, settings, what = _explain_inputs(args)
+    for name, flag in (("max_num_seqs", "--max-num-seqs"), ("max_num_batched_tokens", "--max-num-batched-tokens"),
+                       ("prompt_tokens", "--prompt-tokens"), ("output_tokens", "--output-tokens"),
+                       ("shared_prefix_tokens", "--shared-prefix-tokens")):
+        if getattr(args, name) is not None:
+            evidence.put(name, getattr(args, name), flag)
+    if args.prefix_caching is not None:
+        evidence.put("prefix_caching", 1 if args.prefix_caching == "on" else 0, "--prefix-caching")
+    args.hardware = args.hardware or settings.get("hardware")
+    args.model = args.model or (None if args.model_file else settings.get("model"))
+    plan = None
+    if (args.hardware or args.hardware_file) and (args.model or args.model_file):
+        try:
+            plan = _plan(args, 4096)
+        except CapacityError as error:
+            evidence.put("does_not_fit", 1, str(error))
+    result = diagnose(evidence, plan)
+    result["input"] = what
+    if args.json:
+        _print_json(result)
+    else:
+        print("\n".join(format_explain(result, plan)))
+    return 0
+
+
+def format_explain(result: dict, plan: Optional[CapacityPlan]) -> List[str]:
+    binding = result["binding"]
+    named = f" with {plan.model.name} on {plan.hardware.name}" if plan else ""
+    lines = [f"explain {result['input']}{named}", "1. latency: " + result["phase"]["lines"][0]]
+    lines += ["   " + line for line in result["phase"]["lines"][1:]]
+    lines.append(f"2. binding budget: {binding['budget']}: {binding['symptom']}")
+    lines += ["   " + line for line in binding["evidence"]]
+    lines += ["   (" + line + ")" for line in result["undecided"]]
+    lines.append("3. capacity: " + result["capacity"][0])
+    lines += ["   " + line for line in result["capacity"][1:]]
+    lines.append("4. change first: " + binding["knob"])
+    if binding["effect"]:
+        lines.append("   expected: " + binding["effect"])
+    lines.append("5. will not help:")
+    lines += ["   - " + line for line in binding["not_helpful"]]
+    return lines
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
