@@ -549,6 +549,11 @@ def step_seconds(hardware: Hardware, model: ModelSpec, num_tokens: int,
     return hardware.step_overhead_ms / 1000 + max(compute_s, memory_s)
 
 
+def knee_text(tokens: float) -> str:
+    """The critical batch as the reports print it: ~197, or ~2.7 below ten."""
+    return f"~{tokens:.{0 if tokens >= 10 else 1}f}"
+
+
 def critical_batch(hardware: Hardware, model: ModelSpec) -> float:
     """Tokens per step at which the arithmetic takes as long as reading the weights."""
     weight_read_s = model.weight_bytes / (hardware.bandwidth_gbs * GB * hardware.mbu)
@@ -2437,6 +2442,9 @@ def calibration_points(reports: Sequence[Tuple[str, dict]]) -> List[Tuple[int, s
     lowest = concurrencies.index(min(concurrencies))
     points = [(index, "tpot", report["summary"]["tpot_ms"]["p50"]) for index, (_, report) in enumerate(reports)]
     points.append((lowest, "ttft", reports[lowest][1]["summary"]["ttft_ms"]["p50"]))
+    for index, what, measured in points:
+        if not measured or measured <= 0:
+            raise UsageError(f"{reports[index][0]}: {what} p50 is {measured!r}; nothing to fit")
     return points
 
 
@@ -2762,7 +2770,10 @@ def _token_knob(evidence: Evidence) -> str:
 
 def _compute_knob(evidence: Evidence) -> str:
     knee = evidence.value("critical_batch")
-    cap = f"; keep --max-num-seqs near the ~{knee:.0f}-token knee to protect TPOT" if knee else ""
+    if knee is not None and knee < 2:
+        cap = f" (the knee is {knee_text(knee)} tokens: one sequence already keeps the arithmetic busy)"
+    else:
+        cap = f"; keep --max-num-seqs near the {knee_text(knee)}-token knee to protect TPOT" if knee else ""
     return f"add replicas (data parallel) or shard with --tensor-parallel-size{cap}"
 
 
@@ -2770,8 +2781,16 @@ def _kv_binds(evidence: Evidence) -> bool:
     return evidence.value("kv_usage") >= 0.95 and (_waiting(evidence) or (evidence.value("preemptions") or 0) > 0)
 
 
+def _past_knee(evidence: Evidence) -> bool:
+    tokens, knee = evidence.value("tokens_per_step"), evidence.value("critical_batch")
+    return tokens is not None and knee is not None and tokens >= knee
+
+
 def _seqs_bind(evidence: Evidence) -> bool:
-    return evidence.value("running") >= evidence.value("max_num_seqs") and _waiting(evidence)
+    # NOTE: past the compute knee more sequences cannot raise throughput, so a full
+    # sequence cap there is the compute row's case (more replicas), not this one.
+    return (evidence.value("running") >= evidence.value("max_num_seqs") and _waiting(evidence)
+            and not _past_knee(evidence))
 
 
 def _tokens_bind(evidence: Evidence) -> bool:
@@ -2779,8 +2798,7 @@ def _tokens_bind(evidence: Evidence) -> bool:
 
 
 def _compute_binds(evidence: Evidence) -> bool:
-    past_knee = evidence.value("tokens_per_step") >= evidence.value("critical_batch")
-    return past_knee and evidence.value("tpot_rising") != 0  # unknown trend: the knee decides
+    return _past_knee(evidence) and evidence.value("tpot_rising") != 0  # unknown trend: the knee decides
 
 
 NO_SECOND_GPU = ("a second GPU because utilisation reads 100%: utilisation says a kernel was running, not how "
@@ -2826,8 +2844,8 @@ def capacity_checks(evidence: Evidence, plan: Optional[CapacityPlan]) -> List[st
     hardware, model = plan.hardware, plan.model
     lines = [f"{model.name} on {hardware.name} at --gpu-memory-utilization {plan.gpu_memory_utilization:.2f}: "
              f"{plan.num_blocks:,} blocks x {plan.block_size} = {plan.num_kv_tokens:,} KV tokens "
-             f"({model.kv_bytes_per_token / KIB:.0f} KiB per token); decode knee ~{critical_batch(hardware, model):.0f} "
-             f"tokens per step"]
+             f"({model.kv_bytes_per_token / KIB:.0f} KiB per token); decode knee "
+             f"{knee_text(critical_batch(hardware, model))} tokens per step"]
     prompt, output = evidence.value("prompt_tokens"), evidence.value("output_tokens")
     if prompt is None:
         lines.append("cannot check demand: the input gives no request length (pass --prompt-tokens and --output-tokens)")
@@ -2884,8 +2902,9 @@ def diagnose(evidence: Evidence, plan: Optional[CapacityPlan]) -> dict:
     """The five answers: phase, binding budget, capacity, the knob first, what will not help."""
     if plan is not None:
         evidence.put("critical_batch", critical_batch(plan.hardware, plan.model), "roofline knee (critical_batch)")
-        if "tokens_per_step" not in evidence and "mean_batch" in evidence:
-            evidence.put("tokens_per_step", evidence.value("mean_batch"), "mean batch (one token per decode)")
+        for name in ("mean_batch", "running"):
+            if "tokens_per_step" not in evidence and name in evidence:
+                evidence.put("tokens_per_step", evidence.value(name), f"{evidence[name].source} (a token per decode)")
     phase, phase_lines = latency_phase(evidence, plan)
     capacity = capacity_checks(evidence, plan)
     binding, undecided = None, []
@@ -3187,7 +3206,6 @@ def format_capacity(plan: CapacityPlan) -> List[str]:
     else:
         kv_detail = f"budget - weights - {hardware.reserve_gib:.1f} GiB reserve"
     step_ms = step_seconds(hardware, model, 1, 1) * 1000
-    knee = critical_batch(hardware, model)
     rows = [
         ("weights", f"{model.weight_bytes / GB:.2f} GB",
          f"{model.params / 1e9:.2f} B params x {round(model.bytes_per_param, 4):g} bytes"),
@@ -3200,7 +3218,7 @@ def format_capacity(plan: CapacityPlan) -> List[str]:
         ("blocks", f"{plan.num_blocks:,} x {plan.block_size} tokens = {plan.num_kv_tokens:,} tokens", ""),
         ("max concurrency", f"{plan.max_concurrency:.2f}x at {plan.max_model_len:,} tokens per request", ""),
         ("decode step", f"{step_ms:.2f} ms at batch 1; compute catches up with the weight read "
-                        f"at ~{knee:.{0 if knee >= 10 else 1}f} tokens per step", ""),
+                        f"at {knee_text(critical_batch(hardware, model))} tokens per step", ""),
     ]
     lines = [f"capacity {model.name} on {hardware.name} "
              f"gpu-memory-utilization {plan.gpu_memory_utilization:.2f}"]
