@@ -16,6 +16,7 @@ Usage:
     python3 code/main.py loadgen --url URL [--concurrency N | --rate R] [options]
     python3 code/main.py compare REPORT.json... [--hardware H] [--model M] [options]
     python3 code/main.py calibrate REPORT.json REPORT.json... [options] [--out FILE]
+    python3 code/main.py explain (SCRAPE... | REPORT.json | --url URL) [server flags]
 
 Examples:
     # the memory plan: weights, KV per token, blocks, max concurrency, step time
@@ -30,6 +31,8 @@ Examples:
     # loadgen reports beside their prediction; hardware figures fitted to them
     python3 code/main.py compare c1.json c4.json --hardware cpu-2vcpu --kv-tokens 4096 --max-num-seqs 4
     python3 code/main.py calibrate c1.json c4.json --hardware cpu-2vcpu --out my-cpu.json
+    # which budget binds, from two /metrics scrapes and the server's flags
+    python3 code/main.py explain before.prom after.prom --hardware l4-24gb --max-num-seqs 256
 
 Options shared by every subcommand:
     --hardware NAME              h100-sxm-80gb (default), a100-sxm-80gb, l4-24gb, cpu-4vcpu, cpu-2vcpu
@@ -52,6 +55,14 @@ Options of simulate, sweep, compare and calibrate:
     --prompt-tokens N|LO-HI      prompt length, fixed or uniform in a range (256-1024)
     --output-tokens N|LO-HI      output length, fixed or uniform in a range (64-256)
     --seed N                     seed for lengths and arrivals (0)
+    --slo-ttft-ms, --slo-tpot-ms  objectives: goodput counts the requests meeting both
+    --max-tokens-in-flight N     admit only while running requests hold N tokens or fewer
+
+Disaggregated prefill and decode (simulate): --disaggregate, --kv-link-gbs,
+--prefill-hardware, --decode-hardware, --prefill-/--decode-max-num-seqs,
+--prefill-/--decode-max-num-batched-tokens, --disaggregate-min-prompt-tokens,
+--find-kv-link-crossover. sweep takes lists: --concurrency 1,8,32 or --rate 1,2,4 or
+--trace FILE, and --max-tokens-in-flight 16000,24000.
 
 Trace format (--trace): JSON Lines, one request per line:
     {"arrival_s": 0.12, "prompt_tokens": 1342, "output_tokens": 251,
