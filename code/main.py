@@ -83,7 +83,9 @@ what was expected); 130 interrupted.
 from __future__ import annotations
 
 import argparse
+import csv
 import dataclasses
+import datetime
 import heapq
 import http.client
 import io
@@ -605,7 +607,7 @@ class BlockPool:
 
     def free_among(self, blocks: Iterable[int]) -> int:
         """How many of blocks sit on the free list (touching them would take them off)."""
-        return sum(1 for block in blocks if block in self.free)
+        return sum(map(self.free.__contains__, blocks))
 
     def allocate(self, count: int) -> List[int]:
         """Take count blocks from the front of the free list, evicting their cached keys."""
@@ -642,13 +644,10 @@ class BlockPool:
 
     def lookup(self, keys: Sequence[Hashable]) -> List[int]:
         """The leading run of keys that are cached, as blocks; stops at the first miss."""
-        hits = []
-        for key in keys:
-            block = self.cached.get(key)
-            if block is None:
-                break
-            hits.append(block)
-        return hits
+        blocks = list(map(self.cached.get, keys))  # one pass in C beats stopping early in Python
+        if None in blocks:
+            del blocks[blocks.index(None):]
+        return blocks
 
     def touch(self, blocks: Sequence[int]) -> None:
         """Take a reference on cached blocks, reviving any that were free."""
@@ -683,6 +682,8 @@ class Request:
     arrival_s: float = 0.0             # when an open-loop workload sends it
     prefix: Optional[str] = None       # name of a shared leading text (a system prompt)
     prefix_tokens: int = 0             # how many leading prompt tokens that text covers
+    prefix_blocks: Tuple[Hashable, ...] = ()  # or: a content key per trace block, each naming all before it
+    prefix_block_tokens: int = 0       # tokens per trace block (Mooncake: 512)
     generated: int = 0
     computed: int = 0                  # tokens whose KV is in the cache
     blocks: List[int] = field(default_factory=list)
@@ -706,6 +707,10 @@ class Request:
     @property
     def finished(self) -> bool:
         return self.generated == self.max_tokens
+
+    @property
+    def shares_prefix(self) -> bool:
+        return self.prefix is not None or bool(self.prefix_blocks)
 
     @property
     def output_tokens(self) -> int:
@@ -761,6 +766,7 @@ class Scheduler:
         self.num_preemptions = 0
         self.num_prefix_query_tokens = 0
         self.num_prefix_hit_tokens = 0
+        self._keys: Dict[Request, List[Hashable]] = {}  # prefix block keys of requests not yet done
 
     def blocks_for(self, num_tokens: int) -> int:
         return -(-num_tokens // self.config.block_size)
@@ -828,7 +834,14 @@ class Scheduler:
         batch: Batch = []
         while self.waiting and budget > 0 and len(self.running) < self.config.max_num_seqs:
             request = self.waiting[0]
-            hits = self.pool.lookup(self._prefix_keys(request))
+            keys = self._prefix_keys(request)
+            # NOTE: however many blocks hit, this step's tokens need at least
+            # blocks_for(tokens) - 1 new ones; when not even that many are free, skip the
+            # lookup (a long prompt at the head of a full cache is looked at every step).
+            best_cached = self._tokens_with_kv(request, len(keys) * self.config.block_size)
+            if self.blocks_for(min(request.length - best_cached, budget)) - 1 > self.pool.free_count():
+                break
+            hits = self.pool.lookup(keys)
             num_hit_tokens = len(hits) * self.config.block_size
             num_cached = self._tokens_with_kv(request, num_hit_tokens)
             num_tokens = min(request.length - num_cached, budget)
@@ -879,20 +892,31 @@ class Scheduler:
         """Give request the blocks for num_tokens more tokens; enter full prefix blocks in the cache."""
         if num_new_blocks > 0:
             request.blocks.extend(self.pool.allocate(num_new_blocks))
-        if self.config.prefix_caching and request.prefix is not None:
+        if self.config.prefix_caching and request.shares_prefix:
             num_full = min(request.prefix_tokens, request.computed + num_tokens) // self.config.block_size
             for index in range(request.num_cached_blocks, num_full):
-                self.pool.cache(request.blocks[index], (request.prefix, index))
+                self.pool.cache(request.blocks[index], self._block_key(request, index))
             request.num_cached_blocks = max(request.num_cached_blocks, num_full)
 
     def _prefix_keys(self, request: Request) -> List[Tuple[str, int]]:
         """Content keys of the request's full prefix blocks: (prefix name, block index)."""
-        if not self.config.prefix_caching or request.prefix is None:
+        if not self.config.prefix_caching or not request.shares_prefix:
             return []
+        keys = self._keys.get(request)
+        if keys is None:  # a long prompt waiting at the head is looked up every step
+            num_blocks = request.prefix_tokens // self.config.block_size
+            keys = self._keys[request] = [self._block_key(request, index) for index in range(num_blocks)]
         # NOTE: the last token is always computed, even when every block hits,
         # because the model needs its logits to sample the next token.
-        num_full = min(request.prefix_tokens, request.length - 1) // self.config.block_size
-        return [(request.prefix, index) for index in range(num_full)]
+        return keys[:min(request.prefix_tokens, request.length - 1) // self.config.block_size]
+
+    def _block_key(self, request: Request, index: int) -> Hashable:
+        """What the index-th block holds: (prefix name, index), or for a content-addressed
+        trace (the key of the trace block its last token lies in, index)."""
+        if request.prefix_blocks:
+            last_token = (index + 1) * self.config.block_size - 1
+            return request.prefix_blocks[last_token // request.prefix_block_tokens], index
+        return request.prefix, index
 
     def update(self, batch: Batch, now_s: float) -> List[Request]:
         """Apply a computed step: advance KV, sample tokens, free finished requests."""
@@ -914,6 +938,7 @@ class Scheduler:
         """A finished request gives its blocks back."""
         self.pool.release(request.blocks)
         request.blocks = []
+        self._keys.pop(request, None)
 
 
 # =============================================================================
@@ -1071,12 +1096,19 @@ def percentile(sorted_values: Sequence[float], pct: float) -> Optional[float]:
 
 
 def distribution_ms(values_s: Iterable[float]) -> dict:
-    """Mean, nearest-rank percentiles and max of a list of seconds, in milliseconds."""
-    values = sorted(value * 1000 for value in values_s)
-    stats = {"count": len(values), "mean": sum(values) / len(values) if values else None}
+    """Mean, nearest-rank percentiles and max of seconds, in milliseconds.
+
+    A list is sorted in place (a million-token run makes lists of millions of gaps;
+    copying them would double the memory).
+    """
+    values = values_s if isinstance(values_s, list) else list(values_s)
+    values.sort()
+    count = len(values)
+    stats = {"count": count, "mean": sum(values) * 1000 / count if count else None}
     for pct in PERCENTILES:
-        stats[f"p{pct}"] = percentile(values, pct)
-    stats["max"] = values[-1] if values else None
+        value = percentile(values, pct)
+        stats[f"p{pct}"] = None if value is None else value * 1000
+    stats["max"] = values[-1] * 1000 if count else None
     return stats
 
 
@@ -1100,7 +1132,8 @@ def summarize(records: Sequence, slo: Optional[Dict[str, float]] = None) -> dict
         ttft.append(times[0] - r.sent_s)
         e2e.append(times[-1] - r.sent_s)
         itl.extend(later - earlier for earlier, later in zip(times, times[1:]))
-        itl_chunk.extend(later - earlier for earlier, later in zip(r.chunk_times, r.chunk_times[1:]))
+        if r.chunk_times is not times:  # simulated requests have one token per event
+            itl_chunk.extend(later - earlier for earlier, later in zip(r.chunk_times, r.chunk_times[1:]))
         request_tpot = None
         if r.output_tokens > 1 and len(times) > 1:
             request_tpot = (times[-1] - times[0]) / (r.output_tokens - 1)
@@ -1109,6 +1142,7 @@ def summarize(records: Sequence, slo: Optional[Dict[str, float]] = None) -> dict
             queue.append(r.queue_s)
         if slo is not None and meets_slo(ttft[-1], request_tpot, slo):
             num_met += 1
+    itl_stats = distribution_ms(itl)
     sent = [r.sent_s for r in records if r.sent_s is not None]
     span_s = (max(r.token_times[-1] for r in timed) - min(sent)) if timed else 0.0
     output_tokens = sum(r.output_tokens for r in completed)
@@ -1130,8 +1164,8 @@ def summarize(records: Sequence, slo: Optional[Dict[str, float]] = None) -> dict
         "req_per_s": len(completed) / span_s if span_s else 0.0,
         "ttft_ms": distribution_ms(ttft),
         "tpot_ms": distribution_ms(tpot),
-        "itl_ms": distribution_ms(itl),
-        "itl_per_chunk_ms": distribution_ms(itl_chunk),
+        "itl_ms": itl_stats,
+        "itl_per_chunk_ms": distribution_ms(itl_chunk) if itl_chunk else dict(itl_stats),
         "queue_ms": distribution_ms(queue),
         "e2e_ms": distribution_ms(e2e),
     }
@@ -1178,6 +1212,7 @@ class PrefillScheduler(Scheduler):
 
     def _free(self, request: Request) -> None:
         self.held[request], request.blocks = request.blocks, []
+        self._keys.pop(request, None)
 
     def release_held(self, request: Request) -> None:
         self.pool.release(self.held.pop(request))
@@ -1201,11 +1236,15 @@ class DecodeScheduler(Scheduler):
         return True
 
     def _tokens_with_kv(self, request: Request, num_hit_tokens: int) -> int:
-        return max(num_hit_tokens, self.transferred.pop(request, 0))
+        return max(num_hit_tokens, self.transferred.get(request, 0))
 
     def _preempt(self, request: Request) -> None:
         self.transferred.pop(request, None)
         super()._preempt(request)
+
+    def _free(self, request: Request) -> None:
+        self.transferred.pop(request, None)
+        super()._free(request)
 
 
 @dataclass
@@ -1230,7 +1269,7 @@ class KvLink:
 
     def report(self) -> dict:
         return {"kv_link_gbs": self.gbs, "num_transfers": self.num_transfers, "bytes": self.num_bytes,
-                "transfer_ms": distribution_ms(self.waits_s)}
+                "transfer_ms": distribution_ms(list(self.waits_s))}
 
 
 def simulate_disaggregated(prefill: Engine, decode: Engine, requests: List[Request], link: KvLink,
@@ -1262,8 +1301,7 @@ def simulate_disaggregated(prefill: Engine, decode: Engine, requests: List[Reque
         if request.prompt_tokens < min_prompt_tokens:
             wake(decode, now_s)
             return decode.scheduler.add(request)
-        twin = Request(request.request_id, request.prompt_tokens, 1, now_s, request.prefix,
-                       request.prefix_tokens, sent_s=now_s)
+        twin = dataclasses.replace(request, max_tokens=1, arrival_s=now_s, sent_s=now_s, blocks=[], token_times=[])
         wake(prefill, now_s)
         if not prefill.scheduler.add(twin):
             request.error_kind, request.error = twin.error_kind, twin.error
@@ -1354,12 +1392,32 @@ def find_kv_link_crossover(ttft_p95_at: Callable[[float], Optional[float]], colo
 # =============================================================================
 
 TRACE_FIELDS = ("arrival_s", "prompt_tokens", "output_tokens")
+AZURE_COLUMNS = ("TIMESTAMP", "ContextTokens", "GeneratedTokens")
+MOONCAKE_FIELDS = ("timestamp", "input_length", "output_length", "hash_ids")
+MOONCAKE_BLOCK_TOKENS = 512
 
 
-def read_trace(path: str) -> List[Request]:
-    """Requests from a JSON Lines trace (see the module docstring for the fields)."""
-    lines = read_text_file(path, f"--trace {path}").splitlines()
-    requests = []
+@dataclass(frozen=True)
+class TraceRow:
+    """One request of a trace, before slicing: where it came from and what it asks."""
+
+    lineno: int
+    arrival_s: float
+    prompt_tokens: int
+    output_tokens: int
+    prefix: Optional[str] = None
+    prefix_tokens: int = 0
+    prefix_blocks: Tuple[Hashable, ...] = ()
+    prefix_block_tokens: int = 0
+
+
+def _check_int(where: str, name: str, value, least: int) -> int:
+    if not isinstance(value, int) or isinstance(value, bool) or value < least:
+        raise UsageError(f"{where}: {name} must be an integer >= {least}, got {value!r}")
+    return value
+
+
+def _json_rows(lines: List[str], path: str, fields: Sequence[str]) -> Iterator[Tuple[str, dict]]:
     for lineno, line in enumerate(lines, start=1):
         if not line.strip():
             continue
@@ -1369,52 +1427,154 @@ def read_trace(path: str) -> List[Request]:
         except json.JSONDecodeError as error:
             raise UsageError(f"{where}: not JSON ({error.msg}); expected one object per line") from None
         if not isinstance(row, dict):
-            raise UsageError(f"{where}: expected a JSON object with {', '.join(TRACE_FIELDS)}")
-        missing = [name for name in TRACE_FIELDS if name not in row]
+            raise UsageError(f"{where}: expected a JSON object with {', '.join(fields)}")
+        missing = [name for name in fields if name not in row]
         if missing:
-            raise UsageError(f"{where}: missing {', '.join(missing)}; expected {', '.join(TRACE_FIELDS)}")
+            raise UsageError(f"{where}: missing {', '.join(missing)}; expected {', '.join(fields)}")
+        yield where, lineno, row
+
+
+def _servesim_rows(lines: List[str], path: str) -> Iterator[TraceRow]:
+    """The project's JSON Lines: arrival_s, prompt_tokens, output_tokens, [prefix, prefix_tokens]."""
+    for where, lineno, row in _json_rows(lines, path, TRACE_FIELDS):
         arrival_s = row["arrival_s"]
-        prompt = row["prompt_tokens"]
-        output = row["output_tokens"]
-        prefix = row.get("prefix")
-        prefix_tokens = row.get("prefix_tokens", 0)
         if not _is_number(arrival_s) or arrival_s < 0:
             raise UsageError(f"{where}: arrival_s must be a number >= 0, got {arrival_s!r}")
-        for name, value, least in (("prompt_tokens", prompt, 1), ("output_tokens", output, 1),
-                                   ("prefix_tokens", prefix_tokens, 0)):
-            if not isinstance(value, int) or isinstance(value, bool) or value < least:
-                raise UsageError(f"{where}: {name} must be an integer >= {least}, got {value!r}")
+        prompt = _check_int(where, "prompt_tokens", row["prompt_tokens"], 1)
+        output = _check_int(where, "output_tokens", row["output_tokens"], 1)
+        prefix_tokens = _check_int(where, "prefix_tokens", row.get("prefix_tokens", 0), 0)
+        prefix = row.get("prefix")
         if prefix is not None and not isinstance(prefix, str):
             raise UsageError(f"{where}: prefix must be a string, got {prefix!r}")
         if prefix_tokens > prompt:
             raise UsageError(f"{where}: prefix_tokens {prefix_tokens} exceed prompt_tokens {prompt}")
-        requests.append(Request(len(requests), prompt, output, float(arrival_s), prefix, prefix_tokens))
-    if not requests:
+        yield TraceRow(lineno, float(arrival_s), prompt, output, prefix, prefix_tokens)
+
+
+def _azure_rows(lines: List[str], path: str) -> Iterator[TraceRow]:
+    """Azure LLM inference trace CSV: TIMESTAMP (wall clock), ContextTokens, GeneratedTokens."""
+    reader = csv.reader(lines)
+    header = next(reader, None)
+    if header is None or [column.strip() for column in header[:3]] != list(AZURE_COLUMNS):
+        raise UsageError(f"--trace {path}:1: expected the header {','.join(AZURE_COLUMNS)}, got {header!r}")
+    for lineno, row in enumerate(reader, start=2):
+        if not row:
+            continue
+        where = f"--trace {path}:{lineno}"
+        if len(row) < 3:
+            raise UsageError(f"{where}: expected {len(AZURE_COLUMNS)} columns ({','.join(AZURE_COLUMNS)}), got {row!r}")
+        counts = [int(cell) if cell.strip().isdigit() else cell for cell in row[1:3]]
+        yield TraceRow(lineno, _wall_clock_s(row[0], where), _check_int(where, "ContextTokens", counts[0], 1),
+                       _check_int(where, "GeneratedTokens", counts[1], 1))
+
+
+def _wall_clock_s(text: str, where: str) -> float:
+    """Seconds since 1970 of 'YYYY-MM-DD HH:MM:SS.fffffff' (any number of fraction digits)."""
+    whole, _, fraction = text.strip().partition(".")
+    try:
+        moment = datetime.datetime.strptime(whole, "%Y-%m-%d %H:%M:%S").replace(tzinfo=datetime.timezone.utc)
+        return moment.timestamp() + (float("0." + fraction) if fraction else 0.0)
+    except ValueError:
+        raise UsageError(f"{where}: TIMESTAMP must look like 2023-11-16 18:15:46.6805900, got {text!r}") from None
+
+
+def _mooncake_rows(lines: List[str], path: str) -> Iterator[TraceRow]:
+    """Mooncake JSON Lines: timestamp (ms), input_length, output_length, hash_ids (one per
+    512-token block; the same id at the same position means the same content)."""
+    for where, lineno, row in _json_rows(lines, path, MOONCAKE_FIELDS):
+        timestamp = row["timestamp"]
+        if not _is_number(timestamp) or timestamp < 0:
+            raise UsageError(f"{where}: timestamp must be a number of milliseconds >= 0, got {timestamp!r}")
+        prompt = _check_int(where, "input_length", row["input_length"], 1)
+        output = _check_int(where, "output_length", row["output_length"], 1)
+        hash_ids = row["hash_ids"]
+        if not isinstance(hash_ids, list) or not all(isinstance(i, int) for i in hash_ids):
+            raise UsageError(f"{where}: hash_ids must be a list of integers, got {hash_ids!r}")
+        # NOTE: a block's KV depends on every token before it, so each key names the
+        # whole run of ids up to its block, not its own id alone.
+        chain: List[Hashable] = []
+        for block_id in hash_ids:
+            chain.append(hash((chain[-1] if chain else None, block_id)))
+        covered = min(prompt, len(hash_ids) * MOONCAKE_BLOCK_TOKENS)
+        yield TraceRow(lineno, timestamp / 1000, prompt, output, None, covered, tuple(chain), MOONCAKE_BLOCK_TOKENS)
+
+
+TRACE_READERS = {"servesim": _servesim_rows, "azure": _azure_rows, "mooncake": _mooncake_rows}
+
+
+def detect_trace_format(lines: List[str], path: str) -> str:
+    """servesim, azure or mooncake, from the first line that is not empty."""
+    first = next((line for line in lines if line.strip()), "")
+    if first.startswith("TIMESTAMP"):
+        return "azure"
+    try:
+        row = json.loads(first)
+    except ValueError:
+        row = None
+    if isinstance(row, dict) and "input_length" in row:
+        return "mooncake"
+    if isinstance(row, dict) or row is None and first.lstrip().startswith("{"):
+        return "servesim"
+    raise UsageError(f"--trace {path}:1: not a trace this reads; expected JSON Lines with arrival_s, the "
+                     f"Azure CSV ({','.join(AZURE_COLUMNS)}) or Mooncake JSON Lines (timestamp, input_length, ...)")
+
+
+def read_trace(path: str, trace_format: Optional[str] = None, time_scale: float = 1.0,
+               start_s: float = 0.0, limit: Optional[int] = None) -> List[Request]:
+    """Requests from a trace file, arrivals counted from its first request.
+
+    start_s drops the requests that arrive earlier and limit keeps the next ones at most;
+    the slice then starts at 0, and time_scale multiplies every arrival (below 1 the
+    same requests come faster, above 1 slower).
+    """
+    lines = read_text_file(path, f"--trace {path}").splitlines()
+    if not any(line.strip() for line in lines):
         raise UsageError(f"--trace {path}: no requests in the file")
-    return requests
+    rows = list(TRACE_READERS[trace_format or detect_trace_format(lines, path)](lines, path))
+    if not rows:
+        raise UsageError(f"--trace {path}: no requests in the file")
+    origin = min(row.arrival_s for row in rows)
+    rows = sorted((row for row in rows if row.arrival_s - origin >= start_s), key=lambda row: row.arrival_s)
+    rows = rows[:limit] if limit is not None else rows
+    if not rows:
+        raise UsageError(f"--trace {path}: no requests at or after --start {start_s:g} s")
+    first = rows[0].arrival_s
+    return [Request(index, row.prompt_tokens, row.output_tokens, (row.arrival_s - first) * time_scale, row.prefix,
+                    row.prefix_tokens, row.prefix_blocks, row.prefix_block_tokens)
+            for index, row in enumerate(rows)]
 
 
 def _is_number(value) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
 
 
+def arrival_offsets(num_requests: int, rate: float, burstiness: float, rng: random.Random) -> List[float]:
+    """Open-loop send times in seconds, the first at 0: gaps of mean 1/rate drawn from a
+    gamma distribution of shape burstiness, as vllm bench serve does (1 is Poisson;
+    below 1 the same rate comes in bursts and lulls; above 1 it is steadier)."""
+    offsets, at = [], 0.0
+    for _ in range(num_requests):
+        offsets.append(at)
+        if burstiness == 1:
+            at += rng.expovariate(rate)
+        else:
+            at += rng.gammavariate(burstiness, 1 / (rate * burstiness))
+    return offsets
+
+
 def synthetic_requests(num_requests: int, prompt_tokens: Tuple[int, int],
                        output_tokens: Tuple[int, int], seed: int,
-                       rate: Optional[float] = None) -> List[Request]:
-    """Seeded requests with uniform lengths; Poisson arrivals at rate, else all at 0.
+                       rate: Optional[float] = None, burstiness: float = 1.0) -> List[Request]:
+    """Seeded requests with uniform lengths; open-loop arrivals at rate, else all at 0.
 
     Lengths are drawn before arrivals, so a seed gives the same prompts and outputs
-    whether they are replayed open loop or closed loop.
+    whether they are replayed open loop or closed loop, and at any rate.
     """
     rng = random.Random(seed)
     lengths = [(rng.randint(*prompt_tokens), rng.randint(*output_tokens)) for _ in range(num_requests)]
-    arrival_s = 0.0
-    requests = []
-    for index, (prompt, output) in enumerate(lengths):
-        requests.append(Request(index, prompt, output, arrival_s))
-        if rate is not None:
-            arrival_s += rng.expovariate(rate)
-    return requests
+    offsets = arrival_offsets(num_requests, rate, burstiness, rng) if rate is not None else [0.0] * num_requests
+    return [Request(index, prompt, output, arrival_s)
+            for index, ((prompt, output), arrival_s) in enumerate(zip(lengths, offsets))]
 
 
 # =============================================================================
@@ -1973,14 +2133,8 @@ def chat_body(model: str, prompt: str, max_tokens: int, ignore_eos: bool, temper
 
 
 def open_loop_schedule(num_requests: int, rate: float, burstiness: float, seed: int) -> List[float]:
-    """Send offsets in seconds: gamma inter-arrival gaps of mean 1/rate and shape
-    burstiness (1 is Poisson, below 1 burstier), the first request at 0."""
-    rng = random.Random(seed)
-    offsets, at = [], 0.0
-    for _ in range(num_requests):
-        offsets.append(at)
-        at += rng.gammavariate(burstiness, 1 / (rate * burstiness))
-    return offsets
+    """The send offsets of an open-loop run (see arrival_offsets)."""
+    return arrival_offsets(num_requests, rate, burstiness, random.Random(seed))
 
 
 @dataclass
@@ -3040,6 +3194,18 @@ def build_parser() -> argparse.ArgumentParser:
                         help="output tokens, N or LO-HI uniform (default 64-256)")
     engine.add_argument("--seed", type=int, default=0, help="seed for lengths and arrivals (default 0)")
 
+    workload = _Parser(add_help=False)
+    workload.add_argument("--burstiness", type=positive_float, default=1.0,
+                          help="with --rate: gamma shape of the gaps, 1 Poisson, < 1 burstier (default 1)")
+    workload.add_argument("--trace-format", choices=tuple(TRACE_READERS),
+                          help="the --trace format (default: told from the content)")
+    workload.add_argument("--time-scale", type=positive_float, default=1.0,
+                          help="multiply trace arrivals: < 1 the same requests faster, > 1 slower (default 1)")
+    workload.add_argument("--start", type=_flag_type("seconds", float, lambda v: v >= 0 and math.isfinite(v),
+                                                     "seconds >= 0"), default=0.0,
+                          help="skip trace requests arriving in the first S seconds (default 0)")
+    workload.add_argument("--limit", type=positive_int, help="keep at most N trace requests")
+
     slo = _Parser(add_help=False)
     slo.add_argument("--slo-ttft-ms", type=positive_float,
                      help="TTFT objective: goodput counts requests whose TTFT is within it")
@@ -3059,7 +3225,7 @@ def build_parser() -> argparse.ArgumentParser:
     capacity.set_defaults(run=cmd_capacity)
 
     simulate_parser = commands.add_parser(
-        "simulate", parents=[common, engine, slo], help="replay a workload on a virtual clock",
+        "simulate", parents=[common, engine, workload, slo], help="replay a workload on a virtual clock",
         description="Run the scheduler on a virtual clock and report TTFT, TPOT, ITL, queue "
                     "time, throughput and what the engine saw.")
     arrivals = simulate_parser.add_mutually_exclusive_group(required=True)
@@ -3089,7 +3255,7 @@ def build_parser() -> argparse.ArgumentParser:
     simulate_parser.set_defaults(run=cmd_simulate)
 
     sweep = commands.add_parser(
-        "sweep", parents=[common, engine, slo], help="simulate several loads or caps, one table",
+        "sweep", parents=[common, engine, workload, slo], help="simulate several loads or caps, one table",
         description="One run per load (client count, arrival rate, or a trace) and per "
                     "--max-tokens-in-flight value, all on the same seeded requests.")
     loads = sweep.add_mutually_exclusive_group(required=True)
@@ -3256,8 +3422,9 @@ def _describe_range(bounds: Tuple[int, int]) -> str:
 
 def _workload(args, rate: Optional[float] = None) -> List[Request]:
     if getattr(args, "trace", None):
-        return read_trace(args.trace)
-    return synthetic_requests(args.requests, args.prompt_tokens, args.output_tokens, args.seed, rate)
+        return read_trace(args.trace, args.trace_format, args.time_scale, args.start, args.limit)
+    return synthetic_requests(args.requests, args.prompt_tokens, args.output_tokens, args.seed, rate,
+                              getattr(args, "burstiness", 1.0))
 
 
 def _scheduler_config(args, max_tokens_in_flight: Optional[int] = None) -> SchedulerConfig:
