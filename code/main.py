@@ -1457,23 +1457,26 @@ def _azure_rows(lines: List[str], path: str) -> Iterator[TraceRow]:
     header = next(reader, None)
     if header is None or [column.strip() for column in header[:3]] != list(AZURE_COLUMNS):
         raise UsageError(f"--trace {path}:1: expected the header {','.join(AZURE_COLUMNS)}, got {header!r}")
+    origin = None  # the first whole second: arrivals stay small numbers, exact to the microsecond
     for lineno, row in enumerate(reader, start=2):
         if not row:
             continue
         where = f"--trace {path}:{lineno}"
         if len(row) < 3:
             raise UsageError(f"{where}: expected {len(AZURE_COLUMNS)} columns ({','.join(AZURE_COLUMNS)}), got {row!r}")
+        whole_s, fraction_s = _wall_clock(row[0], where)
+        origin = whole_s if origin is None else origin
         counts = [int(cell) if cell.strip().isdigit() else cell for cell in row[1:3]]
-        yield TraceRow(lineno, _wall_clock_s(row[0], where), _check_int(where, "ContextTokens", counts[0], 1),
+        yield TraceRow(lineno, (whole_s - origin) + fraction_s, _check_int(where, "ContextTokens", counts[0], 1),
                        _check_int(where, "GeneratedTokens", counts[1], 1))
 
 
-def _wall_clock_s(text: str, where: str) -> float:
-    """Seconds since 1970 of 'YYYY-MM-DD HH:MM:SS.fffffff' (any number of fraction digits)."""
+def _wall_clock(text: str, where: str) -> Tuple[int, float]:
+    """Whole seconds since 1970 and the fraction of 'YYYY-MM-DD HH:MM:SS.fffffff'."""
     whole, _, fraction = text.strip().partition(".")
     try:
         moment = datetime.datetime.strptime(whole, "%Y-%m-%d %H:%M:%S").replace(tzinfo=datetime.timezone.utc)
-        return moment.timestamp() + (float("0." + fraction) if fraction else 0.0)
+        return int(moment.timestamp()), float("0." + fraction) if fraction else 0.0
     except ValueError:
         raise UsageError(f"{where}: TIMESTAMP must look like 2023-11-16 18:15:46.6805900, got {text!r}") from None
 

@@ -1,0 +1,151 @@
+"""Trace formats: the project's JSON Lines, the Azure CSV and the Mooncake JSON Lines."""
+
+import json
+import os
+import tempfile
+import unittest
+
+from support import main, make_scheduler, run_cli, run_json, step
+
+AZURE = """TIMESTAMP,ContextTokens,GeneratedTokens
+2023-11-16 18:15:46.6805900,374,44
+2023-11-16 18:15:50.9951690,396,109
+2023-11-16 18:15:51.2224670,879,55
+2023-11-16 18:15:56.0000000,91,16
+"""
+
+
+def mooncake_line(timestamp_ms, input_length, output_length, hash_ids):
+    return json.dumps({"timestamp": timestamp_ms, "input_length": input_length, "output_length": output_length,
+                       "hash_ids": hash_ids}) + "\n"
+
+
+class TraceTest(unittest.TestCase):
+
+    def setUp(self):
+        self.directory = tempfile.TemporaryDirectory()
+        self.addCleanup(self.directory.cleanup)
+
+    def write(self, name, text):
+        path = os.path.join(self.directory.name, name)
+        with open(path, "w", encoding="utf-8") as handle:
+            handle.write(text)
+        return path
+
+    def assert_usage_error(self, argv, fragment):
+        code, out, err = run_cli(*argv)
+        self.assertEqual((code, out), (2, ""))
+        self.assertEqual(len(err.splitlines()), 1)
+        self.assertIn(fragment, err)
+
+    def test_azure_csv_arrivals_count_from_the_first_wall_clock_timestamp(self):
+        requests = main.read_trace(self.write("azure.csv", AZURE))
+        self.assertEqual([round(r.arrival_s, 7) for r in requests], [0.0, 4.314579, 4.541877, 9.31941])
+        self.assertEqual([(r.prompt_tokens, r.max_tokens) for r in requests], [(374, 44), (396, 109), (879, 55), (91, 16)])
+
+    def test_time_scale_stretches_and_compresses_arrivals(self):
+        path = self.write("azure.csv", AZURE)
+        halved = main.read_trace(path, time_scale=0.5)
+        self.assertAlmostEqual(halved[1].arrival_s, 4.314579 / 2)
+        self.assertAlmostEqual(main.read_trace(path, time_scale=3.0)[3].arrival_s, 9.31941 * 3)
+
+    def test_start_and_limit_take_a_slice_that_starts_at_zero(self):
+        requests = main.read_trace(self.write("azure.csv", AZURE), start_s=4.0, limit=2)
+        self.assertEqual([r.prompt_tokens for r in requests], [396, 879])
+        self.assertEqual([round(r.arrival_s, 6) for r in requests], [0.0, 0.227298])
+
+    def test_the_format_is_told_from_the_content_or_given(self):
+        azure = self.write("trace.txt", AZURE)
+        self.assertEqual(len(main.read_trace(azure)), 4)
+        self.assertEqual(len(main.read_trace(azure, trace_format="azure")), 4)
+        self.assert_usage_error(("simulate", "--trace", azure, "--trace-format", "mooncake"),
+                                f"--trace {azure}:1: not JSON")
+
+    def test_mooncake_timestamps_are_milliseconds_and_lengths_are_kept(self):
+        path = self.write("mc.jsonl", mooncake_line(0, 1024, 10, [0, 1]) + mooncake_line(1500, 600, 5, [2, 3]))
+        requests = main.read_trace(path)
+        self.assertEqual([(r.arrival_s, r.prompt_tokens, r.max_tokens) for r in requests], [(0.0, 1024, 10), (1.5, 600, 5)])
+        self.assertEqual((requests[0].prefix_tokens, requests[0].prefix_block_tokens), (1024, 512))
+
+    def mooncake_hits(self, first_ids, second_ids, block_size=16):
+        """Prompt tokens the second request finds cached after the first has run."""
+        path = self.write("mc.jsonl", mooncake_line(0, 1024, 2, first_ids) + mooncake_line(10, 1024, 2, second_ids))
+        first, second = main.read_trace(path)
+        scheduler = make_scheduler(num_blocks=200, block_size=block_size, max_num_batched_tokens=4096,
+                                   prefix_caching=True)
+        scheduler.add(first)
+        step(scheduler)
+        scheduler.add(second)
+        step(scheduler)
+        return second.num_prefix_hit_tokens
+
+    def test_mooncake_requests_with_a_common_hash_ids_head_share_it(self):
+        self.assertEqual(self.mooncake_hits([7, 8], [7, 9]), 512)
+
+    def test_mooncake_requests_with_different_heads_share_nothing_even_if_later_ids_match(self):
+        self.assertEqual(self.mooncake_hits([7, 8], [6, 8]), 0)
+
+    def test_mooncake_sharing_maps_onto_any_block_size(self):
+        self.assertEqual(self.mooncake_hits([7, 8], [7, 9], block_size=48), 480)  # 10 whole blocks of 48 in 512
+        self.assertEqual(self.mooncake_hits([7, 8], [7, 8]), 1008)  # all but the block with the last token
+
+    def test_malformed_rows_exit_2_naming_file_and_line(self):
+        bad_azure = self.write("bad.csv", AZURE + "2023-11-16 18:16:00.0,12,x\n")
+        self.assert_usage_error(("simulate", "--trace", bad_azure), f"--trace {bad_azure}:6: GeneratedTokens must be "
+                                                                    f"an integer >= 1, got 'x'")
+        bad_time = self.write("time.csv", "TIMESTAMP,ContextTokens,GeneratedTokens\nyesterday,1,1\n")
+        self.assert_usage_error(("simulate", "--trace", bad_time), f"--trace {bad_time}:2: TIMESTAMP must look like")
+        bad_header = self.write("header.csv", "TIMESTAMP,Context,Generated\n")
+        self.assert_usage_error(("simulate", "--trace", bad_header, "--trace-format", "azure"),
+                                f"--trace {bad_header}:1: expected the header TIMESTAMP,ContextTokens,GeneratedTokens")
+        bad_mooncake = self.write("bad.jsonl", mooncake_line(0, 10, 1, [1]) + '{"timestamp": 5, "input_length": 3}\n')
+        self.assert_usage_error(("simulate", "--trace", bad_mooncake),
+                                f"--trace {bad_mooncake}:2: missing output_length, hash_ids")
+        ids = self.write("ids.jsonl", mooncake_line(0, 10, 1, ["a"]))
+        self.assert_usage_error(("simulate", "--trace", ids), f"--trace {ids}:1: hash_ids must be a list of integers")
+
+    def test_an_unknown_format_exits_2(self):
+        self.assert_usage_error(("simulate", "--trace", self.write("x.txt", "hello\n")), "not a trace this reads")
+
+    def test_a_start_after_the_last_request_exits_2(self):
+        self.assert_usage_error(("simulate", "--trace", self.write("azure.csv", AZURE), "--start", "60"),
+                                "no requests at or after --start 60 s")
+
+    def test_simulate_replays_an_azure_trace(self):
+        report = run_json("simulate", "--trace", self.write("azure.csv", AZURE), "--time-scale", "0.5")
+        self.assertEqual((report["summary"]["num_completed"], report["summary"]["output_tokens"]), (4, 224))
+
+
+class ArrivalTest(unittest.TestCase):
+
+    def test_burstiness_keeps_the_rate_and_spreads_the_gaps(self):
+        import random
+        import statistics
+        steady = main.arrival_offsets(5000, 10.0, 4.0, random.Random(1))
+        bursty = main.arrival_offsets(5000, 10.0, 0.25, random.Random(1))
+        for offsets in (steady, bursty):
+            self.assertAlmostEqual(offsets[-1] / 4999, 0.1, delta=0.01)
+        gaps = [[b - a for a, b in zip(offsets, offsets[1:])] for offsets in (steady, bursty)]
+        # a gamma of shape k has a coefficient of variation of 1/sqrt(k)
+        self.assertAlmostEqual(statistics.pstdev(gaps[0]) / statistics.mean(gaps[0]), 0.5, delta=0.05)
+        self.assertAlmostEqual(statistics.pstdev(gaps[1]) / statistics.mean(gaps[1]), 2.0, delta=0.2)
+
+    def test_burstiness_1_is_poisson_and_keeps_earlier_seeds(self):
+        import random
+        rng = random.Random(4)
+        expected, at = [], 0.0
+        for _ in range(5):
+            expected.append(at)
+            at += rng.expovariate(3.0)
+        self.assertEqual(main.arrival_offsets(5, 3.0, 1.0, random.Random(4)), expected)
+
+    def test_simulate_and_sweep_take_burstiness(self):
+        bursty = run_json("simulate", "--rate", "20", "--requests", "64", "--burstiness", "0.2")
+        steady = run_json("simulate", "--rate", "20", "--requests", "64")
+        self.assertGreater(bursty["summary"]["queue_ms"]["p99"], steady["summary"]["queue_ms"]["p99"])
+        report = run_json("sweep", "--rate", "5,20", "--requests", "32", "--burstiness", "0.5")
+        self.assertEqual([run["settings"]["arrivals"]["rate"] for run in report["runs"]], [5.0, 20.0])
+
+
+if __name__ == "__main__":
+    unittest.main()
