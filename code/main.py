@@ -1112,7 +1112,37 @@ def distribution_ms(values_s: Iterable[float]) -> dict:
     return stats
 
 
-def summarize(records: Sequence, slo: Optional[Dict[str, float]] = None) -> dict:
+@dataclass(frozen=True)
+class Slo:
+    """Latency objectives, and how a run is judged against them.
+
+    By default a run meets the SLO when the given percentile of TTFT and of TPOT are
+    within their objectives (failed requests count as infinitely slow); with attainment
+    set it meets it when that share (%) of all requests met every objective, as DistServe
+    judges. Either way goodput counts the requests that met every objective.
+    """
+
+    ttft_ms: Optional[float] = None
+    tpot_ms: Optional[float] = None
+    percentile: float = 95.0
+    attainment: Optional[float] = None
+
+    def objectives(self) -> Dict[str, float]:
+        return {name: limit for name, limit in (("ttft_ms", self.ttft_ms), ("tpot_ms", self.tpot_ms))
+                if limit is not None}
+
+    def request_meets(self, ttft_s: float, tpot_s: Optional[float]) -> bool:
+        """Whether one request met every objective (a one-token answer has no TPOT to miss)."""
+        if self.ttft_ms is not None and ttft_s * 1000 > self.ttft_ms:
+            return False
+        return self.tpot_ms is None or tpot_s is None or tpot_s * 1000 <= self.tpot_ms
+
+    @property
+    def criterion(self) -> str:
+        return f"attainment >= {self.attainment:g}%" if self.attainment is not None else f"p{self.percentile:g}"
+
+
+def summarize(records: Sequence, slo: Optional[Slo] = None) -> dict:
     """The latency and throughput summary of a run, simulated or measured.
 
     A record has sent_s, token_times (seconds, one per output token), chunk_times (one
@@ -1120,8 +1150,8 @@ def summarize(records: Sequence, slo: Optional[Dict[str, float]] = None) -> dict
     when unknown), error (None when it succeeded) and error_kind. TTFT is sent to first
     token; TPOT the mean gap after the first token (first token excluded, as in vLLM's
     benchmarks); ITL every gap between tokens; throughput counts the span from the
-    first request sent to the last token received. slo ({"ttft_ms": ..., "tpot_ms": ...})
-    adds goodput: the requests that met every objective, as a share and a rate.
+    first request sent to the last token received. slo adds goodput: the requests that
+    met every objective, as a share and a rate, and whether the run met the SLO.
     """
     completed = [r for r in records if r.error is None]
     timed = [r for r in completed if r.token_times]
@@ -1140,7 +1170,7 @@ def summarize(records: Sequence, slo: Optional[Dict[str, float]] = None) -> dict
             tpot.append(request_tpot)
         if r.queue_s is not None:
             queue.append(r.queue_s)
-        if slo is not None and meets_slo(ttft[-1], request_tpot, slo):
+        if slo is not None and slo.request_meets(ttft[-1], request_tpot):
             num_met += 1
     itl_stats = distribution_ms(itl)
     sent = [r.sent_s for r in records if r.sent_s is not None]
@@ -1170,17 +1200,13 @@ def summarize(records: Sequence, slo: Optional[Dict[str, float]] = None) -> dict
         "e2e_ms": distribution_ms(e2e),
     }
     if slo is not None:
-        summary["goodput"] = {
-            "slo": dict(slo),
-            "num_met": num_met,
-            "attainment": num_met / len(records) if records else 0.0,
-            "req_per_s": num_met / span_s if span_s else 0.0,
-        }
+        summary["goodput"] = goodput(slo, records, num_met, span_s, {"ttft_ms": ttft, "tpot_ms": tpot},
+                                     summary["num_failed"])
     return summary
 
 
 def simulation_report(scheduler: Scheduler, hardware: Hardware, model: ModelSpec, requests: List[Request],
-                      concurrency: Optional[int] = None, slo: Optional[Dict[str, float]] = None) -> dict:
+                      concurrency: Optional[int] = None, slo: Optional[Slo] = None) -> dict:
     """Simulate requests and report what the engine saw, the summary and the rejections."""
     engine = simulate(scheduler, hardware, model, requests, concurrency)
     rejected = [{"request_id": r.request_id, "kind": r.error_kind, "error": r.error}
@@ -1188,13 +1214,21 @@ def simulation_report(scheduler: Scheduler, hardware: Hardware, model: ModelSpec
     return {"engine": engine.report(), "summary": summarize(requests, slo), "rejected": rejected}
 
 
-def meets_slo(ttft_s: float, tpot_s: Optional[float], slo: Dict[str, float]) -> bool:
-    """Whether one request met every objective (a one-token answer has no TPOT to miss)."""
-    if "ttft_ms" in slo and ttft_s * 1000 > slo["ttft_ms"]:
-        return False
-    if "tpot_ms" in slo and tpot_s is not None and tpot_s * 1000 > slo["tpot_ms"]:
-        return False
-    return True
+def goodput(slo: Slo, records: Sequence, num_met: int, span_s: float, values_s: Dict[str, List[float]],
+            num_failed: int) -> dict:
+    """The goodput section of a summary; values_s are the sorted TTFTs and TPOTs in seconds."""
+    attainment = num_met / len(records) if records else 0.0
+    observed = {}
+    for name in slo.objectives():
+        with_failures = values_s[name] + [math.inf] * num_failed  # NOTE: sorted, so infinities go last
+        value = percentile(with_failures, slo.percentile)
+        observed[name] = None if value is None else value * 1000
+    if slo.attainment is not None:
+        meets = attainment * 100 >= slo.attainment
+    else:
+        meets = all(value is not None and value <= slo.objectives()[name] for name, value in observed.items())
+    return {"slo": slo.objectives(), "criterion": slo.criterion, "num_met": num_met, "attainment": attainment,
+            "req_per_s": num_met / span_s if span_s else 0.0, f"p{slo.percentile:g}_ms": observed, "meets": meets}
 
 
 # =============================================================================
@@ -2478,7 +2512,7 @@ def finish_in_flight(run: LoadRun, grace_s: float) -> None:
 
 
 def build_loadgen_report(settings: dict, records: Sequence[MeasuredRequest], window: Optional[dict],
-                         server_problem: Optional[str], slo: Optional[Dict[str, float]],
+                         server_problem: Optional[str], slo: Optional[Slo],
                          include_requests: bool) -> dict:
     """The loadgen report; its shape is documented in the README (calibrate reads it)."""
     token_counts: Dict[str, int] = {}
@@ -2841,6 +2875,9 @@ def evidence_from_summary(evidence: Evidence, summary: dict, label: str) -> None
         stats = summary.get(key) or {}
         if stats.get("count"):
             evidence.put(name, stats["p50"], f"{label} {key[:-3]} p50 ms")
+    itl = summary.get("itl_ms") or {}
+    if itl.get("count"):
+        evidence.put("itl_p99_ms", itl["p99"], f"{label} itl p99 ms")
     queue = summary.get("queue_ms") or {}
     if queue.get("count"):
         evidence.put("queued_ms", queue["p95"], f"{label} queue p95 ms")
@@ -2969,6 +3006,10 @@ def _compute_binds(evidence: Evidence) -> bool:
     return _past_knee(evidence) and evidence.value("tpot_rising") != 0  # unknown trend: the knee decides
 
 
+def _prefill_interferes(evidence: Evidence) -> bool:
+    return evidence.value("itl_p99_ms") >= 3 * evidence.value("tpot_ms")
+
+
 NO_SECOND_GPU = ("a second GPU because utilisation reads 100%: utilisation says a kernel was running, not how "
                  "full the batch was")
 BUDGET_RULES = (
@@ -3002,6 +3043,16 @@ BUDGET_RULES = (
                 "({tokens_per_step} tokens per step against a knee of {critical_batch})",
                 "more KV memory: it is the arithmetic, not the cache"),
                ("tpot_rising",)),
+    BudgetRule("prefill chunks in decode steps", (("itl_p99_ms",), ("tpot_ms",)), _prefill_interferes,
+               "steps that carry a prompt's prefill chunk stall every decode in them",
+               lambda evidence: "lower --max-num-batched-tokens so each prefill chunk is smaller (SGLang "
+                                "--chunked-prefill-size), or move prefill to its own engine (simulate "
+                                "--disaggregate to try it)",
+               "ITL p99 falls toward TPOT; TTFT rises a little as prompts take more steps; the same prefill "
+               "work still shares the device, so TPOT's mean moves less than its tail",
+               ("raising --max-num-batched-tokens: bigger chunks make bigger stalls",
+                "more KV memory or more sequences: neither shortens a prefill step"),
+               ("max_num_batched_tokens",)),
 )
 
 
@@ -3097,6 +3148,55 @@ def diagnose(evidence: Evidence, plan: Optional[CapacityPlan]) -> dict:
                    "not_helpful": [evidence.render(template) for template in binding.not_helpful]}
     return {"phase": {"dominant": phase, "lines": phase_lines}, "binding": verdict, "undecided": undecided,
             "capacity": capacity, "evidence": {name: asdict(fact) for name, fact in evidence.items()}}
+
+
+# =============================================================================
+# Search: the most load that still meets the SLO
+# =============================================================================
+
+def search_max_load(meets: Callable[[float], bool], start: float, integer: bool = False,
+                    tolerance: float = 0.01, floor: float = 1e-3,
+                    ceiling: float = 1e6) -> Tuple[Optional[float], Optional[float], int]:
+    """The highest load meeting the SLO, by bracketing then bisection.
+
+    meets(load) runs one seeded simulation. From start the load doubles until a run
+    fails, or halves until one passes; then the bracket is bisected (geometrically, or
+    by integers) until its ends are within tolerance of each other. Returns the highest
+    passing load, the lowest failing one (None where none was found) and the runs made.
+    """
+    runs = 0
+
+    def check(load: float) -> bool:
+        nonlocal runs
+        runs += 1
+        return meets(load)
+
+    def snap(load: float) -> float:
+        return float(max(1, round(load))) if integer else load
+
+    passing: Optional[float] = None
+    failing: Optional[float] = None
+    load = snap(start)
+    while passing is None or failing is None:  # bracket
+        if check(load):
+            passing = load
+            if failing is None:
+                if load >= ceiling:
+                    return passing, None, runs
+                load = snap(min(load * 2, ceiling))
+        else:
+            failing = load
+            if passing is None:
+                if load <= (1 if integer else floor):
+                    return None, failing, runs
+                load = snap(max(load / 2, floor))
+    while (failing - passing > 1) if integer else (failing > passing * (1 + tolerance)):  # bisect
+        middle = float((passing + failing) // 2) if integer else math.sqrt(passing * failing)
+        if check(middle):
+            passing = middle
+        else:
+            failing = middle
+    return passing, failing, runs
 
 
 # =============================================================================
@@ -3214,6 +3314,13 @@ def build_parser() -> argparse.ArgumentParser:
                      help="TTFT objective: goodput counts requests whose TTFT is within it")
     slo.add_argument("--slo-tpot-ms", type=positive_float,
                      help="TPOT objective: goodput counts requests whose TPOT is within it")
+    judged = slo.add_mutually_exclusive_group()
+    judged.add_argument("--slo-percentile", type=_flag_type("percentile", float, lambda v: 0 < v <= 100,
+                                                            "a percentile in (0, 100]"), default=95.0,
+                        help="the run meets the SLO when this percentile is within each objective (default 95)")
+    judged.add_argument("--slo-attainment", type=_flag_type("attainment", float, lambda v: 0 < v <= 100,
+                                                            "a share in (0, 100]"),
+                        help="or when this share (%%) of requests met every objective (DistServe's attainment)")
 
     parser = _Parser(prog="servesim", description=__doc__.split("\n\n")[0],
                      epilog="Exit status: 0 success; 1 does not fit, unreachable or a request failed; "
@@ -3306,6 +3413,21 @@ def build_parser() -> argparse.ArgumentParser:
                          help="include every request's record in the JSON report (implies --json)")
     loadgen.add_argument("--quiet", action="store_true", help="no progress line on stderr")
     loadgen.set_defaults(run=cmd_loadgen)
+
+    search = commands.add_parser(
+        "search", parents=[common, engine, workload, slo], help="the most load that meets the SLO",
+        description="Find the highest arrival rate (or client count, or trace speed-up) whose seeded "
+                    "run meets the SLO, by bracketing and bisection, and say which budget gives way "
+                    "just above it.")
+    search.add_argument("--by", choices=("rate", "concurrency"), default="rate",
+                        help="search an open-loop rate (default) or a closed-loop client count; with "
+                             "--trace, a speed-up of the trace's arrivals")
+    search.add_argument("--trace", help="replay this trace, sped up or slowed down, instead of generated requests")
+    search.add_argument("--start-load", type=positive_float, default=1.0,
+                        help="first load tried: req/s, clients or trace speed-up (default 1)")
+    search.add_argument("--tolerance", type=positive_float, default=0.01,
+                        help="stop when the bracket is this close, as a ratio (default 0.01)")
+    search.set_defaults(run=cmd_search)
 
     explain = commands.add_parser(
         "explain", help="which budget binds, from a /metrics scrape or a report",
@@ -3457,10 +3579,12 @@ def run_simulation(args, plan: CapacityPlan, concurrency: Optional[int], rate: O
     return dict(settings=settings, capacity=plan.to_dict(), **report)
 
 
-def slo_from_args(args) -> Optional[Dict[str, float]]:
-    slo = {name: value for name, value in (("ttft_ms", args.slo_ttft_ms), ("tpot_ms", args.slo_tpot_ms))
-           if value is not None}
-    return slo or None
+def slo_from_args(args) -> Optional[Slo]:
+    if args.slo_ttft_ms is None and args.slo_tpot_ms is None:
+        if args.slo_attainment is not None:
+            raise UsageError("--slo-attainment: give the objectives too (--slo-ttft-ms, --slo-tpot-ms)")
+        return None
+    return Slo(args.slo_ttft_ms, args.slo_tpot_ms, args.slo_percentile, args.slo_attainment)
 
 
 def _ms(value: Optional[float]) -> str:
@@ -3488,11 +3612,18 @@ def format_summary(summary: dict, chunk_gaps: bool = False) -> List[str]:
             lines.append(f"{label:<13}{_ms(stats['p50']):>10}{_ms(stats['p99']):>10}")
     lines.append(f"throughput {summary['output_tok_per_s']:.1f} output tok/s "
                  f"{summary['total_tok_per_s']:.1f} total tok/s {summary['req_per_s']:.2f} req/s")
-    goodput = summary.get("goodput")
-    if goodput is not None:
-        objectives = ", ".join(f"{name[:-3]} <= {limit:g} ms" for name, limit in goodput["slo"].items())
-        lines.append(f"goodput {goodput['num_met']}/{summary['num_requests']} requests met {objectives} "
-                     f"({goodput['attainment']:.1%}): {goodput['req_per_s']:.2f} req/s")
+    good = summary.get("goodput")
+    if good is not None:
+        objectives = ", ".join(f"{name[:-3]} <= {limit:g} ms" for name, limit in good["slo"].items())
+        lines.append(f"goodput {good['num_met']}/{summary['num_requests']} requests met {objectives} "
+                     f"({good['attainment']:.1%}): {good['req_per_s']:.2f} req/s")
+        verdict = "met" if good["meets"] else "missed"
+        if good["criterion"].startswith("p"):
+            observed = ", ".join(f"{name[:-3]} {good['criterion']} {_ms(value)} ms"
+                                 for name, value in good[f"{good['criterion']}_ms"].items())
+            lines.append(f"slo {verdict} at {good['criterion']}: {observed}")
+        else:
+            lines.append(f"slo {verdict}: {good['criterion']} of requests meeting every objective")
     return lines
 
 
@@ -3876,6 +4007,65 @@ def cmd_calibrate(args) -> int:
     print("\n".join(format_table(("concurrency", "figure", "measured ms", "fitted ms", "error"), rows)))
     if args.out:
         print(f"wrote {args.out}; use it with --hardware-file {args.out}")
+    return 0
+
+
+def cmd_search(args) -> int:
+    slo = slo_from_args(args)
+    if slo is None:
+        raise UsageError("search: give the objectives (--slo-ttft-ms and/or --slo-tpot-ms)")
+    plan = _plan(args, args.max_model_len or 4096)
+    runs: Dict[float, dict] = {}
+
+    def run_at(load: float) -> dict:
+        if load not in runs:
+            if args.trace:
+                args.time_scale = 1 / load
+                runs[load] = run_simulation(args, plan, None)
+            elif args.by == "concurrency":
+                runs[load] = run_simulation(args, plan, int(load))
+            else:
+                runs[load] = run_simulation(args, plan, None, load)
+        return runs[load]
+
+    passing, failing, num_runs = search_max_load(lambda load: run_at(load)["summary"]["goodput"]["meets"],
+                                                 args.start_load, integer=args.by == "concurrency" and not args.trace,
+                                                 tolerance=args.tolerance)
+    unit = "x the trace's speed" if args.trace else ("clients" if args.by == "concurrency" else "req/s")
+    result = {"slo": slo.objectives(), "criterion": slo.criterion, "by": "trace speed-up" if args.trace else args.by,
+              "max_load": passing, "first_failing_load": failing, "num_runs": num_runs,
+              "run": run_at(passing) if passing is not None else None,
+              "failing_run": run_at(failing) if failing is not None else None}
+    limit = None
+    if failing is not None:
+        evidence, _ = evidence_from_report(run_at(failing), "search")
+        limit = diagnose(evidence, plan)["binding"]
+        result["binding_above"] = {"budget": limit["budget"], "evidence": limit["evidence"]}
+    if args.json:
+        _print_json(result)
+        return 0
+    objectives = " and ".join(f"{name[:-3].upper()} {slo.criterion} <= {value:g} ms"
+                              for name, value in slo.objectives().items())
+    if slo.attainment is not None:
+        objectives = (" and ".join(f"{name[:-3].upper()} <= {value:g} ms" for name, value in slo.objectives().items())
+                      + f" for {slo.attainment:g}% of requests")
+    print(f"search {plan.model.name} on {plan.hardware.name}: the most load meeting {objectives}")
+    if passing is None:
+        print(f"no load meets it: even {failing:g} {unit} fails ({num_runs} runs)")
+    else:
+        above = f"; {failing:g} {unit} fails" if failing is not None else " (the ceiling of the search)"
+        print(f"answer {passing:.4g} {unit} ({num_runs} runs{above})")
+        print("\n".join(format_simulation(run_at(passing))))
+    if failing is not None:
+        good = run_at(failing)["summary"]["goodput"]
+        observed = good.get(f"{good['criterion']}_ms") or {}
+        missed = ", ".join(f"{name[:-3].upper()} {good['criterion']} {value:.2f} ms > {slo.objectives()[name]:g} ms"
+                           for name, value in observed.items() if value is None or value > slo.objectives()[name])
+        print(f"at {failing:.4g} {unit}: {missed or 'attainment ' + format(good['attainment'], '.1%')}")
+    if limit is not None:
+        print(f"what gives way at {failing:.4g} {unit}: {limit['budget']}: {limit['symptom']}")
+        for line in limit["evidence"]:
+            print("   " + line)
     return 0
 
 

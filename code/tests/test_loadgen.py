@@ -416,7 +416,7 @@ class LoadgenCliTest(unittest.TestCase):
             code, out, _ = self.loadgen(server, "--requests", "4", "--json-requests", "--slo-ttft-ms", "1000")
         report = json.loads(out)
         records = main.records_from_report(json.loads(json.dumps(report)))
-        self.assertEqual(main.summarize(records, {"ttft_ms": 1000.0}), report["summary"])
+        self.assertEqual(main.summarize(records, main.Slo(ttft_ms=1000.0)), report["summary"])
         self.assertEqual([r["request_id"] for r in report["requests"]], [0, 1, 2, 3])
         self.assertEqual(report["requests"][0]["sent_s"] >= 0, True)
 
