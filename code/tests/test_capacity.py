@@ -131,3 +131,67 @@ class RooflineTest(unittest.TestCase):
 
 if __name__ == "__main__":
     unittest.main()
+
+
+class TensorParallelTest(unittest.TestCase):
+    H100 = main.HARDWARE["h100-sxm-80gb"]
+    LLAMA_70B = main.MODELS["llama-3.1-70b"]
+
+    def test_70b_on_two_h100s_fits_with_the_figures_worked_by_hand(self):
+        plan = main.plan_capacity(self.H100, self.LLAMA_70B, tensor_parallel_size=2)
+        # Per device: 79.6 GiB x 0.9 = 76,922,864,271 bytes; minus half the weights
+        # (70.6e9 bytes) and the 2 GiB reserve leaves 4,175,380,623 bytes; a block of 16
+        # tokens x 160 KiB (4 of the 8 KV heads) is 2,621,440 bytes: 1,592 blocks.
+        self.assertEqual(plan.model.weight_bytes, 70.6e9)
+        self.assertEqual(plan.model.kv_bytes_per_token, 2 * 80 * 4 * 128 * 2)
+        self.assertEqual((plan.num_blocks, plan.num_kv_tokens), (1592, 25472))
+        self.assertEqual(plan.devices, "2 x h100-sxm-80gb")
+
+    def test_capacity_prints_the_70b_plan_on_two_h100s(self):
+        code, out, err = run_cli("capacity", "--model", "llama-3.1-70b", "--tensor-parallel-size", "2")
+        self.assertEqual((code, err), (0, ""))
+        lines = out.splitlines()
+        self.assertEqual(lines[0], "capacity llama-3.1-70b on 2 x h100-sxm-80gb, tensor parallel (figures per device) "
+                                   "gpu-memory-utilization 0.90")
+        self.assertIn("weights         70.60 GB    35.30 B params x 2 bytes", lines)
+        self.assertIn("blocks          1,592 x 16 tokens = 25,472 tokens", lines)
+        self.assertIn("in all          weights 141.20 GB, kv cache 7.77 GiB on 2 devices; every token's KV is split "
+                      "across them", lines)
+
+    def test_the_70b_error_names_the_smallest_tensor_parallel_size_that_fits(self):
+        code, _, err = run_cli("capacity", "--model", "llama-3.1-70b")
+        self.assertEqual(code, 1)
+        self.assertIn("(--tensor-parallel-size 2 is the smallest that fits)", err)
+        code, _, err = run_cli("capacity", "--model", "llama-3.1-70b", "--hardware", "l4-24gb")
+        self.assertIn("(--tensor-parallel-size 8 is the smallest that fits)", err)
+
+    def test_tp2_halves_the_weight_read_per_device_and_adds_the_all_reduce(self):
+        one_device = main.step_seconds(self.H100, self.LLAMA_70B, 1, 0)
+        shard = self.LLAMA_70B.sharded(2)
+        # 1 ms + 70.6e9 / (3,350e9 x 0.75) + 2 x 80 layers x 2 x (1/2) x 8,192 x 2 bytes / 450e9
+        self.assertAlmostEqual(main.step_seconds(self.H100, shard, 1, 0),
+                               0.001 + 70.6e9 / (3350e9 * 0.75) + 2 * 80 * 2 * 0.5 * 8192 * 2 / 450e9)
+        self.assertAlmostEqual(main.allreduce_seconds(self.H100, shard, 1), 2_621_440 / 450e9)
+        self.assertAlmostEqual(one_device - 0.001, 2 * (main.step_seconds(self.H100, shard, 1, 0) - 0.001
+                                                        - main.allreduce_seconds(self.H100, shard, 1)))
+
+    def test_kv_heads_fewer_than_devices_are_replicated(self):
+        self.assertEqual(self.LLAMA_70B.sharded(4).kv_heads, 2)
+        self.assertEqual(self.LLAMA_70B.sharded(16).kv_heads, 1)
+        self.assertEqual(main.MODELS["smollm2-135m-q8_0"].sharded(2).kv_heads, 2)  # 3 heads: one on both
+
+    def test_the_interconnect_sets_the_all_reduce_price(self):
+        l4_shard = main.MODELS["llama-3.1-8b"].sharded(2)
+        self.assertEqual(main.HARDWARE["l4-24gb"].interconnect_gbs, 32)
+        pcie = main.allreduce_seconds(main.HARDWARE["l4-24gb"], l4_shard, 100)
+        nvlink = main.allreduce_seconds(main.HARDWARE["h100-sxm-80gb"], l4_shard, 100)
+        self.assertAlmostEqual(pcie / nvlink, 450 / 32)
+        fast = run_json("capacity", "--hardware", "l4-24gb", "--tensor-parallel-size", "2", "--interconnect-gbs", "64")
+        slow = run_json("capacity", "--hardware", "l4-24gb", "--tensor-parallel-size", "2")
+        self.assertLess(fast["decode_step_ms"], slow["decode_step_ms"])
+
+    def test_simulate_on_two_devices_reports_them(self):
+        code, out, _ = run_cli("simulate", "--model", "llama-3.1-70b", "--tensor-parallel-size", "2",
+                               "--concurrency", "2", "--requests", "4")
+        self.assertEqual(code, 0)
+        self.assertTrue(out.startswith("servesim llama-3.1-70b on 2 x h100-sxm-80gb 4 requests"))
