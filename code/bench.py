@@ -10,6 +10,10 @@ spread (min-max) so the noise is visible.
 
 sweep    the lesson's Step 9 sweep: H100, 256 requests, concurrency 1,8,32,128,256
 poisson  20,000 Poisson requests on H100 at 30 req/s (about 100 running at a time)
+traces   the two production traces of ../shared/data, whole: Azure 2023 conversations
+         (19,366 requests) on Llama 3.1 8B / H100, and Mooncake conversations (12,031
+         requests, prompts of 12,000 tokens on average) with prefix caching at a third
+         of its speed; wall time and peak memory of each run, in its own process
 loadgen  loadgen's timing accuracy against a stub server in its own process that
          streams 256 tokens, one every 5 ms, and stamps its send time in each event
          (perf_counter is CLOCK_MONOTONIC on Linux, so comparable across processes);
@@ -153,7 +157,36 @@ def bench_loadgen(repeat):
         stub.wait()
 
 
-BENCHMARKS = {"sweep": bench_sweep, "poisson": bench_poisson, "loadgen": bench_loadgen}
+DATA_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "..", "shared", "data")
+TRACE_RUNS = (
+    ("azure", ["--trace", os.path.join(DATA_DIR, "azure_conv_2023.csv")]),
+    ("mooncake", ["--trace", os.path.join(DATA_DIR, "mooncake_conversation.jsonl"), "--prefix-caching",
+                  "--time-scale", "3"]),
+)
+
+
+def bench_traces(repeat):
+    import resource
+    for name, argv in TRACE_RUNS:
+        if not os.path.exists(argv[1]):
+            print(f"traces   {name}: {argv[1]} not found, skipped")
+            continue
+        command = [sys.executable, os.path.abspath(main.__file__), "simulate", *argv, "--json"]
+        start = time.perf_counter()
+        out = subprocess.run(command, capture_output=True, text=True, check=True).stdout
+        wall = time.perf_counter() - start
+        peak_mib = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024  # largest child so far
+        report = json.loads(out)
+        summary, engine = report["summary"], report["engine"]
+        print(f"traces   {name}: {summary['num_requests']:,} requests in {wall:.1f} s wall, peak RSS <= "
+              f"{peak_mib:.0f} MiB; {engine['num_steps']:,} steps, {summary['output_tokens'] / wall:,.0f} simulated "
+              f"output tok per wall s; TTFT p50 {summary['ttft_ms']['p50']:.1f} ms p99 {summary['ttft_ms']['p99']:.1f} "
+              f"ms, TPOT p50 {summary['tpot_ms']['p50']:.1f} ms, {summary['output_tok_per_s']:.1f} output tok/s, "
+              f"kv peak {engine['kv_peak']:.1%}, preemptions {engine['num_preemptions']}, prefix hits "
+              f"{engine['prefix_hit_rate']:.1%}")
+
+
+BENCHMARKS = {"sweep": bench_sweep, "poisson": bench_poisson, "traces": bench_traces, "loadgen": bench_loadgen}
 
 
 def main_bench(argv=None) -> int:

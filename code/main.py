@@ -17,6 +17,7 @@ Usage:
     python3 code/main.py compare REPORT.json... [--hardware H] [--model M] [options]
     python3 code/main.py calibrate REPORT.json REPORT.json... [options] [--out FILE]
     python3 code/main.py explain (SCRAPE... | REPORT.json | --url URL) [server flags]
+    python3 code/main.py search --slo-ttft-ms MS --slo-tpot-ms MS [--by rate|concurrency] [options]
 
 Examples:
     # the memory plan: weights, KV per token, blocks, max concurrency, step time
@@ -64,11 +65,20 @@ Disaggregated prefill and decode (simulate): --disaggregate, --kv-link-gbs,
 --find-kv-link-crossover. sweep takes lists: --concurrency 1,8,32 or --rate 1,2,4 or
 --trace FILE, and --max-tokens-in-flight 16000,24000.
 
-Trace format (--trace): JSON Lines, one request per line:
-    {"arrival_s": 0.12, "prompt_tokens": 1342, "output_tokens": 251,
-     "prefix": "system-a", "prefix_tokens": 1024}
-prefix and prefix_tokens are optional: requests whose prompts start with the same
-prefix name share its first prefix_tokens tokens, which prefix caching can reuse.
+Trace formats (--trace, told apart by content or named by --trace-format):
+  servesim   JSON Lines, one request per line:
+               {"arrival_s": 0.12, "prompt_tokens": 1342, "output_tokens": 251,
+                "prefix": "system-a", "prefix_tokens": 1024}
+             prefix and prefix_tokens are optional: requests whose prompts start with
+             the same prefix name share its first prefix_tokens tokens.
+  azure      the Azure LLM inference CSV: TIMESTAMP,ContextTokens,GeneratedTokens
+  mooncake   Mooncake JSON Lines: timestamp (ms), input_length, output_length,
+             hash_ids (one per 512-token block; equal ids from the start are shared)
+--time-scale X multiplies arrivals; --start S and --limit N take a slice.
+
+More: search (the most load meeting --slo-ttft-ms/--slo-tpot-ms, judged at
+--slo-percentile or by --slo-attainment), --burstiness (gamma arrivals with --rate),
+--tensor-parallel-size N (with --interconnect-gbs).
 
 Options of loadgen (see --help): --url, --model, --api-key, --concurrency, --rate,
 --burstiness, --requests, --warmup, --max-tokens, --ignore-eos, --temperature,
