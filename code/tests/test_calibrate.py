@@ -80,7 +80,8 @@ class CalibrateTest(unittest.TestCase):
         out_path = os.path.join(self.directory.name, "fitted.json")
         code, out, _ = run_cli("calibrate", *paths, *FLAGS, "--hardware", "cpu-4vcpu", "--name", "my-cpu",
                                "--out", out_path)
-        self.assertEqual(json.load(open(out_path, encoding="utf-8"))["name"], "my-cpu")
+        with open(out_path, encoding="utf-8") as handle:
+            self.assertEqual(json.load(handle)["name"], "my-cpu")
         self.assertEqual(code, 0)
         self.assertIn(f"wrote {out_path}", out)
         self.assertTrue(out.splitlines()[1].startswith('Hardware("my-cpu", memory_gib=16, bandwidth_gbs='))
