@@ -62,12 +62,7 @@ def stream_of(*pieces, gate=None):
 
 def error_response(status, payload):
     def handle(handler, body):
-        data = json.dumps(payload).encode()
-        handler.send_response(status)
-        handler.send_header("Content-Type", "application/json")
-        handler.send_header("Content-Length", str(len(data)))
-        handler.end_headers()
-        handler.wfile.write(data)
+        handler.send_json(status, payload)
     return handle
 
 
@@ -81,7 +76,7 @@ class _Handler(BaseHTTPRequestHandler):
         server = self.server.fake
         server.headers_seen.append(dict(self.headers))
         if self.path == "/v1/models":
-            self._send_json(200, {"object": "list", "data": [{"id": name} for name in server.models]})
+            self.send_json(200, {"object": "list", "data": [{"id": name} for name in server.models]})
         elif self.path == "/metrics" and server.metrics:
             with server.lock:
                 text = server.metrics[0] if len(server.metrics) == 1 else server.metrics.pop(0)
@@ -93,7 +88,7 @@ class _Handler(BaseHTTPRequestHandler):
             self.end_headers()
             self.wfile.write(data)
         else:
-            self._send_json(404, {"error": {"code": 404, "message": "File Not Found", "type": "not_found_error"}})
+            self.send_json(404, {"error": {"code": 404, "message": "File Not Found", "type": "not_found_error"}})
 
     def do_POST(self):
         server = self.server.fake
@@ -125,7 +120,7 @@ class _Handler(BaseHTTPRequestHandler):
         self.wfile.flush()
         self.close_connection = True
 
-    def _send_json(self, status, payload):
+    def send_json(self, status, payload):
         data = json.dumps(payload).encode()
         self.send_response(status)
         self.send_header("Content-Type", "application/json")

@@ -5,6 +5,8 @@ import io
 import json
 import os
 import sys
+import tempfile
+import unittest
 
 CODE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 REPO_DIR = os.path.dirname(CODE_DIR)
@@ -54,8 +56,32 @@ def step(scheduler, now_s=0.0):
     return [(request.request_id, num_tokens) for request, num_tokens in batch]
 
 
-def write_file(directory, name, text):
-    path = os.path.join(directory, name)
-    with open(path, "w", encoding="utf-8") as handle:
-        handle.write(text)
-    return path
+class ScratchTest(unittest.TestCase):
+    """A test case with a scratch folder, a file writer and the bad-input check."""
+
+    def setUp(self):
+        scratch = tempfile.TemporaryDirectory()
+        self.addCleanup(scratch.cleanup)
+        self.directory = scratch.name
+
+    def write(self, name, content):
+        """Write text, bytes, or anything else as JSON, to name in the scratch folder."""
+        path = os.path.join(self.directory, name)
+        if isinstance(content, bytes):
+            with open(path, "wb") as handle:
+                handle.write(content)
+        else:
+            with open(path, "w", encoding="utf-8") as handle:
+                handle.write(content if isinstance(content, str) else json.dumps(content))
+        return path
+
+    def assert_usage_error(self, argv, *fragments):
+        """The command exits 2 with one line on stderr that names each fragment."""
+        code, out, err = run_cli(*argv)
+        self.assertEqual(code, 2, err)
+        self.assertEqual(out, "")
+        self.assertEqual(len(err.splitlines()), 1, err)
+        self.assertTrue(err.startswith("servesim: error: "), err)
+        self.assertNotIn("Traceback", err)
+        for fragment in fragments:
+            self.assertIn(fragment, err)

@@ -5,7 +5,7 @@ import os
 import tempfile
 import unittest
 
-from support import main, run_cli
+from support import ScratchTest, main, run_cli
 
 KNOWN = main.Hardware("known", memory_gib=16, bandwidth_gbs=30, tflops=0.2, mfu=1.0, mbu=1.0,
                       step_overhead_ms=3.0, reserve_gib=0.5)
@@ -25,17 +25,7 @@ def simulated_report(concurrency, prompt_tokens=40, output_tokens=64, num_reques
             "server": {"mean_batch": report["engine"]["mean_batch_seqs"]}}
 
 
-class CalibrateTest(unittest.TestCase):
-
-    def setUp(self):
-        self.directory = tempfile.TemporaryDirectory()
-        self.addCleanup(self.directory.cleanup)
-
-    def write(self, name, report):
-        path = os.path.join(self.directory.name, name)
-        with open(path, "w", encoding="utf-8") as handle:
-            json.dump(report, handle)
-        return path
+class CalibrateTest(ScratchTest):
 
     def calibrate(self, *concurrencies):
         paths = [self.write(f"c{c}.json", simulated_report(c)) for c in concurrencies]
@@ -77,7 +67,7 @@ class CalibrateTest(unittest.TestCase):
 
     def test_out_writes_a_hardware_file_that_every_subcommand_loads(self):
         paths = [self.write(f"c{c}.json", simulated_report(c)) for c in (1, 8)]
-        out_path = os.path.join(self.directory.name, "fitted.json")
+        out_path = os.path.join(self.directory, "fitted.json")
         code, out, _ = run_cli("calibrate", *paths, *FLAGS, "--hardware", "cpu-4vcpu", "--name", "my-cpu",
                                "--out", out_path)
         with open(out_path, encoding="utf-8") as handle:
@@ -135,20 +125,13 @@ class CalibrateTest(unittest.TestCase):
         self.assertIn(f"--hardware-file {path}: bandwidth_gbs must be a positive number, got -1", err)
 
 
-class CompareTest(unittest.TestCase):
+class CompareTest(ScratchTest):
 
     def test_a_report_compared_with_the_hardware_that_made_it_has_no_error(self):
-        with tempfile.TemporaryDirectory() as directory:
-            paths = []
-            for concurrency in (1, 8):
-                paths.append(os.path.join(directory, f"c{concurrency}.json"))
-                with open(paths[-1], "w", encoding="utf-8") as handle:
-                    json.dump(simulated_report(concurrency), handle)
-            hardware_path = os.path.join(directory, "known.json")
-            with open(hardware_path, "w", encoding="utf-8") as handle:
-                json.dump({name: getattr(KNOWN, name) for name in main.HARDWARE_FIELDS}, handle)
-            code, out, err = run_cli("compare", *paths, *FLAGS, "--hardware-file", hardware_path)
-            report = json.loads(run_cli("compare", *paths, *FLAGS, "--hardware-file", hardware_path, "--json")[1])
+        paths = [self.write(f"c{concurrency}.json", simulated_report(concurrency)) for concurrency in (1, 8)]
+        hardware_path = self.write("known.json", {name: getattr(KNOWN, name) for name in main.HARDWARE_FIELDS})
+        code, out, err = run_cli("compare", *paths, *FLAGS, "--hardware-file", hardware_path)
+        report = json.loads(run_cli("compare", *paths, *FLAGS, "--hardware-file", hardware_path, "--json")[1])
         self.assertEqual((code, err), (0, ""))
         lines = out.splitlines()
         self.assertEqual(lines[0], "compare smollm2-135m-q8_0 on known (4,096 KV tokens, max-num-seqs 8) "

@@ -1,22 +1,11 @@
 """Bad input exits 2 with one line naming the flag (or file:line) and what was expected."""
 
-import tempfile
 import unittest
 
-from support import run_cli, write_file
+from support import ScratchTest
 
 
-class BadInputTest(unittest.TestCase):
-
-    def assert_usage_error(self, argv, *fragments):
-        code, out, err = run_cli(*argv)
-        self.assertEqual(code, 2, err)
-        self.assertEqual(out, "")
-        self.assertEqual(len(err.splitlines()), 1, err)
-        self.assertTrue(err.startswith("servesim: error: "), err)
-        self.assertNotIn("Traceback", err)
-        for fragment in fragments:
-            self.assertIn(fragment, err)
+class BadInputTest(ScratchTest):
 
     def test_concurrency_zero_exits_2(self):
         self.assert_usage_error(("simulate", "--concurrency", "0"),
@@ -51,34 +40,30 @@ class BadInputTest(unittest.TestCase):
         self.assert_usage_error(("simulat",), "simulat")
 
     def test_a_trace_line_that_is_not_json_names_file_and_line(self):
-        with tempfile.TemporaryDirectory() as directory:
-            path = write_file(directory, "t.jsonl",
-                              '{"arrival_s": 0, "prompt_tokens": 5, "output_tokens": 2}\n{oops\n')
-            self.assert_usage_error(("simulate", "--trace", path), f"--trace {path}:2: not JSON")
+        path = self.write("t.jsonl",
+                          '{"arrival_s": 0, "prompt_tokens": 5, "output_tokens": 2}\n{oops\n')
+        self.assert_usage_error(("simulate", "--trace", path), f"--trace {path}:2: not JSON")
 
     def test_a_trace_line_missing_a_field_names_file_line_and_field(self):
-        with tempfile.TemporaryDirectory() as directory:
-            path = write_file(directory, "t.jsonl", '\n{"arrival_s": 0, "prompt_tokens": 5}\n')
-            self.assert_usage_error(("simulate", "--trace", path), f"--trace {path}:2: missing output_tokens")
+        path = self.write("t.jsonl", '\n{"arrival_s": 0, "prompt_tokens": 5}\n')
+        self.assert_usage_error(("simulate", "--trace", path), f"--trace {path}:2: missing output_tokens")
 
     def test_a_trace_field_of_the_wrong_type_is_named(self):
-        with tempfile.TemporaryDirectory() as directory:
-            path = write_file(directory, "t.jsonl",
-                              '{"arrival_s": 0, "prompt_tokens": "5", "output_tokens": 2}\n')
-            self.assert_usage_error(("simulate", "--trace", path),
-                                    f"--trace {path}:1: prompt_tokens must be an integer >= 1, got '5'")
-            path = write_file(directory, "u.jsonl",
-                              '{"arrival_s": -1, "prompt_tokens": 5, "output_tokens": 2}\n')
-            self.assert_usage_error(("simulate", "--trace", path), "arrival_s must be a number >= 0")
+        path = self.write("t.jsonl",
+                          '{"arrival_s": 0, "prompt_tokens": "5", "output_tokens": 2}\n')
+        self.assert_usage_error(("simulate", "--trace", path),
+                                f"--trace {path}:1: prompt_tokens must be an integer >= 1, got '5'")
+        path = self.write("u.jsonl",
+                          '{"arrival_s": -1, "prompt_tokens": 5, "output_tokens": 2}\n')
+        self.assert_usage_error(("simulate", "--trace", path), "arrival_s must be a number >= 0")
 
     def test_a_missing_trace_file_exits_2(self):
         self.assert_usage_error(("simulate", "--trace", "/nonexistent/t.jsonl"),
                                 "--trace /nonexistent/t.jsonl: cannot read it")
 
     def test_an_empty_trace_exits_2(self):
-        with tempfile.TemporaryDirectory() as directory:
-            path = write_file(directory, "t.jsonl", "\n")
-            self.assert_usage_error(("simulate", "--trace", path), "no requests")
+        path = self.write("t.jsonl", "\n")
+        self.assert_usage_error(("simulate", "--trace", path), "no requests")
 
 
 if __name__ == "__main__":

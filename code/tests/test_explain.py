@@ -6,7 +6,7 @@ import tempfile
 import unittest
 
 from fake_server import FakeServer
-from support import main, run_cli, run_json
+from support import ScratchTest, main, run_cli, run_json
 
 MODEL = 'model_name="meta-llama/Llama-3.1-8B-Instruct"'
 
@@ -24,17 +24,7 @@ def vllm_scrape(running, waiting, kv, preemptions, requests=2000, queue_s=20.0, 
     return "\n".join(lines) + "\n"
 
 
-class ExplainTest(unittest.TestCase):
-
-    def setUp(self):
-        self.directory = tempfile.TemporaryDirectory()
-        self.addCleanup(self.directory.cleanup)
-
-    def write(self, name, text):
-        path = os.path.join(self.directory.name, name)
-        with open(path, "w", encoding="utf-8") as handle:
-            handle.write(text if isinstance(text, str) else json.dumps(text))
-        return path
+class ExplainTest(ScratchTest):
 
     def explain(self, *argv):
         code, out, err = run_cli("explain", *argv, "--json")

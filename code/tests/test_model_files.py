@@ -6,7 +6,7 @@ import struct
 import tempfile
 import unittest
 
-from support import main, run_cli, run_json, write_file
+from support import ScratchTest, main, run_cli, run_json
 
 F32, F16, Q4_0, Q8_0, Q4_K, Q6_K = 0, 1, 2, 8, 12, 14
 UINT32, FLOAT32, STRING, ARRAY = 4, 6, 8, 9
@@ -56,23 +56,10 @@ def llama_like(head_count_kv=2, extra=(), tensors=None):
     return gguf_bytes(metadata, tensors)
 
 
-class ModelFileTest(unittest.TestCase):
+class ModelFileTest(ScratchTest):
 
-    def setUp(self):
-        self.directory = tempfile.TemporaryDirectory()
-        self.addCleanup(self.directory.cleanup)
-
-    def write(self, name, data):
-        path = os.path.join(self.directory.name, name)
-        with open(path, "wb") as handle:
-            handle.write(data)
-        return path
-
-    def assert_usage_error(self, path, fragment):
-        code, out, err = run_cli("capacity", "--model-file", path)
-        self.assertEqual((code, out), (2, ""))
-        self.assertEqual(len(err.splitlines()), 1)
-        self.assertIn(f"--model-file {path}: {fragment}", err)
+    def assert_file_error(self, path, fragment):
+        self.assert_usage_error(("capacity", "--model-file", path), f"--model-file {path}: {fragment}")
 
     def test_gguf_gives_parameters_and_the_real_bytes_of_mixed_quant_types(self):
         model = main.model_from_file(self.write("tiny-mixed.gguf", llama_like()))
@@ -121,26 +108,26 @@ class ModelFileTest(unittest.TestCase):
 
     def test_a_truncated_gguf_exits_2_saying_where(self):
         data = llama_like()
-        self.assert_usage_error(self.write("cut.gguf", data[: len(data) - 30]), "truncated while reading")
-        self.assert_usage_error(self.write("cut2.gguf", data[:10]), "truncated while reading the tensor count")
+        self.assert_file_error(self.write("cut.gguf", data[: len(data) - 30]), "truncated while reading")
+        self.assert_file_error(self.write("cut2.gguf", data[:10]), "truncated while reading the tensor count")
 
     def test_an_unknown_tensor_type_exits_2(self):
         data = llama_like(tensors=[("blk.0.attn_q.weight", [256, 256], 99)])
-        self.assert_usage_error(self.write("odd.gguf", data), "tensor blk.0.attn_q.weight has unknown ggml type 99")
+        self.assert_file_error(self.write("odd.gguf", data), "tensor blk.0.attn_q.weight has unknown ggml type 99")
 
     def test_a_tensor_that_does_not_fill_its_blocks_exits_2(self):
         data = llama_like(tensors=[("blk.0.attn_q.weight", [100, 3], Q4_K)])
-        self.assert_usage_error(self.write("ragged.gguf", data),
+        self.assert_file_error(self.write("ragged.gguf", data),
                                 "tensor blk.0.attn_q.weight has 300 elements, not a multiple of its 256-element blocks")
 
     def test_missing_metadata_and_old_versions_exit_2(self):
         no_layers = gguf_bytes([("general.architecture", STRING, "llama")], [("x", [32], F32)])
-        self.assert_usage_error(self.write("nolayers.gguf", no_layers), "the GGUF metadata has no llama.block_count")
-        self.assert_usage_error(self.write("v1.gguf", b"GGUF" + struct.pack("<I", 1) + b"\0" * 16),
+        self.assert_file_error(self.write("nolayers.gguf", no_layers), "the GGUF metadata has no llama.block_count")
+        self.assert_file_error(self.write("v1.gguf", b"GGUF" + struct.pack("<I", 1) + b"\0" * 16),
                                 "GGUF version 1 is not supported")
 
     def test_a_file_that_is_neither_gguf_nor_json_exits_2(self):
-        self.assert_usage_error(self.write("model.bin", b"\x00\x01garbage"), "not JSON")
+        self.assert_file_error(self.write("model.bin", b"\x00\x01garbage"), "not JSON")
         code, _, err = run_cli("capacity", "--model-file", "/nonexistent/model.gguf")
         self.assertEqual(code, 2)
         self.assertIn("cannot read it", err)
@@ -159,15 +146,11 @@ LLAMA_31_8B_CONFIG = {
 }
 
 
-class ConfigJsonTest(unittest.TestCase):
-
-    def setUp(self):
-        self.directory = tempfile.TemporaryDirectory()
-        self.addCleanup(self.directory.cleanup)
+class ConfigJsonTest(ScratchTest):
 
     def config(self, **changes):
         config = dict(LLAMA_31_8B_CONFIG, **changes)
-        return write_file(self.directory.name, "config.json", json.dumps(config))
+        return self.write("config.json", config)
 
     def test_llama_3_1_8b_config_counts_its_8_030_261_248_parameters(self):
         model = main.model_from_file(self.config())
@@ -195,8 +178,8 @@ class ConfigJsonTest(unittest.TestCase):
         self.assertEqual(main.model_from_file(self.config(torch_dtype="float8_e4m3fn")).bytes_per_param, 1)
 
     def test_multimodal_configs_are_read_from_text_config(self):
-        path = write_file(self.directory.name, "config.json", json.dumps(
-            {"_name_or_path": "vlm", "torch_dtype": "bfloat16", "text_config": dict(LLAMA_31_8B_CONFIG)}))
+        path = self.write("config.json", {"_name_or_path": "vlm", "torch_dtype": "bfloat16",
+                                          "text_config": dict(LLAMA_31_8B_CONFIG)})
         self.assertEqual(main.model_from_file(path).params, 8_030_261_248)
 
     def test_bad_configs_exit_2_naming_what_is_wrong(self):

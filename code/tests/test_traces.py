@@ -5,7 +5,7 @@ import os
 import tempfile
 import unittest
 
-from support import main, make_scheduler, run_cli, run_json, step
+from support import ScratchTest, main, make_scheduler, run_cli, run_json, step
 
 AZURE = """TIMESTAMP,ContextTokens,GeneratedTokens
 2023-11-16 18:15:46.6805900,374,44
@@ -20,23 +20,7 @@ def mooncake_line(timestamp_ms, input_length, output_length, hash_ids):
                        "hash_ids": hash_ids}) + "\n"
 
 
-class TraceTest(unittest.TestCase):
-
-    def setUp(self):
-        self.directory = tempfile.TemporaryDirectory()
-        self.addCleanup(self.directory.cleanup)
-
-    def write(self, name, text):
-        path = os.path.join(self.directory.name, name)
-        with open(path, "w", encoding="utf-8") as handle:
-            handle.write(text)
-        return path
-
-    def assert_usage_error(self, argv, fragment):
-        code, out, err = run_cli(*argv)
-        self.assertEqual((code, out), (2, ""))
-        self.assertEqual(len(err.splitlines()), 1)
-        self.assertIn(fragment, err)
+class TraceTest(ScratchTest):
 
     def test_azure_csv_arrivals_count_from_the_first_wall_clock_timestamp(self):
         requests = main.read_trace(self.write("azure.csv", AZURE))
