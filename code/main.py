@@ -2624,10 +2624,13 @@ def measured_workload(report: dict) -> Tuple[Optional[int], Optional[float], int
 def predict_loadgen_run(report: dict, plan: CapacityPlan, config: SchedulerConfig) -> dict:
     """Simulate the workload a loadgen report measured, on the plan's hardware and model."""
     concurrency, rate, num_requests, prompt_tokens, output_tokens = measured_workload(report)
-    seed = report["settings"].get("seed") or 0
-    requests = synthetic_requests(num_requests, (prompt_tokens, prompt_tokens), (output_tokens, output_tokens),
-                                  seed, rate)
-    return simulation_report(Scheduler(config, plan.num_blocks), plan.hardware, plan.model, requests, concurrency)
+    settings = report["settings"]
+    if rate is None:
+        offsets = [0.0] * num_requests
+    else:  # the very schedule loadgen sent on
+        offsets = open_loop_schedule(num_requests, rate, settings.get("burstiness") or 1.0, settings.get("seed") or 0)
+    requests = [Request(index, prompt_tokens, output_tokens, arrival_s) for index, arrival_s in enumerate(offsets)]
+    return simulation_report(new_scheduler(config, plan.num_blocks), plan.hardware, plan.model, requests, concurrency)
 
 
 def relative_error(predicted: Optional[float], measured: Optional[float]) -> Optional[float]:
@@ -3914,6 +3917,7 @@ LOADGEN_SWITCH_INTERVAL_S = 0.001
 def cmd_loadgen(args) -> int:
     sys.setswitchinterval(LOADGEN_SWITCH_INTERVAL_S)
     endpoint = Endpoint.parse(args.url)
+    slo = slo_from_args(args)  # bad flags fail before any request is sent
     prompt_text = _read_prompt_file(args.prompt_file)
     headers = {"Content-Type": "application/json", "Accept": "text/event-stream"}
     api_key = args.api_key or os.environ.get("OPENAI_API_KEY")
@@ -3957,8 +3961,7 @@ def cmd_loadgen(args) -> int:
         "shared_prefix_tokens": args.shared_prefix_tokens, "timeout_s": args.timeout, "seed": args.seed,
         "scrape_interval_s": args.scrape_interval, "interrupted": interrupted,
     }
-    report = build_loadgen_report(settings, records, window, sampler.problem, slo_from_args(args),
-                                  args.json_requests)
+    report = build_loadgen_report(settings, records, window, sampler.problem, slo, args.json_requests)
     if args.json or args.json_requests:
         _print_json(report)
     else:
