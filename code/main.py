@@ -4094,14 +4094,16 @@ def cmd_search(args) -> int:
     slo = slo_from_args(args)
     if slo is None:
         raise UsageError("search: give the objectives (--slo-ttft-ms and/or --slo-tpot-ms)")
+    if args.trace and args.by == "concurrency":
+        raise UsageError("--by concurrency: a trace has its own arrivals; search speeds the trace up instead")
     plan = _plan(args, args.max_model_len or 4096)
     runs: Dict[float, dict] = {}
 
     def run_at(load: float) -> dict:
         if load not in runs:
             if args.trace:
-                args.time_scale = 1 / load
-                runs[load] = run_simulation(args, plan, None)
+                sped_up = argparse.Namespace(**{**vars(args), "time_scale": args.time_scale / load})
+                runs[load] = run_simulation(sped_up, plan, None)
             elif args.by == "concurrency":
                 runs[load] = run_simulation(args, plan, int(load))
             else:

@@ -126,6 +126,12 @@ class SearchTest(unittest.TestCase):
         self.assertEqual(code, 2)
         self.assertIn("search: give the objectives", err)
 
+    def test_a_trace_cannot_be_searched_by_concurrency(self):
+        code, _, err = run_cli("search", "--trace", os.path.join(FIXTURES_DIR, "burst.jsonl"), "--by", "concurrency",
+                               "--slo-ttft-ms", "1000")
+        self.assertEqual(code, 2)
+        self.assertIn("--by concurrency: a trace has its own arrivals", err)
+
     def test_the_bisection_brackets_then_narrows(self):
         calls = []
 
