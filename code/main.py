@@ -34,8 +34,10 @@ Examples:
     python3 code/main.py calibrate c1.json c4.json --hardware cpu-2vcpu --out my-cpu.json
     # which budget binds, from two /metrics scrapes and the server's flags
     python3 code/main.py explain before.prom after.prom --hardware l4-24gb --max-num-seqs 256
+    # the most load one L4 takes within an SLO
+    python3 code/main.py search --hardware l4-24gb --slo-ttft-ms 1500 --slo-tpot-ms 110
 
-Options shared by every subcommand:
+Options of the subcommands that plan (all but loadgen and explain):
     --hardware NAME              h100-sxm-80gb (default), a100-sxm-80gb, l4-24gb, cpu-4vcpu, cpu-2vcpu
     --hardware-file FILE         hardware from a JSON file (calibrate --out writes one)
     --model NAME                 llama-3.1-8b (default), llama-3.1-70b, smollm2-135m-q8_0,
@@ -44,26 +46,37 @@ Options shared by every subcommand:
     --gpu-memory-utilization F   share of device memory for weights + KV cache (0.90)
     --block-size N               tokens per KV block (16)
     --kv-tokens N                fix the KV cache size in tokens (llama.cpp --ctx-size)
-    --max-model-len N            longest request in tokens
+    --tensor-parallel-size N     shard weights and KV heads over N devices (1)
+    --interconnect-gbs G         GB/s each way between them (the hardware's NVLink or PCIe)
     --json                       print the full report as JSON
 
-Options of simulate, sweep, compare and calibrate:
+Scheduler options (simulate, sweep, search, compare, calibrate):
+    --max-model-len N            reject requests longer than N tokens (capacity: N per request)
     --max-num-seqs N             sequences per step (256)
     --max-num-batched-tokens N   tokens per step, prefill chunks included (8192)
     --no-chunked-prefill         a prompt is admitted only if all of it fits the step
     --prefix-caching             share full KV blocks of identical prompt prefixes
+
+Workload options (simulate, sweep, search):
     --requests N                 requests to generate (256)
     --prompt-tokens N|LO-HI      prompt length, fixed or uniform in a range (256-1024)
     --output-tokens N|LO-HI      output length, fixed or uniform in a range (64-256)
     --seed N                     seed for lengths and arrivals (0)
-    --slo-ttft-ms, --slo-tpot-ms  objectives: goodput counts the requests meeting both
-    --max-tokens-in-flight N     admit only while running requests hold N tokens or fewer
+    --burstiness K               with --rate: gamma-shaped gaps, 1 Poisson, < 1 burstier
+    --trace-format F, --time-scale X, --start S, --limit N   for --trace (below)
+    --slo-ttft-ms, --slo-tpot-ms objectives: goodput counts the requests meeting both;
+    --slo-percentile P | --slo-attainment A   the run meets them at p95 (default) or
+                                 when A% of requests did (also on loadgen)
 
-Disaggregated prefill and decode (simulate): --disaggregate, --kv-link-gbs,
---prefill-hardware, --decode-hardware, --prefill-/--decode-max-num-seqs,
---prefill-/--decode-max-num-batched-tokens, --disaggregate-min-prompt-tokens,
---find-kv-link-crossover. sweep takes lists: --concurrency 1,8,32 or --rate 1,2,4 or
---trace FILE, and --max-tokens-in-flight 16000,24000.
+simulate alone: --max-tokens-in-flight N (admit only while running requests hold N
+tokens or fewer); --disaggregate with --kv-link-gbs, --prefill-hardware,
+--decode-hardware, --prefill-/--decode-max-num-seqs, --prefill-/--decode-max-num-
+batched-tokens, --disaggregate-min-prompt-tokens, --find-kv-link-crossover.
+sweep takes lists: --concurrency 1,8,32 or --rate 1,2,4 (or one --trace), and
+--max-tokens-in-flight 16000,24000. search: --by rate|concurrency, --start-load,
+--tolerance. explain: the server's flags (--max-num-seqs, --max-num-batched-tokens,
+--prefix-caching on|off, ...) and the traffic (--prompt-tokens, --output-tokens,
+--shared-prefix-tokens); see its --help.
 
 Trace formats (--trace, told apart by content or named by --trace-format):
   servesim   JSON Lines, one request per line:
@@ -76,14 +89,10 @@ Trace formats (--trace, told apart by content or named by --trace-format):
              hash_ids (one per 512-token block; equal ids from the start are shared)
 --time-scale X multiplies arrivals; --start S and --limit N take a slice.
 
-More: search (the most load meeting --slo-ttft-ms/--slo-tpot-ms, judged at
---slo-percentile or by --slo-attainment), --burstiness (gamma arrivals with --rate),
---tensor-parallel-size N (with --interconnect-gbs).
-
 Options of loadgen (see --help): --url, --model, --api-key, --concurrency, --rate,
 --burstiness, --requests, --warmup, --max-tokens, --ignore-eos, --temperature,
 --prompt-tokens, --prompt-file, --shared-prefix-tokens, --timeout, --seed,
---scrape-interval, --slo-ttft-ms, --slo-tpot-ms, --json, --json-requests, --quiet.
+--scrape-interval, --slo-*, --json, --json-requests, --quiet.
 
 Exit status: 0 success; 1 the model does not fit, a server is unreachable or a
 request failed; 2 bad input (one line on stderr naming the flag or file:line and
@@ -3355,15 +3364,14 @@ def build_parser() -> argparse.ArgumentParser:
                         help="admit a prompt only if all of it fits the step's token budget")
     engine.add_argument("--prefix-caching", action="store_true",
                         help="reuse full KV blocks of prompts that share a prefix")
-    engine.add_argument("--requests", type=positive_int, default=256,
-                        help="requests to generate without --trace (default %(default)s)")
-    engine.add_argument("--prompt-tokens", type=token_range, default=(256, 1024),
-                        help="prompt tokens, N or LO-HI uniform (default 256-1024)")
-    engine.add_argument("--output-tokens", type=token_range, default=(64, 256),
-                        help="output tokens, N or LO-HI uniform (default 64-256)")
-    engine.add_argument("--seed", type=int, default=0, help="seed for lengths and arrivals (default 0)")
-
     workload = _Parser(add_help=False)
+    workload.add_argument("--requests", type=positive_int, default=256,
+                          help="requests to generate without --trace (default %(default)s)")
+    workload.add_argument("--prompt-tokens", type=token_range, default=(256, 1024),
+                          help="prompt tokens, N or LO-HI uniform (default 256-1024)")
+    workload.add_argument("--output-tokens", type=token_range, default=(64, 256),
+                          help="output tokens, N or LO-HI uniform (default 64-256)")
+    workload.add_argument("--seed", type=int, default=0, help="seed for lengths and arrivals (default 0)")
     workload.add_argument("--burstiness", type=positive_float, default=1.0,
                           help="with --rate: gamma shape of the gaps, 1 Poisson, < 1 burstier (default 1)")
     workload.add_argument("--trace-format", choices=tuple(TRACE_READERS),
