@@ -872,8 +872,9 @@ class Scheduler:
         batch, budget, preempted = self._schedule_running(budget)
         # Next, schedule the WAITING requests, unless this step evicted work.
         if not preempted:
-            batch += self._schedule_waiting(budget, now_s)
-        assert sum(num_tokens for _, num_tokens in batch) <= self.config.max_num_batched_tokens
+            admitted, budget = self._schedule_waiting(budget, now_s)
+            batch += admitted
+        assert budget >= 0
         assert len(self.running) <= self.config.max_num_seqs
         return batch
 
@@ -898,45 +899,59 @@ class Scheduler:
             index += 1
         return batch, budget, preempted
 
-    def _schedule_waiting(self, budget: int, now_s: float) -> Batch:
+    def _schedule_waiting(self, budget: int, now_s: float) -> Tuple[Batch, int]:
         batch: Batch = []
         while self.waiting and budget > 0 and len(self.running) < self.config.max_num_seqs:
             request = self.waiting[0]
-            keys = self._prefix_keys(request)
-            # NOTE: however many blocks hit, this step's tokens need at least
-            # blocks_for(tokens) - 1 new ones; when not even that many are free, skip the
-            # lookup (a long prompt at the head of a full cache is looked at every step).
-            best_cached = self._tokens_with_kv(request, len(keys) * self.config.block_size)
-            if self.blocks_for(min(request.length - best_cached, budget)) - 1 > self.pool.free_count():
-                break
-            hits = self.pool.lookup(keys)
-            num_hit_tokens = len(hits) * self.config.block_size
-            num_cached = self._tokens_with_kv(request, num_hit_tokens)
-            num_tokens = min(request.length - num_cached, budget)
-            if not self.config.chunked_prefill and num_tokens < request.length - num_cached:
-                break
-            if not self._may_admit(request):
-                break
-            num_new_blocks = self.blocks_for(num_cached + num_tokens) - len(hits)
-            # NOTE: free cached hits count as free blocks but touching them takes them
-            # off the free list, so they cannot also be allocated.
-            if num_new_blocks > self.pool.free_count() - self.pool.free_among(hits):
-                break
+            admission = self._admission(request, budget)
+            if admission is None:
+                break  # the head of the queue blocks everyone behind it
             self.waiting.popleft()
-            self.pool.touch(hits)
-            request.blocks = hits
-            request.computed = num_cached
-            request.num_cached_blocks = len(hits)
-            request.num_prefix_hit_tokens += num_hit_tokens
-            self.num_prefix_query_tokens += request.length
-            self.num_prefix_hit_tokens += num_hit_tokens
-            if request.scheduled_s is None:
-                request.scheduled_s = now_s
-            self._allocate(request, num_new_blocks, num_tokens)
-            self.running.append(request)
+            num_tokens = self._admit(request, *admission, now_s)
             batch.append((request, num_tokens))
             budget -= num_tokens
-        return batch
+        return batch, budget
+
+    def _admission(self, request: Request, budget: int) -> Optional[Tuple[List[int], int, int, int]]:
+        """What admitting request this step takes: (prefix-cache hits, tokens with KV,
+        tokens to compute, new blocks); None when it cannot be admitted now."""
+        keys = self._prefix_keys(request)
+        # NOTE: however many blocks hit, this step's tokens need at least blocks_for(tokens)
+        # new blocks; when not even that many are free, skip the lookup (a long prompt at
+        # the head of a full cache is looked at every step). The decision is the same.
+        best_cached = self._tokens_with_kv(request, len(keys) * self.config.block_size)
+        if self.blocks_for(min(request.length - best_cached, budget)) > self.pool.free_count():
+            return None
+        hits = self.pool.lookup(keys)
+        num_cached = self._tokens_with_kv(request, len(hits) * self.config.block_size)
+        num_tokens = min(request.length - num_cached, budget)
+        if not self.config.chunked_prefill and num_tokens < request.length - num_cached:
+            return None
+        if not self._may_admit(request):
+            return None
+        num_new_blocks = self.blocks_for(num_cached + num_tokens) - len(hits)
+        # NOTE: free cached hits count as free blocks but touching them takes them
+        # off the free list, so they cannot also be allocated.
+        if num_new_blocks > self.pool.free_count() - self.pool.free_among(hits):
+            return None
+        return hits, num_cached, num_tokens, num_new_blocks
+
+    def _admit(self, request: Request, hits: List[int], num_cached: int, num_tokens: int,
+               num_new_blocks: int, now_s: float) -> int:
+        """Move request to running with its hits and new blocks; return its tokens."""
+        num_hit_tokens = len(hits) * self.config.block_size
+        self.pool.touch(hits)
+        request.blocks = hits
+        request.computed = num_cached
+        request.num_cached_blocks = len(hits)
+        request.num_prefix_hit_tokens += num_hit_tokens
+        self.num_prefix_query_tokens += request.length
+        self.num_prefix_hit_tokens += num_hit_tokens
+        if request.scheduled_s is None:
+            request.scheduled_s = now_s
+        self._allocate(request, num_new_blocks, num_tokens)
+        self.running.append(request)
+        return num_tokens
 
     def _may_admit(self, request: Request) -> bool:
         """An admission policy beyond sequences, tokens and blocks (none here)."""
