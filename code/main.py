@@ -99,8 +99,8 @@ request failed; 2 bad input (one line on stderr naming the flag or file:line and
 what was expected); 130 interrupted.
 """
 
-from __future__ import annotations
 
+from __future__ import annotations
 import argparse
 import csv
 import dataclasses
@@ -125,6 +125,7 @@ import urllib.parse
 from collections import OrderedDict, deque
 from dataclasses import asdict, dataclass, field
 from typing import Callable, Deque, Dict, Hashable, Iterable, Iterator, List, Optional, Sequence, Tuple
+
 
 GIB = 1024 ** 3
 KIB = 1024
@@ -175,6 +176,16 @@ def read_json_file(path: str, where: str):
         return json.loads(read_text_file(path, where))
     except ValueError as error:
         raise UsageError(f"{where}: not JSON ({error})") from None
+
+
+def _is_number(value) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def _check_int(where: str, name: str, value, least: int) -> int:
+    if not isinstance(value, int) or isinstance(value, bool) or value < least:
+        raise UsageError(f"{where}: {name} must be an integer >= {least}, got {value!r}")
+    return value
 
 
 # =============================================================================
@@ -269,6 +280,7 @@ HARDWARE: Dict[str, Hardware] = {
     )
 }
 
+
 MODELS: Dict[str, ModelSpec] = {
     model.name: model for model in (
         # meta-llama/Llama-3.1-8B config.json: 32 layers, 8 KV heads of 128, hidden 4096; 8.03 B params.
@@ -292,6 +304,7 @@ MODELS: Dict[str, ModelSpec] = {
     )
 }
 
+
 DEFAULT_HARDWARE = "h100-sxm-80gb"
 DEFAULT_MODEL = "llama-3.1-8b"
 
@@ -301,6 +314,22 @@ def get_preset(presets: Dict[str, object], name: str, flag: str):
     if name not in presets:
         raise UsageError(f"{flag}: unknown preset {name!r}; expected one of {', '.join(presets)}")
     return presets[name]
+
+
+HARDWARE_FIELDS = ("memory_gib", "bandwidth_gbs", "tflops", "mfu", "mbu", "step_overhead_ms", "reserve_gib")
+
+
+def read_hardware_file(path: str) -> Hardware:
+    """A Hardware from a JSON file (what calibrate --out writes)."""
+    data = read_json_file(path, f"--hardware-file {path}")
+    if not isinstance(data, dict):
+        raise UsageError(f"--hardware-file {path}: expected a JSON object with {', '.join(HARDWARE_FIELDS)}")
+    for name in HARDWARE_FIELDS:
+        value = data.get(name)
+        if not _is_number(value) or value <= 0:
+            raise UsageError(f"--hardware-file {path}: {name} must be a positive number, got {value!r}")
+    return Hardware(str(data.get("name") or os.path.splitext(os.path.basename(path))[0]),
+                    **{name: float(data[name]) for name in HARDWARE_FIELDS})
 
 
 # =============================================================================
@@ -320,6 +349,7 @@ GGML_TYPES: Dict[int, Tuple[str, int, int]] = {
     30: ("BF16", 1, 2), 34: ("TQ1_0", 256, 54), 35: ("TQ2_0", 256, 66), 39: ("MXFP4", 32, 17),
     40: ("NVFP4", 64, 36), 41: ("Q1_0", 128, 18), 42: ("Q2_0", 64, 18),
 }
+
 
 # GGUF metadata value types: id -> struct format (8 is a string, 9 an array).
 _GGUF_SCALARS = {0: "<B", 1: "<b", 2: "<H", 3: "<h", 4: "<I", 5: "<i", 6: "<f", 7: "<?",
@@ -534,6 +564,10 @@ class CapacityPlan:
         """The hardware as reports name it: h100-sxm-80gb, or 2 x h100-sxm-80gb."""
         n = self.tensor_parallel_size
         return self.hardware.name if n == 1 else f"{n} x {self.hardware.name}"
+
+    def on(self, hardware: Hardware) -> "CapacityPlan":
+        """The same cache (blocks, budget) on a device of other speeds: what calibrate tries."""
+        return dataclasses.replace(self, hardware=hardware)
 
     def to_dict(self) -> dict:
         return {
@@ -1025,7 +1059,7 @@ class Scheduler:
 
 
 # =============================================================================
-# Scheduler extension: a cap on the tokens in flight (the lesson's Easy exercise)
+# Scheduler extension: a cap on the tokens in flight
 # =============================================================================
 
 class TokenCapScheduler(Scheduler):
@@ -1095,6 +1129,19 @@ class Engine:
         self.clock_s += duration_s
         return scheduler.update(batch, self.clock_s)
 
+    def advance(self) -> Optional[List[Request]]:
+        """step(), once more when a pass only preempted (the blocks it freed let the next
+        pass make progress); None when a pass neither scheduled nor preempted: the engine
+        is blocked (a prefill engine whose blocks all wait for the KV link)."""
+        for _ in range(2):
+            num_preemptions = self.scheduler.num_preemptions
+            finished = self.step()
+            if finished is not None:
+                return finished
+            if self.scheduler.num_preemptions == num_preemptions:
+                return None
+        raise RuntimeError("the scheduler made no progress in two passes")
+
     def report(self) -> dict:
         scheduler, busy = self.scheduler, self.busy_s
         return {
@@ -1116,51 +1163,90 @@ class Engine:
         }
 
 
-def simulate(scheduler: Scheduler, hardware: Hardware, model: ModelSpec,
-             requests: List[Request], concurrency: Optional[int] = None) -> Engine:
-    """Run requests through the scheduler on a virtual clock; return the engine.
+class Arrivals:
+    """Sends a workload's requests to an engine, the one arrival rule every simulation uses.
 
-    Open loop (concurrency None): each request is sent at its arrival_s. Closed loop:
-    concurrency clients each send their next request the moment the previous one ends
-    (or is rejected), in list order, as a load generator's worker threads do.
+    Open loop (concurrency None): each request is sent at its arrival_s, whatever the
+    engine is doing. Closed loop: concurrency clients each send their next request, in
+    list order, the moment the previous one ends or is refused, as a load generator's
+    worker threads do. send(request, now_s) queues a request and says whether it was
+    accepted (False: rejected, it could never run).
     """
-    engine = Engine(scheduler, hardware, model)
-    pending = deque(sorted(requests, key=lambda r: r.arrival_s) if concurrency is None else requests)
 
-    def send_next(now_s: float) -> None:
-        while pending:
-            request = pending.popleft()
+    def __init__(self, requests: List[Request], concurrency: Optional[int],
+                 send: Callable[[Request, float], bool]):
+        self.concurrency = concurrency
+        self.send = send
+        self.pending = deque(requests if concurrency is not None else sorted(requests, key=lambda r: r.arrival_s))
+
+    def start(self) -> None:
+        """Closed loop: every client sends its first request at 0."""
+        for _ in range(self.concurrency or 0):
+            self.next_from_client(0.0)
+
+    def next_arrival_s(self) -> float:
+        """Open loop: when the next request is due (inf when none is left, or closed loop)."""
+        return self.pending[0].arrival_s if self.concurrency is None and self.pending else math.inf
+
+    def arrive_until(self, now_s: float) -> None:
+        """Open loop: send every request due by now_s."""
+        while self.next_arrival_s() <= now_s:
+            request = self.pending.popleft()
+            request.sent_s = request.arrival_s
+            self.send(request, request.arrival_s)
+
+    def finished(self, num_requests: int, now_s: float) -> None:
+        """Closed loop: num_requests clients got their answer and send again."""
+        if self.concurrency is not None:
+            for _ in range(num_requests):
+                self.next_from_client(now_s)
+
+    def next_from_client(self, now_s: float) -> None:
+        """One client sends its next request; a refused one is followed by the next at once."""
+        while self.pending:
+            request = self.pending.popleft()
             request.sent_s = now_s
-            if scheduler.add(request):
+            if self.send(request, now_s):
                 return
 
-    if concurrency is not None:
-        for _ in range(concurrency):
-            send_next(0.0)
-    stalled = False
+
+def simulate(scheduler: Scheduler, hardware: Hardware, model: ModelSpec,
+             requests: List[Request], concurrency: Optional[int] = None) -> Engine:
+    """Run requests through the scheduler on a virtual clock (see Arrivals); return the engine."""
+    engine = Engine(scheduler, hardware, model)
+    arrivals = Arrivals(requests, concurrency, lambda request, now_s: scheduler.add(request))
+    arrivals.start()
     while True:
-        if concurrency is None:
-            while pending and pending[0].arrival_s <= engine.clock_s:
-                request = pending.popleft()
-                request.sent_s = request.arrival_s
-                scheduler.add(request)
+        arrivals.arrive_until(engine.clock_s)
         if not scheduler.has_work():
-            if concurrency is None and pending:
-                engine.clock_s = pending[0].arrival_s
-                continue
-            break
-        finished = engine.step()
-        if finished is None:
-            # A pass that only preempted frees blocks, so the next one makes progress.
-            if stalled:
-                raise RuntimeError("scheduler made no progress in two passes")
-            stalled = True
+            if arrivals.next_arrival_s() == math.inf:
+                return engine
+            engine.clock_s = arrivals.next_arrival_s()
             continue
-        stalled = False
-        if concurrency is not None:
-            for _ in finished:
-                send_next(engine.clock_s)
-    return engine
+        finished = engine.advance()
+        if finished is None:
+            raise RuntimeError("the scheduler has work but can schedule none of it")
+        arrivals.finished(len(finished), engine.clock_s)
+
+
+@dataclass(frozen=True)
+class EngineSpec:
+    """What one simulated engine is built from: its memory plan (hardware, model, blocks)
+    and its scheduler's knobs, which share one block size."""
+
+    plan: CapacityPlan
+    config: SchedulerConfig
+
+    def __post_init__(self):
+        if self.plan.block_size != self.config.block_size:
+            raise ValueError(f"the plan's {self.plan.block_size}-token blocks are not the scheduler's "
+                             f"{self.config.block_size}")
+
+    def engine(self, scheduler_class: Optional[type] = None) -> Engine:
+        """A fresh engine on this plan; scheduler_class overrides the configured scheduler."""
+        scheduler = (scheduler_class(self.config, self.plan.num_blocks) if scheduler_class
+                     else new_scheduler(self.config, self.plan.num_blocks))
+        return Engine(scheduler, self.plan.hardware, self.plan.model)
 
 
 # =============================================================================
@@ -1288,15 +1374,6 @@ def summarize(records: Sequence, slo: Optional[Slo] = None) -> dict:
     return summary
 
 
-def simulation_report(scheduler: Scheduler, hardware: Hardware, model: ModelSpec, requests: List[Request],
-                      concurrency: Optional[int] = None, slo: Optional[Slo] = None) -> dict:
-    """Simulate requests and report what the engine saw, the summary and the rejections."""
-    engine = simulate(scheduler, hardware, model, requests, concurrency)
-    rejected = [{"request_id": r.request_id, "kind": r.error_kind, "error": r.error}
-                for r in requests if r.error is not None]
-    return {"engine": engine.report(), "summary": summarize(requests, slo), "rejected": rejected}
-
-
 def goodput(slo: Slo, records: Sequence, num_met: int, span_s: float, values_s: Dict[str, List[float]],
             num_failed: int) -> dict:
     """The goodput section of a summary; values_s are the sorted TTFTs and TPOTs in seconds."""
@@ -1314,8 +1391,20 @@ def goodput(slo: Slo, records: Sequence, num_met: int, span_s: float, values_s: 
             "req_per_s": num_met / span_s if span_s else 0.0, f"p{slo.percentile:g}_ms": observed, "meets": meets}
 
 
+def rejections(requests: Sequence[Request]) -> List[dict]:
+    """The requests a run refused, with why (see Scheduler.add)."""
+    return [{"request_id": r.request_id, "kind": r.error_kind, "error": r.error} for r in requests if r.error is not None]
+
+
+def simulation_report(scheduler: Scheduler, hardware: Hardware, model: ModelSpec, requests: List[Request],
+                      concurrency: Optional[int] = None, slo: Optional[Slo] = None) -> dict:
+    """Simulate requests and report what the engine saw, the summary and the rejections."""
+    engine = simulate(scheduler, hardware, model, requests, concurrency)
+    return {"engine": engine.report(), "summary": summarize(requests, slo), "rejected": rejections(requests)}
+
+
 # =============================================================================
-# Disaggregated prefill and decode (the lesson's Hard exercise)
+# Disaggregated prefill and decode: two engines joined by a KV link
 # =============================================================================
 
 class PrefillScheduler(Scheduler):
@@ -1389,88 +1478,99 @@ class KvLink:
                 "transfer_ms": distribution_ms(list(self.waits_s))}
 
 
-def simulate_disaggregated(prefill: Engine, decode: Engine, requests: List[Request], link: KvLink,
-                           min_prompt_tokens: int = 0, concurrency: Optional[int] = None) -> None:
-    """Run requests through a prefill engine, the KV link and a decode engine.
+class DisaggregatedRun:
+    """A prefill engine, the KV link and a decode engine on one virtual clock.
 
     A request is prefilled on the prefill engine (its twin there samples one token that
     nobody sees), its prompt's KV (prompt_tokens x kv_bytes_per_token) crosses the link,
     and the decode engine produces every token the user sees, the first one included,
     so TTFT pays for the transfer. Prompts shorter than min_prompt_tokens skip the
     prefill engine and run whole on the decode engine (conditional disaggregation).
-    Arrivals are open loop, or closed loop with concurrency clients, as in simulate().
     Each engine keeps its own clock; the next event (an arrival, a delivered transfer,
-    an engine's next step) always goes first.
+    an engine's next step) always goes first, in that order when they tie.
     """
-    assert isinstance(prefill.scheduler, PrefillScheduler) and isinstance(decode.scheduler, DecodeScheduler)
-    pending = deque(sorted(requests, key=lambda r: r.arrival_s) if concurrency is None else requests)
-    deliveries: List[Tuple[float, int, Request, Request]] = []  # (arrival at decode, order, twin, request)
-    order = itertools.count()
-    twins: Dict[Request, Request] = {}  # prefill-side twin -> the user's request
-    kv_bytes_per_token = decode.model.kv_bytes_per_token
 
-    def wake(engine: Engine, now_s: float) -> None:
+    def __init__(self, prefill: Engine, decode: Engine, link: KvLink, min_prompt_tokens: int = 0):
+        assert isinstance(prefill.scheduler, PrefillScheduler) and isinstance(decode.scheduler, DecodeScheduler)
+        self.prefill, self.decode, self.link = prefill, decode, link
+        self.min_prompt_tokens = min_prompt_tokens
+        self.deliveries: List[Tuple[float, int, Request, Request]] = []  # (at decode, order, twin, request)
+        self.order = itertools.count()
+        self.twins: Dict[Request, Request] = {}  # prefill-side twin -> the user's request
+        self.arrivals: Optional[Arrivals] = None
+
+    def run(self, requests: List[Request], concurrency: Optional[int] = None) -> None:
+        """Send requests open loop or closed loop (as simulate() does) until all are done."""
+        self.arrivals = Arrivals(requests, concurrency, self.arrive)
+        self.arrivals.start()
+        while True:
+            next_arrival = self.arrivals.next_arrival_s()
+            next_delivery = self.deliveries[0][0] if self.deliveries else math.inf
+            steps = [engine.clock_s if engine.scheduler.has_work() else math.inf
+                     for engine in (self.prefill, self.decode)]
+            now_s = min(next_arrival, next_delivery, *steps)
+            if now_s == math.inf:
+                return
+            if next_arrival == now_s:
+                self.arrivals.arrive_until(now_s)
+            elif next_delivery == now_s:
+                self.deliver(now_s)
+            elif steps[0] == now_s:
+                self.step_prefill()
+            else:
+                self.arrivals.finished(len(self._step(self.decode)), self.decode.clock_s)
+
+    def arrive(self, request: Request, now_s: float) -> bool:
+        """A request reaches the pair: short prompts go to the decode engine whole."""
+        if request.prompt_tokens < self.min_prompt_tokens:
+            self._wake(self.decode, now_s)
+            return self.decode.scheduler.add(request)
+        twin = dataclasses.replace(request, max_tokens=1, arrival_s=now_s, sent_s=now_s, blocks=[], token_times=[])
+        self._wake(self.prefill, now_s)
+        if not self.prefill.scheduler.add(twin):
+            request.error_kind, request.error = twin.error_kind, twin.error
+            return False
+        self.twins[twin] = request
+        return True
+
+    def deliver(self, now_s: float) -> None:
+        """The link delivered a prompt's KV: the prefill engine frees it, the decode engine takes it."""
+        _, _, twin, request = heapq.heappop(self.deliveries)
+        self.prefill.scheduler.release_held(twin)
+        self._wake(self.decode, now_s)
+        if not self.decode.scheduler.add_with_kv(request):
+            self.arrivals.finished(1, now_s)  # refused: the client sends its next request
+
+    def step_prefill(self) -> None:
+        """One prefill step; every prompt it finished starts its transfer over the link."""
+        for twin in self._step(self.prefill):
+            request = self.twins.pop(twin)
+            request.scheduled_s = twin.scheduled_s  # its queue time was spent on the prefill engine
+            arrival_s = self.link.send(twin.prompt_tokens * self.decode.model.kv_bytes_per_token, self.prefill.clock_s)
+            heapq.heappush(self.deliveries, (arrival_s, next(self.order), twin, request))
+
+    def _step(self, engine: Engine) -> List[Request]:
+        finished = engine.advance()
+        if finished is not None:
+            return finished
+        # NOTE: nothing scheduled and nothing preempted: every block is held for a
+        # transfer, so the prefill engine waits for the link to free some.
+        if engine is self.decode or not self.deliveries:
+            raise RuntimeError(f"the {'decode' if engine is self.decode else 'prefill'} engine is stuck")
+        engine.clock_s = max(engine.clock_s, self.deliveries[0][0])
+        return []
+
+    @staticmethod
+    def _wake(engine: Engine, now_s: float) -> None:
+        """An idle engine's clock catches up with the time work reaches it."""
         if not engine.scheduler.has_work():
             engine.clock_s = max(engine.clock_s, now_s)
 
-    def arrive(request: Request, now_s: float) -> bool:
-        request.sent_s = now_s
-        if request.prompt_tokens < min_prompt_tokens:
-            wake(decode, now_s)
-            return decode.scheduler.add(request)
-        twin = dataclasses.replace(request, max_tokens=1, arrival_s=now_s, sent_s=now_s, blocks=[], token_times=[])
-        wake(prefill, now_s)
-        if not prefill.scheduler.add(twin):
-            request.error_kind, request.error = twin.error_kind, twin.error
-            return False
-        twins[twin] = request
-        return True
 
-    def send_next(now_s: float) -> None:
-        while pending and not arrive(pending.popleft(), now_s):
-            pass
-
-    def step(engine: Engine) -> List[Request]:
-        preemptions = engine.scheduler.num_preemptions
-        finished = engine.step()
-        if finished is not None:
-            return finished
-        if engine.scheduler.num_preemptions == preemptions:
-            # NOTE: nothing scheduled and nothing preempted: every block is held for a
-            # transfer, so the prefill engine waits for the link to free some.
-            if engine is decode or not deliveries:
-                raise RuntimeError(f"the {'decode' if engine is decode else 'prefill'} engine is stuck")
-            engine.clock_s = max(engine.clock_s, deliveries[0][0])
-        return []
-
-    if concurrency is not None:
-        for _ in range(concurrency):
-            send_next(0.0)
-    while True:
-        next_arrival = pending[0].arrival_s if concurrency is None and pending else math.inf
-        next_delivery = deliveries[0][0] if deliveries else math.inf
-        steps = [engine.clock_s if engine.scheduler.has_work() else math.inf for engine in (prefill, decode)]
-        now_s = min(next_arrival, next_delivery, *steps)
-        if now_s == math.inf:
-            break
-        if next_arrival == now_s:
-            arrive(pending.popleft(), now_s)
-        elif next_delivery == now_s:
-            _, _, twin, request = heapq.heappop(deliveries)
-            prefill.scheduler.release_held(twin)
-            wake(decode, now_s)
-            if not decode.scheduler.add_with_kv(request) and concurrency is not None:
-                send_next(now_s)
-        elif steps[0] == now_s:
-            for twin in step(prefill):
-                request = twins.pop(twin)
-                request.scheduled_s = twin.scheduled_s  # its queue time was spent on the prefill engine
-                arrival_s = link.send(twin.prompt_tokens * kv_bytes_per_token, prefill.clock_s)
-                heapq.heappush(deliveries, (arrival_s, next(order), twin, request))
-        else:
-            for _ in step(decode):
-                if concurrency is not None:
-                    send_next(decode.clock_s)
+def simulate_disaggregated(prefill: Engine, decode: Engine, requests: List[Request], link: KvLink,
+                           min_prompt_tokens: int = 0, concurrency: Optional[int] = None) -> None:
+    """Run requests through a prefill engine, the KV link and a decode engine (see DisaggregatedRun)."""
+    DisaggregatedRun(prefill, decode, link, min_prompt_tokens).run(requests, concurrency)
 
 
 def find_kv_link_crossover(ttft_p95_at: Callable[[float], Optional[float]], colocated_ms: float,
@@ -1526,12 +1626,6 @@ class TraceRow:
     prefix_tokens: int = 0
     prefix_blocks: Tuple[Hashable, ...] = ()
     prefix_block_tokens: int = 0
-
-
-def _check_int(where: str, name: str, value, least: int) -> int:
-    if not isinstance(value, int) or isinstance(value, bool) or value < least:
-        raise UsageError(f"{where}: {name} must be an integer >= {least}, got {value!r}")
-    return value
 
 
 def _json_rows(lines: List[str], path: str, fields: Sequence[str]) -> Iterator[Tuple[str, dict]]:
@@ -1664,10 +1758,6 @@ def read_trace(path: str, trace_format: Optional[str] = None, time_scale: float 
             for index, row in enumerate(rows)]
 
 
-def _is_number(value) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
-
-
 def arrival_offsets(num_requests: int, rate: float, burstiness: float, rng: random.Random) -> List[float]:
     """Open-loop send times in seconds, the first at 0: gaps of mean 1/rate drawn from a
     gamma distribution of shape burstiness, as vllm bench serve does (1 is Poisson;
@@ -1698,7 +1788,7 @@ def synthetic_requests(num_requests: int, prompt_tokens: Tuple[int, int],
 
 
 # =============================================================================
-# Loadgen: the same metrics, measured from a real server's stream
+# HTTP and server-sent events: one streamed chat completion
 # =============================================================================
 
 @dataclass(eq=False)
@@ -2212,6 +2302,227 @@ def _http_error_message(body: bytes) -> str:
     return text[:300]
 
 
+def chat_body(model: str, prompt: str, max_tokens: int, ignore_eos: bool, temperature: float) -> bytes:
+    body = {"model": model, "messages": [{"role": "user", "content": prompt}],
+            "max_tokens": max_tokens, "temperature": temperature, "stream": True,
+            "stream_options": {"include_usage": True}}
+    if ignore_eos:
+        body["ignore_eos"] = True  # llama.cpp, vLLM and SGLang all accept it
+    return json.dumps(body).encode("utf-8")
+
+
+# =============================================================================
+# Server metrics: one vocabulary for vLLM, llama.cpp and SGLang
+# =============================================================================
+
+# Prometheus exposition text, one sample a line: name{labels} value [timestamp]
+_SAMPLE = re.compile(r"^([A-Za-z_:][A-Za-z0-9_:]*)(\{.*\})?\s+(\S+)(?:\s+\S+)?$")
+_LABEL = re.compile(r'([A-Za-z_][A-Za-z0-9_]*)\s*=\s*"((?:[^"\\]|\\.)*)"')
+
+
+def parse_prometheus(text: str) -> Dict[str, List[Tuple[Dict[str, str], float]]]:
+    """Samples by metric name, each a (labels, value) pair; comments and junk skipped."""
+    samples: Dict[str, List[Tuple[Dict[str, str], float]]] = {}
+    for line in text.splitlines():
+        line = line.strip()
+        if not line or line.startswith("#"):
+            continue
+        match = _SAMPLE.match(line)
+        if match is None:
+            continue
+        name, labels, value = match.groups()
+        try:
+            number = float(value)  # accepts NaN, +Inf and -Inf
+        except ValueError:
+            continue
+        label_map = {key: raw.replace('\\"', '"').replace("\\n", "\n").replace("\\\\", "\\")
+                     for key, raw in _LABEL.findall(labels or "")}
+        samples.setdefault(name, []).append((label_map, number))
+    return samples
+
+
+def metric_total(samples: Dict[str, list], name: str) -> Optional[float]:
+    """The sum of a metric over its label sets (one engine: its value); None if absent."""
+    series = samples.get(name)
+    if not series:
+        return None
+    return sum(value for _, value in series)
+
+
+@dataclass(frozen=True)
+class ServerMetric:
+    """One figure a server's /metrics can show, under servesim's one name for it.
+
+    kind says how a window of scrapes is read: "gauge" is the highest value any scrape
+    saw; "counter" the rise from the first scrape to the last (with one scrape, the
+    total since the server started); "histogram" the mean over the window, the rise of
+    _sum over the rise of _count, times scale (seconds to ms). metrics are the names
+    vLLM, llama.cpp and SGLang export it under; the first one present is read.
+    """
+
+    name: str
+    kind: str
+    metrics: Tuple[str, ...]
+    scale: float = 1.0
+
+
+# The one vocabulary loadgen's server window and explain's evidence share.
+SERVER_METRICS = (
+    ServerMetric("max_running", "gauge", ("vllm:num_requests_running", "llamacpp:requests_processing",
+                                          "sglang:num_running_reqs")),
+    ServerMetric("max_waiting", "gauge", ("vllm:num_requests_waiting", "llamacpp:requests_deferred",
+                                          "sglang:num_queue_reqs")),
+    ServerMetric("kv_usage_peak", "gauge", ("vllm:kv_cache_usage_perc",
+                                            "vllm:gpu_cache_usage_perc",  # the name before vLLM v0.10
+                                            "sglang:token_usage")),
+    ServerMetric("preemptions", "counter", ("vllm:num_preemptions_total",
+                                            "sglang:num_retracted_requests_total")),  # SGLang: retractions
+    ServerMetric("prefix_cache_hits", "counter", ("vllm:prefix_cache_hits_total",)),
+    ServerMetric("prefix_cache_queries", "counter", ("vllm:prefix_cache_queries_total",)),
+    ServerMetric("prefix_hit_rate", "gauge", ("sglang:cache_hit_rate",)),
+    ServerMetric("prompt_tokens", "counter", ("vllm:prompt_tokens_total", "llamacpp:prompt_tokens_total",
+                                              "sglang:prompt_tokens_total")),
+    ServerMetric("cached_prompt_tokens", "counter", ("llamacpp:prompt_tokens_cached_total",
+                                                     "sglang:cached_tokens_total")),
+    ServerMetric("generated_tokens", "counter", ("vllm:generation_tokens_total", "llamacpp:tokens_predicted_total",
+                                                 "sglang:generation_tokens_total")),
+    ServerMetric("decode_calls", "counter", ("llamacpp:n_decode_total",)),
+    ServerMetric("prompt_seconds", "counter", ("llamacpp:prompt_seconds_total",)),
+    ServerMetric("generation_seconds", "counter", ("llamacpp:tokens_predicted_seconds_total",)),
+    ServerMetric("ttft_ms", "histogram", ("vllm:time_to_first_token_seconds",
+                                          "sglang:time_to_first_token_seconds"), 1000),
+    ServerMetric("queue_ms", "histogram", ("vllm:request_queue_time_seconds", "sglang:queue_time_seconds"), 1000),
+    ServerMetric("prefill_ms", "histogram", ("vllm:request_prefill_time_seconds",), 1000),
+    ServerMetric("decode_ms", "histogram", ("vllm:request_decode_time_seconds",), 1000),
+    ServerMetric("tpot_ms", "histogram", ("vllm:request_time_per_output_token_seconds",
+                                          "vllm:time_per_output_token_seconds",
+                                          "sglang:time_per_output_token_seconds"), 1000),
+    ServerMetric("e2e_ms", "histogram", ("vllm:e2e_request_latency_seconds",
+                                         "sglang:e2e_request_latency_seconds"), 1000),
+    ServerMetric("mean_prompt_tokens", "histogram", ("vllm:request_prompt_tokens",)),
+    ServerMetric("mean_output_tokens", "histogram", ("vllm:request_generation_tokens",)),
+)
+SERVER_NAMES = (("llamacpp:", "llama.cpp"), ("vllm:", "vllm"), ("sglang:", "sglang"))
+LLAMACPP_BUSY_SLOTS = "llamacpp:n_busy_slots_per_decode"  # a running average since start
+
+
+@dataclass(frozen=True)
+class Reading:
+    """A figure read from scrapes, and where it came from (explain cites it)."""
+
+    value: float
+    source: str
+
+
+def _read_metric(spec: ServerMetric, metric: str, scrapes: Sequence[Dict[str, list]]) -> Optional[Reading]:
+    first, last = scrapes[0], scrapes[-1]
+    window = f"over {len(scrapes)} scrapes" if len(scrapes) > 1 else "in one scrape"
+    if spec.kind == "histogram":
+        total, count = metric_total(last, metric + "_sum"), metric_total(last, metric + "_count")
+        if total is None or not count:
+            return None
+        if len(scrapes) > 1:
+            total -= metric_total(first, metric + "_sum") or 0.0
+            count -= metric_total(first, metric + "_count") or 0.0
+        return Reading(total / count * spec.scale, f"{metric} mean {window}") if count > 0 else None
+    if metric_total(last, metric) is None:
+        return None
+    if spec.kind == "gauge":
+        value = max(v for v in (metric_total(scrape, metric) for scrape in scrapes) if v is not None)
+        return Reading(value, f"{metric} {'max ' if len(scrapes) > 1 else ''}{window}")
+    if len(scrapes) == 1:
+        return Reading(metric_total(last, metric), f"{metric} total since start {window}")
+    return Reading(metric_total(last, metric) - (metric_total(first, metric) or 0.0), f"{metric} rise {window}")
+
+
+def read_server_metrics(scrapes: Sequence[Dict[str, list]]) -> Dict[str, Reading]:
+    """Every figure of SERVER_METRICS that the scrapes (oldest first) show, with the
+    figures derived from them: prefix_hit_rate from vLLM's hits and queries, and
+    llama.cpp's mean batch over the window. llamacpp:n_busy_slots_per_decode is an
+    average since start, so the window's mean is (after_avg x after_decodes -
+    before_avg x before_decodes) / (after_decodes - before_decodes)."""
+    readings: Dict[str, Reading] = {}
+    for spec in SERVER_METRICS:
+        for metric in spec.metrics:
+            reading = _read_metric(spec, metric, scrapes)
+            if reading is not None and not math.isnan(reading.value):
+                readings[spec.name] = reading
+                break
+    queries = readings.get("prefix_cache_queries")
+    if queries is not None and queries.value:
+        readings["prefix_hit_rate"] = Reading(readings["prefix_cache_hits"].value / queries.value,
+                                              "vllm:prefix_cache_hits_total / vllm:prefix_cache_queries_total")
+    first, last = scrapes[0], scrapes[-1]
+    figures = [metric_total(scrape, name) for scrape in (first, last)
+               for name in ("llamacpp:n_decode_total", LLAMACPP_BUSY_SLOTS)]
+    if len(scrapes) > 1 and None not in figures and figures[2] > figures[0]:
+        decodes_before, busy_before, decodes_after, busy_after = figures
+        readings["mean_batch"] = Reading((busy_after * decodes_after - busy_before * decodes_before)
+                                         / (decodes_after - decodes_before),
+                                         f"{LLAMACPP_BUSY_SLOTS} over the window of decodes")
+    return readings
+
+
+def server_kind(scrape: Dict[str, list]) -> str:
+    """llama.cpp, vllm or sglang, from the names a scrape carries."""
+    return next((server for prefix, server in SERVER_NAMES if any(key.startswith(prefix) for key in scrape)),
+                "unknown")
+
+
+def server_window(scrapes: Sequence[Dict[str, list]]) -> Optional[dict]:
+    """What the server saw between the first and the last scrape, under SERVER_METRICS's
+    names, plus which server it is; None with fewer than two scrapes."""
+    if len(scrapes) < 2:
+        return None
+    window: Dict[str, object] = {name: reading.value for name, reading in read_server_metrics(scrapes).items()}
+    window["server"] = server_kind(scrapes[-1])
+    return window
+
+
+class MetricsSampler:
+    """Scrapes GET /metrics every interval_s on a thread while a load runs."""
+
+    def __init__(self, endpoint: Endpoint, interval_s: float, headers: Dict[str, str]):
+        self.endpoint = endpoint
+        self.interval_s = interval_s
+        self.headers = headers
+        self.scrapes: List[Dict[str, list]] = []
+        self.problem: Optional[str] = None
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, daemon=True)
+
+    def scrape(self) -> bool:
+        try:
+            status, body = self.endpoint.get("/metrics", timeout_s=10, headers=self.headers)
+        except (OSError, http.client.HTTPException, ServerUnreachable) as error:
+            self.problem = f"/metrics unreadable: {error}"
+            return False
+        if status != 200:
+            self.problem = f"no /metrics (HTTP {status}); llama-server needs --metrics"
+            return False
+        self.scrapes.append(parse_prometheus(body.decode("utf-8", "replace")))
+        return True
+
+    def start(self) -> None:
+        if self.scrape():
+            self._thread.start()
+
+    def finish(self) -> Optional[dict]:
+        if self._thread.is_alive():
+            self._stop.set()
+            self._thread.join()
+            self.scrape()
+        return server_window(self.scrapes)
+
+    def _loop(self) -> None:
+        while not self._stop.wait(self.interval_s):
+            self.scrape()
+
+
+# =============================================================================
+# Load runs: workers, schedules and the loadgen report
+# =============================================================================
+
 # Common short English words, one token each in most tokenizers: prompts of a
 # chosen length without a tokenizer. The server's usage gives the real count.
 PROMPT_WORDS = tuple("""
@@ -2241,15 +2552,6 @@ def build_prompts(num_prompts: int, prompt_tokens: int, shared_prefix_tokens: in
             body = prompt_text
         prompts.append(" ".join(part for part in (prefix, head, body) if part))
     return prompts
-
-
-def chat_body(model: str, prompt: str, max_tokens: int, ignore_eos: bool, temperature: float) -> bytes:
-    body = {"model": model, "messages": [{"role": "user", "content": prompt}],
-            "max_tokens": max_tokens, "temperature": temperature, "stream": True,
-            "stream_options": {"include_usage": True}}
-    if ignore_eos:
-        body["ignore_eos"] = True  # llama.cpp, vLLM and SGLang all accept it
-    return json.dumps(body).encode("utf-8")
 
 
 def open_loop_schedule(num_requests: int, rate: float, burstiness: float, seed: int) -> List[float]:
@@ -2387,147 +2689,6 @@ class LoadRun:
                 slots.release()
 
 
-# Prometheus exposition text, one sample a line: name{labels} value [timestamp]
-_SAMPLE = re.compile(r"^([A-Za-z_:][A-Za-z0-9_:]*)(\{.*\})?\s+(\S+)(?:\s+\S+)?$")
-_LABEL = re.compile(r'([A-Za-z_][A-Za-z0-9_]*)\s*=\s*"((?:[^"\\]|\\.)*)"')
-
-
-def parse_prometheus(text: str) -> Dict[str, List[Tuple[Dict[str, str], float]]]:
-    """Samples by metric name, each a (labels, value) pair; comments and junk skipped."""
-    samples: Dict[str, List[Tuple[Dict[str, str], float]]] = {}
-    for line in text.splitlines():
-        line = line.strip()
-        if not line or line.startswith("#"):
-            continue
-        match = _SAMPLE.match(line)
-        if match is None:
-            continue
-        name, labels, value = match.groups()
-        try:
-            number = float(value)  # accepts NaN, +Inf and -Inf
-        except ValueError:
-            continue
-        label_map = {key: raw.replace('\\"', '"').replace("\\n", "\n").replace("\\\\", "\\")
-                     for key, raw in _LABEL.findall(labels or "")}
-        samples.setdefault(name, []).append((label_map, number))
-    return samples
-
-
-def metric_total(samples: Dict[str, list], name: str) -> Optional[float]:
-    """The sum of a metric over its label sets (one engine: its value); None if absent."""
-    series = samples.get(name)
-    if not series:
-        return None
-    return sum(value for _, value in series)
-
-
-# What the server window reads from each server's /metrics, under one set of names:
-# (window name, metric, how): "delta" is the last scrape minus the first, "max" the
-# highest value any scrape saw.
-SERVER_METRICS = (
-    ("prompt_tokens", "llamacpp:prompt_tokens_total", "delta"),
-    ("cached_prompt_tokens", "llamacpp:prompt_tokens_cached_total", "delta"),
-    ("generated_tokens", "llamacpp:tokens_predicted_total", "delta"),
-    ("decode_calls", "llamacpp:n_decode_total", "delta"),
-    ("prompt_seconds", "llamacpp:prompt_seconds_total", "delta"),
-    ("generation_seconds", "llamacpp:tokens_predicted_seconds_total", "delta"),
-    ("max_running", "llamacpp:requests_processing", "max"),
-    ("max_waiting", "llamacpp:requests_deferred", "max"),
-    ("prompt_tokens", "vllm:prompt_tokens_total", "delta"),
-    ("generated_tokens", "vllm:generation_tokens_total", "delta"),
-    ("max_running", "vllm:num_requests_running", "max"),
-    ("max_waiting", "vllm:num_requests_waiting", "max"),
-    ("kv_usage_peak", "vllm:kv_cache_usage_perc", "max"),
-    ("kv_usage_peak", "vllm:gpu_cache_usage_perc", "max"),  # the name before vLLM v0.10
-    ("preemptions", "vllm:num_preemptions_total", "delta"),
-    ("prefix_cache_hits", "vllm:prefix_cache_hits_total", "delta"),
-    ("prefix_cache_queries", "vllm:prefix_cache_queries_total", "delta"),
-    ("prompt_tokens", "sglang:prompt_tokens_total", "delta"),
-    ("generated_tokens", "sglang:generation_tokens_total", "delta"),
-    ("cached_prompt_tokens", "sglang:cached_tokens_total", "delta"),
-    ("max_running", "sglang:num_running_reqs", "max"),
-    ("max_waiting", "sglang:num_queue_reqs", "max"),
-    ("kv_usage_peak", "sglang:token_usage", "max"),
-    ("preemptions", "sglang:num_retracted_requests_total", "delta"),  # SGLang calls them retractions
-)
-
-
-def server_window(scrapes: Sequence[Dict[str, list]]) -> Optional[dict]:
-    """What the server saw between the first and the last scrape, under common names.
-
-    llama.cpp's mean batch: llamacpp:n_busy_slots_per_decode is an average since start,
-    so the window's mean is (after_avg x after_decodes - before_avg x before_decodes)
-    / (after_decodes - before_decodes).
-    """
-    if len(scrapes) < 2:
-        return None
-    first, last = scrapes[0], scrapes[-1]
-    window: Dict[str, object] = {}
-    for name, metric, how in SERVER_METRICS:
-        if name in window or metric_total(last, metric) is None:
-            continue
-        if how == "delta":
-            before = metric_total(first, metric)
-            window[name] = metric_total(last, metric) - (before or 0.0)
-        else:
-            window[name] = max(value for value in (metric_total(s, metric) for s in scrapes)
-                               if value is not None)
-    window["server"] = next((server for prefix, server in (("llamacpp:", "llama.cpp"), ("vllm:", "vllm"),
-                                                            ("sglang:", "sglang"))
-                             if any(key.startswith(prefix) for key in last)), "unknown")
-    decodes_before = metric_total(first, "llamacpp:n_decode_total")
-    decodes_after = metric_total(last, "llamacpp:n_decode_total")
-    busy_before = metric_total(first, "llamacpp:n_busy_slots_per_decode")
-    busy_after = metric_total(last, "llamacpp:n_busy_slots_per_decode")
-    if None not in (decodes_before, decodes_after, busy_before, busy_after) and decodes_after > decodes_before:
-        window["mean_batch"] = ((busy_after * decodes_after - busy_before * decodes_before)
-                                / (decodes_after - decodes_before))
-    hits, queries = window.get("prefix_cache_hits"), window.get("prefix_cache_queries")
-    if hits is not None and queries:
-        window["prefix_hit_rate"] = hits / queries
-    return window
-
-
-class MetricsSampler:
-    """Scrapes GET /metrics every interval_s on a thread while a load runs."""
-
-    def __init__(self, endpoint: Endpoint, interval_s: float, headers: Dict[str, str]):
-        self.endpoint = endpoint
-        self.interval_s = interval_s
-        self.headers = headers
-        self.scrapes: List[Dict[str, list]] = []
-        self.problem: Optional[str] = None
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._loop, daemon=True)
-
-    def scrape(self) -> bool:
-        try:
-            status, body = self.endpoint.get("/metrics", timeout_s=10, headers=self.headers)
-        except (OSError, http.client.HTTPException, ServerUnreachable) as error:
-            self.problem = f"/metrics unreadable: {error}"
-            return False
-        if status != 200:
-            self.problem = f"no /metrics (HTTP {status}); llama-server needs --metrics"
-            return False
-        self.scrapes.append(parse_prometheus(body.decode("utf-8", "replace")))
-        return True
-
-    def start(self) -> None:
-        if self.scrape():
-            self._thread.start()
-
-    def finish(self) -> Optional[dict]:
-        if self._thread.is_alive():
-            self._stop.set()
-            self._thread.join()
-            self.scrape()
-        return server_window(self.scrapes)
-
-    def _loop(self) -> None:
-        while not self._stop.wait(self.interval_s):
-            self.scrape()
-
-
 def normalize_times(records: Sequence[MeasuredRequest]) -> None:
     """Shift every time so the first measured send is 0 (reports carry offsets)."""
     sent = [r.sent_s for r in records if r.sent_s is not None]
@@ -2617,6 +2778,144 @@ def build_loadgen_report(settings: dict, records: Sequence[MeasuredRequest], win
     return report
 
 
+class Progress:
+    """A one-line progress report on stderr, redrawn in place (terminals only)."""
+
+    def __init__(self, records: Sequence[MeasuredRequest], enabled: bool):
+        self.records = records
+        self.enabled = enabled
+        self.start = time.perf_counter()
+
+    def update(self) -> None:
+        if not self.enabled:
+            return
+        ended = [r for r in self.records if r.error is not None or r.finish_reason or r.saw_done]
+        failed = sum(r.error is not None for r in ended)
+        tokens = sum(r.output_tokens for r in ended if r.error is None)
+        elapsed = time.perf_counter() - self.start
+        sys.stderr.write(f"\rloadgen {len(ended)}/{len(self.records)} done, {failed} failed, "
+                         f"{tokens / elapsed if elapsed else 0:.1f} output tok/s ")
+        sys.stderr.flush()
+
+    def close(self) -> None:
+        if self.enabled:
+            self.update()
+            sys.stderr.write("\n")
+
+
+# NOTE: a 1 ms interpreter switch interval (the default is 5 ms) lets the stream reader
+# thread take the GIL back sooner from threads busy connecting; it halves loadgen's p99
+# timestamp error at 64 streams (see code/bench.py loadgen).
+LOADGEN_SWITCH_INTERVAL_S = 0.001
+
+
+# =============================================================================
+# Runs: from parsed flags to an engine and a workload
+# =============================================================================
+
+def _resolve(args) -> Tuple[Hardware, ModelSpec]:
+    if args.hardware_file is not None:
+        hardware = read_hardware_file(args.hardware_file)
+    else:
+        hardware = get_preset(HARDWARE, args.hardware, "--hardware")
+    if args.model_file is not None:
+        if args.model is not None:
+            raise UsageError("--model and --model-file: give one or the other")
+        return hardware, model_from_file(args.model_file)
+    return hardware, get_preset(MODELS, args.model or DEFAULT_MODEL, "--model")
+
+
+def build_plan(args, hardware: Optional[Hardware] = None) -> CapacityPlan:
+    """The memory plan the flags ask for; hardware stands in for --hardware (a
+    disaggregated engine's own device), with every other flag applied to it alike."""
+    default_hardware, model = _resolve(args)
+    hardware = hardware or default_hardware
+    if getattr(args, "interconnect_gbs", None):
+        hardware = dataclasses.replace(hardware, interconnect_gbs=args.interconnect_gbs)
+    return plan_capacity(hardware, model, args.gpu_memory_utilization, args.block_size, args.kv_tokens,
+                         getattr(args, "max_model_len", None) or 4096, getattr(args, "tensor_parallel_size", 1))
+
+
+def build_engine_spec(args, hardware: Optional[Hardware] = None, **config_changes) -> EngineSpec:
+    """The one way from flags to an engine: the plan and the scheduler knobs, from one
+    --block-size. config_changes override knobs (a sweep's cap, a phase's limits)."""
+    config = SchedulerConfig(args.max_num_seqs, args.max_num_batched_tokens, args.block_size,
+                             args.chunked_prefill, args.prefix_caching, args.max_model_len,
+                             getattr(args, "max_tokens_in_flight", None))
+    if isinstance(config.max_tokens_in_flight, list):
+        config = dataclasses.replace(config, max_tokens_in_flight=None)  # sweep: one run per cap
+    return EngineSpec(build_plan(args, hardware), dataclasses.replace(config, **config_changes))
+
+
+def _workload(args, rate: Optional[float] = None) -> List[Request]:
+    if getattr(args, "trace", None):
+        return read_trace(args.trace, args.trace_format, args.time_scale, args.start, args.limit)
+    return synthetic_requests(args.requests, args.prompt_tokens, args.output_tokens, args.seed, rate,
+                              getattr(args, "burstiness", 1.0))
+
+
+def slo_from_args(args) -> Optional[Slo]:
+    if args.slo_ttft_ms is None and args.slo_tpot_ms is None:
+        if args.slo_attainment is not None:
+            raise UsageError("--slo-attainment: give the objectives too (--slo-ttft-ms, --slo-tpot-ms)")
+        return None
+    return Slo(args.slo_ttft_ms, args.slo_tpot_ms, args.slo_percentile, args.slo_attainment)
+
+
+def run_simulation(args, spec: EngineSpec, concurrency: Optional[int], rate: Optional[float] = None) -> dict:
+    """One simulated run from parsed flags, as the report that text and --json print."""
+    plan, requests = spec.plan, _workload(args, rate)
+    engine = spec.engine()
+    report = simulation_report(engine.scheduler, plan.hardware, plan.model, requests, concurrency,
+                               slo_from_args(args))
+    if getattr(args, "trace", None):
+        arrivals = {"mode": "trace", "trace": args.trace}
+    elif concurrency is not None:
+        arrivals = {"mode": "closed", "concurrency": concurrency}
+    else:
+        arrivals = {"mode": "poisson", "rate": rate}
+    settings = {"hardware": plan.hardware.name, "tensor_parallel_size": plan.tensor_parallel_size,
+                "model": plan.model.name, "arrivals": arrivals, "num_requests": len(requests),
+                "scheduler": asdict(spec.config)}
+    if arrivals["mode"] != "trace":
+        settings.update(prompt_tokens=list(args.prompt_tokens), output_tokens=list(args.output_tokens),
+                        seed=args.seed)
+    return dict(settings=settings, capacity=plan.to_dict(), **report)
+
+
+def _phase_spec(args, phase: str) -> EngineSpec:
+    """The engine of one side of a disaggregated pair: --PHASE-hardware and --PHASE-max-num-*
+    where given, the colocated flags otherwise."""
+    name = getattr(args, f"{phase}_hardware")
+    hardware = get_preset(HARDWARE, name, f"--{phase}-hardware") if name is not None else None
+    changes = {knob: getattr(args, f"{phase}_{knob}") for knob in ("max_num_seqs", "max_num_batched_tokens")
+               if getattr(args, f"{phase}_{knob}")}
+    return build_engine_spec(args, hardware, **changes)
+
+
+def run_disaggregated(args, kv_link_gbs: float) -> dict:
+    """One disaggregated run from parsed flags: both engines, the link and the summary."""
+    prefill_spec, decode_spec = _phase_spec(args, "prefill"), _phase_spec(args, "decode")
+    prefill, decode = prefill_spec.engine(PrefillScheduler), decode_spec.engine(DecodeScheduler)
+    link = KvLink(kv_link_gbs)
+    requests = _workload(args, args.rate)
+    simulate_disaggregated(prefill, decode, requests, link, args.disaggregate_min_prompt_tokens, args.concurrency)
+    phases = {name: {"hardware": spec.plan.hardware.name, "scheduler": asdict(spec.config),
+                     "capacity": spec.plan.to_dict(), "engine": engine.report()}
+              for name, spec, engine in (("prefill", prefill_spec, prefill), ("decode", decode_spec, decode))}
+    return dict(phases, link=link.report(), min_prompt_tokens=args.disaggregate_min_prompt_tokens,
+                summary=summarize(requests, slo_from_args(args)), rejected=rejections(requests))
+
+
+def _read_prompt_file(path: Optional[str]) -> Optional[str]:
+    if path is None:
+        return None
+    text = read_text_file(path, f"--prompt-file {path}").strip()
+    if not text:
+        raise UsageError(f"--prompt-file {path}: the file is empty")
+    return text
+
+
 # =============================================================================
 # Compare: a prediction beside a measurement
 # =============================================================================
@@ -2645,8 +2944,8 @@ def measured_workload(report: dict) -> Tuple[Optional[int], Optional[float], int
     return concurrency, rate, summary["num_requests"], prompt_tokens, output_tokens
 
 
-def predict_loadgen_run(report: dict, plan: CapacityPlan, config: SchedulerConfig) -> dict:
-    """Simulate the workload a loadgen report measured, on the plan's hardware and model."""
+def predict_loadgen_run(report: dict, spec: EngineSpec) -> dict:
+    """Simulate the workload a loadgen report measured, on the spec's engine."""
     concurrency, rate, num_requests, prompt_tokens, output_tokens = measured_workload(report)
     settings = report["settings"]
     if rate is None:
@@ -2654,7 +2953,8 @@ def predict_loadgen_run(report: dict, plan: CapacityPlan, config: SchedulerConfi
     else:  # the very schedule loadgen sent on
         offsets = open_loop_schedule(num_requests, rate, settings.get("burstiness") or 1.0, settings.get("seed") or 0)
     requests = [Request(index, prompt_tokens, output_tokens, arrival_s) for index, arrival_s in enumerate(offsets)]
-    return simulation_report(new_scheduler(config, plan.num_blocks), plan.hardware, plan.model, requests, concurrency)
+    engine = spec.engine()
+    return simulation_report(engine.scheduler, engine.hardware, engine.model, requests, concurrency)
 
 
 def relative_error(predicted: Optional[float], measured: Optional[float]) -> Optional[float]:
@@ -2692,22 +2992,6 @@ def compare_rows(reports: Sequence[dict], predictions: Sequence[dict]) -> List[d
 # Calibrate: hardware figures fitted to measured runs
 # =============================================================================
 
-HARDWARE_FIELDS = ("memory_gib", "bandwidth_gbs", "tflops", "mfu", "mbu", "step_overhead_ms", "reserve_gib")
-
-
-def read_hardware_file(path: str) -> Hardware:
-    """A Hardware from a JSON file (what calibrate --out writes)."""
-    data = read_json_file(path, f"--hardware-file {path}")
-    if not isinstance(data, dict):
-        raise UsageError(f"--hardware-file {path}: expected a JSON object with {', '.join(HARDWARE_FIELDS)}")
-    for name in HARDWARE_FIELDS:
-        value = data.get(name)
-        if not _is_number(value) or value <= 0:
-            raise UsageError(f"--hardware-file {path}: {name} must be a positive number, got {value!r}")
-    return Hardware(str(data.get("name") or os.path.splitext(os.path.basename(path))[0]),
-                    **{name: float(data[name]) for name in HARDWARE_FIELDS})
-
-
 def calibration_points(reports: Sequence[Tuple[str, dict]]) -> List[Tuple[int, str, float]]:
     """What a fit matches: (report index, "tpot" or "ttft", measured ms) for the TPOT p50
     of every report and the TTFT p50 of the lowest concurrency (a prefill, no queue).
@@ -2742,29 +3026,28 @@ def calibrated_hardware(base: Hardware, name: str, figures: Sequence[float]) -> 
     return Hardware(name, base.memory_gib, bandwidth_gbs, tflops, 1.0, 1.0, overhead_ms, base.reserve_gib)
 
 
-def fit_hardware(reports: Sequence[Tuple[str, dict]], base: Hardware, model: ModelSpec,
-                 config: SchedulerConfig, num_blocks: int, name: str) -> Tuple[Hardware, List[dict]]:
+def fit_hardware(reports: Sequence[Tuple[str, dict]], spec: EngineSpec, name: str) -> Tuple[Hardware, List[dict]]:
     """Least-squares fit of bandwidth, FLOPs and step overhead to the measured TPOT and TTFT.
 
-    Every trial replays each report's workload in the simulator, so queueing, growing
-    context and chunking are priced exactly as simulate prices them; the residuals are
-    log(predicted / measured), minimised with Nelder-Mead over the logs of the figures.
+    Every trial replays each report's workload in the simulator on spec's cache and
+    scheduler, so queueing, growing context and chunking are priced exactly as simulate
+    prices them; the residuals are log(predicted / measured), minimised with Nelder-Mead
+    over the logs of the figures.
     """
     points = calibration_points(reports)
 
     def predictions(figures: Sequence[float]) -> List[float]:
-        hardware = calibrated_hardware(base, name, figures)
-        plan = CapacityPlan(hardware, model, 1.0, config.block_size, 4096, 0.0, 0.0, num_blocks, True)
-        runs = [predict_loadgen_run(report, plan, config) for _, report in reports]
+        trial = dataclasses.replace(spec, plan=spec.plan.on(calibrated_hardware(spec.plan.hardware, name, figures)))
+        runs = [predict_loadgen_run(report, trial) for _, report in reports]
         return [runs[index]["summary"][f"{what}_ms"]["p50"] for index, what, _ in points]
 
     def cost(logs: Sequence[float]) -> float:
         predicted = predictions([math.exp(value) for value in logs])
         return sum(math.log(p / measured) ** 2 for p, (_, _, measured) in zip(predicted, points))
 
-    start = _calibration_start(reports, points, model)
+    start = _calibration_start(reports, points, spec.plan.model)
     best = nelder_mead(cost, [math.log(value) for value in start])
-    hardware = calibrated_hardware(base, name, [math.exp(value) for value in best])
+    hardware = calibrated_hardware(spec.plan.hardware, name, [math.exp(value) for value in best])
     residuals = [{"report": reports[index][0], "concurrency": measured_workload(reports[index][1])[0],
                   "figure": f"{what} p50", "measured_ms": measured, "predicted_ms": predicted,
                   "error": (predicted - measured) / measured}
@@ -2839,14 +3122,12 @@ class Fact:
 
 
 class Evidence(dict):
-    """What an input says about a server, under one set of names.
-
-    running, waiting (max over the window), kv_usage (0 to 1, peak), preemptions (in
-    the window, or since start), prefix_hit_rate; prompt_tokens, output_tokens (mean
-    per request), shared_prefix_tokens; ttft_ms, queue_ms, prefill_ms, decode_ms,
-    tpot_ms, e2e_ms; mean_batch (sequences per step), tokens_per_step; max_num_seqs,
-    max_num_batched_tokens, prefix_caching (1 on, 0 off); tpot_rising (1 when TPOT grew
-    with the batch across runs).
+    """What an input says about a server: Facts under SERVER_METRICS's names (max_running,
+    max_waiting, kv_usage_peak, preemptions, prefix_hit_rate, mean_batch, ttft_ms, ...)
+    and a few of explain's own: mean_prompt_tokens, mean_output_tokens (per request),
+    shared_prefix_tokens; queued_ms (queue p95), itl_p99_ms; tokens_per_step;
+    max_num_seqs, max_num_batched_tokens, prefix_caching (1 on, 0 off); tpot_rising (1
+    when TPOT grew with the batch across runs); prefill_share.
     """
 
     def value(self, name: str) -> Optional[float]:
@@ -2857,8 +3138,8 @@ class Evidence(dict):
         if value is not None and not (isinstance(value, float) and math.isnan(value)):
             self[name] = Fact(float(value), source)
 
-    SHARES = ("kv_usage", "prefix_hit_rate", "prefill_share")
-    FLAGS = ("tpot_rising", "prefix_caching", "preemptions_climbing")
+    SHARES = ("kv_usage_peak", "prefix_hit_rate", "prefill_share")
+    FLAGS = ("tpot_rising", "preemptions_climbing")
 
     def shown(self, name: str) -> str:
         value = self[name].value
@@ -2866,6 +3147,8 @@ class Evidence(dict):
             return f"{value:.0%}"
         if name in self.FLAGS:
             return "yes" if value else "no"
+        if name == "prefix_caching":
+            return "on" if value else "off"
         return f"{value:.2f}" if 0 < abs(value) < 10 and value != int(value) else f"{value:,.0f}"
 
     def cite(self, name: str) -> str:
@@ -2881,73 +3164,24 @@ class Evidence(dict):
             return text
 
 
-# What a Prometheus scrape says, per evidence name: how to read it ("gauge": the
-# highest value seen; "counter": the change between the first and last scrape, or the
-# total since start when there is one scrape; "mean": a histogram's sum / count over
-# the window) and the metric names of vLLM, llama.cpp and SGLang that carry it.
-SCRAPE_EVIDENCE = (
-    ("running", "gauge", ("vllm:num_requests_running", "llamacpp:requests_processing", "sglang:num_running_reqs")),
-    ("waiting", "gauge", ("vllm:num_requests_waiting", "llamacpp:requests_deferred", "sglang:num_queue_reqs")),
-    ("kv_usage", "gauge", ("vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc", "sglang:token_usage")),
-    ("preemptions", "counter", ("vllm:num_preemptions_total", "sglang:num_retracted_requests_total")),
-    ("prefix_hits", "counter", ("vllm:prefix_cache_hits_total",)),
-    ("prefix_queries", "counter", ("vllm:prefix_cache_queries_total",)),
-    ("prefix_hit_rate", "gauge", ("sglang:cache_hit_rate",)),
-    ("ttft_ms", "mean", ("vllm:time_to_first_token_seconds", "sglang:time_to_first_token_seconds")),
-    ("queue_ms", "mean", ("vllm:request_queue_time_seconds", "sglang:queue_time_seconds")),
-    ("prefill_ms", "mean", ("vllm:request_prefill_time_seconds",)),
-    ("decode_ms", "mean", ("vllm:request_decode_time_seconds",)),
-    ("tpot_ms", "mean", ("vllm:request_time_per_output_token_seconds", "vllm:time_per_output_token_seconds",
-                         "sglang:time_per_output_token_seconds")),
-    ("e2e_ms", "mean", ("vllm:e2e_request_latency_seconds", "sglang:e2e_request_latency_seconds")),
-    ("prompt_tokens", "mean", ("vllm:request_prompt_tokens",)),
-    ("output_tokens", "mean", ("vllm:request_generation_tokens",)),
-    ("prefill_s_total", "counter", ("llamacpp:prompt_seconds_total",)),
-    ("decode_s_total", "counter", ("llamacpp:tokens_predicted_seconds_total",)),
-)
-
-
 def evidence_from_scrapes(scrapes: Sequence[Dict[str, list]]) -> Evidence:
     """Evidence from one or more /metrics scrapes of the same server, oldest first."""
     evidence = Evidence()
-    first, last = scrapes[0], scrapes[-1]
-    window = f"over {len(scrapes)} scrapes" if len(scrapes) > 1 else "in one scrape"
-    for name, how, metrics in SCRAPE_EVIDENCE:
-        for metric in metrics:
-            if how == "mean":
-                total, count = metric_total(last, metric + "_sum"), metric_total(last, metric + "_count")
-                if total is None or not count:
-                    continue
-                if len(scrapes) > 1:
-                    total -= metric_total(first, metric + "_sum") or 0.0
-                    count -= metric_total(first, metric + "_count") or 0.0
-                if count > 0:
-                    scale = 1000 if name.endswith("_ms") else 1
-                    evidence.put(name, total / count * scale, f"{metric} mean {window}")
-            elif metric_total(last, metric) is not None:
-                if how == "gauge":
-                    value = max(v for v in (metric_total(sample, metric) for sample in scrapes) if v is not None)
-                    evidence.put(name, value, f"{metric} {'max ' if len(scrapes) > 1 else ''}{window}")
-                else:
-                    value = metric_total(last, metric) - (metric_total(first, metric) or 0.0
-                                                          if len(scrapes) > 1 else 0.0)
-                    label = "rise" if len(scrapes) > 1 else "total since start"
-                    evidence.put(name, value, f"{metric} {label} {window}")
-            if name in evidence:
-                break
-    if evidence.value("prefix_queries"):
-        evidence.put("prefix_hit_rate", evidence.value("prefix_hits") / evidence.value("prefix_queries"),
-                     "vllm:prefix_cache_hits_total / vllm:prefix_cache_queries_total")
-    window_figures = server_window(scrapes) if len(scrapes) > 1 else None
-    if window_figures and window_figures.get("mean_batch") is not None:
-        evidence.put("mean_batch", window_figures["mean_batch"],
-                     "llamacpp:n_busy_slots_per_decode over the window (Step 8 formula)")
-    if "prefill_s_total" in evidence and "decode_s_total" in evidence:
-        evidence.put("prefill_share", evidence.value("prefill_s_total")
-                     / max(evidence.value("prefill_s_total") + evidence.value("decode_s_total"), 1e-9),
-                     "llamacpp:prompt_seconds_total / (that + llamacpp:tokens_predicted_seconds_total)")
+    readings = read_server_metrics(scrapes)
+    for name, reading in readings.items():
+        evidence.put(name, reading.value, reading.source)
+    prompt_s, decode_s = readings.get("prompt_seconds"), readings.get("generation_seconds")
+    if prompt_s is not None and decode_s is not None:
+        evidence.put("prefill_share", prompt_s.value / max(prompt_s.value + decode_s.value, 1e-9),
+                     f"{prompt_s.source.split()[0]} / (that + {decode_s.source.split()[0]})")
     if len(scrapes) > 1 and evidence.value("preemptions"):
         evidence.put("preemptions_climbing", 1, "vllm:num_preemptions_total rose between scrapes")
+    queries = metric_total(scrapes[-1], "vllm:prefix_cache_queries_total")
+    if queries == 0 and metric_total(scrapes[-1], "vllm:prompt_tokens_total"):
+        # NOTE: vLLM counts prefix-cache queries only when prefix caching is on, so a
+        # server that has prefilled prompts and queried nothing has it off.
+        evidence.put("prefix_caching", 0, "prefix caching (vllm:prefix_cache_queries_total is 0 though "
+                                          "vllm:prompt_tokens_total is not)")
     return evidence
 
 
@@ -2955,8 +3189,8 @@ def evidence_from_summary(evidence: Evidence, summary: dict, label: str) -> None
     """Latency and length figures of a simulate or loadgen summary."""
     completed = summary.get("num_completed") or 0
     if completed:
-        evidence.put("prompt_tokens", summary["prompt_tokens"] / completed, f"{label} mean prompt tokens")
-        evidence.put("output_tokens", summary["output_tokens"] / completed, f"{label} mean output tokens")
+        evidence.put("mean_prompt_tokens", summary["prompt_tokens"] / completed, f"{label} mean prompt tokens")
+        evidence.put("mean_output_tokens", summary["output_tokens"] / completed, f"{label} mean output tokens")
     for name, key in (("ttft_ms", "ttft_ms"), ("tpot_ms", "tpot_ms"), ("e2e_ms", "e2e_ms"), ("queue_ms", "queue_ms")):
         stats = summary.get(key) or {}
         if stats.get("count"):
@@ -2989,9 +3223,9 @@ def evidence_from_report(report: dict, path: str) -> Tuple[Evidence, dict]:
         report = runs[-1]
     if "engine" in report:  # simulate (or the heaviest sweep run)
         engine, scheduler = report["engine"], report["settings"]["scheduler"]
-        evidence.put("kv_usage", engine["kv_peak"], "simulated kv peak")
+        evidence.put("kv_usage_peak", engine["kv_peak"], "simulated kv peak")
         evidence.put("preemptions", engine["num_preemptions"], "simulated preemptions")
-        evidence.put("running", engine["max_batch_seqs"], "simulated max sequences per step")
+        evidence.put("max_running", engine["max_batch_seqs"], "simulated max sequences per step")
         evidence.put("mean_batch", engine["mean_batch_seqs"], "simulated mean batch (sequences)")
         evidence.put("tokens_per_step", engine["mean_batch_tokens"], "simulated mean tokens per step")
         evidence.put("prefix_hit_rate", engine["prefix_hit_rate"], "simulated prefix hit rate")
@@ -3003,13 +3237,9 @@ def evidence_from_report(report: dict, path: str) -> Tuple[Evidence, dict]:
     elif "summary" in report and isinstance(report.get("settings"), dict) and "url" in report["settings"]:
         evidence_from_summary(evidence, report["summary"], "loadgen")
         window = report.get("server") or {}
-        for name, key, source in (("running", "max_running", "server max running"),
-                                  ("waiting", "max_waiting", "server max waiting"),
-                                  ("kv_usage", "kv_usage_peak", "server kv peak"),
-                                  ("preemptions", "preemptions", "server preemptions in the window"),
-                                  ("mean_batch", "mean_batch", "server mean batch in the window"),
-                                  ("prefix_hit_rate", "prefix_hit_rate", "server prefix hit rate")):
-            evidence.put(name, window.get(key), source)
+        for name in (spec.name for spec in SERVER_METRICS if spec.kind != "histogram"):
+            evidence.put(name, window.get(name), f"server {name.replace('_', ' ')}")
+        evidence.put("mean_batch", window.get("mean_batch"), "server mean batch in the window")
         evidence.put("shared_prefix_tokens", report["settings"].get("shared_prefix_tokens") or None,
                      "loadgen --shared-prefix-tokens")
     else:
@@ -3033,18 +3263,28 @@ class BudgetRule:
 
 def _waiting(evidence: Evidence) -> bool:
     """Requests wait: a server's waiting gauge, or a simulated queue time."""
-    return (evidence.value("waiting") or 0) > 0 or (evidence.value("queued_ms") or 0) > 1.0
+    return (evidence.value("max_waiting") or 0) > 0 or (evidence.value("queued_ms") or 0) > 1.0
+
+
+MORE_KV_ROOM = ("give the KV cache more room: raise --gpu-memory-utilization (SGLang --mem-fraction-static), "
+                "store it in FP8 (--kv-cache-dtype fp8: half the bytes per token), or send fewer tokens per "
+                "request (--max-model-len, shorter prompts)")
+PREFIX_CACHING_FLAGS = ("vLLM --enable-prefix-caching; SGLang RadixAttention (on unless --disable-radix-cache); "
+                        "llama.cpp reuses a slot's cache_prompt only")
 
 
 def _kv_knob(evidence: Evidence) -> str:
     shared = evidence.value("shared_prefix_tokens") or 0
     if shared >= 16 and not evidence.value("prefix_caching"):
-        return (f"turn on prefix caching, so the {shared:,.0f} shared prompt tokens are stored once: vLLM "
-                f"--enable-prefix-caching; SGLang RadixAttention (on unless --disable-radix-cache); "
-                f"llama.cpp reuses a slot's cache_prompt only")
-    return ("give the KV cache more room: raise --gpu-memory-utilization (SGLang --mem-fraction-static), "
-            "store it in FP8 (--kv-cache-dtype fp8: half the bytes per token), or send fewer tokens per "
-            "request (--max-model-len, shorter prompts)")
+        return (f"turn on prefix caching, so the {shared:,.0f} shared prompt tokens are stored once: "
+                f"{PREFIX_CACHING_FLAGS}")
+    if evidence.value("prefix_caching") == 0 and "shared_prefix_tokens" not in evidence:
+        # NOTE: a shared system prompt is the usual cause of a full cache, and a scrape
+        # cannot show it; with caching known to be off, that is the cheapest thing to check.
+        return (f"check prefix caching first: it is off, and if requests share a leading text (a system "
+                f"prompt) turn it on so it is stored once ({PREFIX_CACHING_FLAGS}); otherwise "
+                f"{MORE_KV_ROOM}")
+    return MORE_KV_ROOM
 
 
 def _seq_knob(evidence: Evidence) -> str:
@@ -3069,7 +3309,7 @@ def _compute_knob(evidence: Evidence) -> str:
 
 
 def _kv_binds(evidence: Evidence) -> bool:
-    return evidence.value("kv_usage") >= 0.95 and (_waiting(evidence) or (evidence.value("preemptions") or 0) > 0)
+    return evidence.value("kv_usage_peak") >= 0.95 and (_waiting(evidence) or (evidence.value("preemptions") or 0) > 0)
 
 
 def _past_knee(evidence: Evidence) -> bool:
@@ -3080,12 +3320,12 @@ def _past_knee(evidence: Evidence) -> bool:
 def _seqs_bind(evidence: Evidence) -> bool:
     # NOTE: past the compute knee more sequences cannot raise throughput, so a full
     # sequence cap there is the compute row's case (more replicas), not this one.
-    return (evidence.value("running") >= evidence.value("max_num_seqs") and _waiting(evidence)
+    return (evidence.value("max_running") >= evidence.value("max_num_seqs") and _waiting(evidence)
             and not _past_knee(evidence))
 
 
 def _tokens_bind(evidence: Evidence) -> bool:
-    return _waiting(evidence) and 4 * evidence.value("prompt_tokens") >= evidence.value("max_num_batched_tokens")
+    return _waiting(evidence) and 4 * evidence.value("mean_prompt_tokens") >= evidence.value("max_num_batched_tokens")
 
 
 def _compute_binds(evidence: Evidence) -> bool:
@@ -3098,29 +3338,31 @@ def _prefill_interferes(evidence: Evidence) -> bool:
 
 NO_SECOND_GPU = ("a second GPU because utilisation reads 100%: utilisation says a kernel was running, not how "
                  "full the batch was")
+
+
 BUDGET_RULES = (
-    BudgetRule("KV cache blocks", (("kv_usage",), ("waiting", "queued_ms")), _kv_binds,
+    BudgetRule("KV cache blocks", (("kv_usage_peak",), ("max_waiting", "queued_ms")), _kv_binds,
                "the KV cache is full while requests wait or are preempted", _kv_knob,
                "preemptions stop; queue time and TTFT fall; the batch and throughput grow; TPOT rises a "
                "little with the bigger batch",
                ("raising --max-num-seqs (say to 512): memory, not the sequence cap, holds the batch | "
-                "({running} running, {waiting} waiting)",
+                "({max_running} running, {max_waiting} waiting)",
                 NO_SECOND_GPU, "raising --max-num-batched-tokens: prompts wait for memory, not for budget"),
-               ("preemptions", "running")),
-    BudgetRule("sequences per step (--max-num-seqs)", (("running",), ("max_num_seqs",), ("waiting", "queued_ms")),
+               ("preemptions", "max_running", "prefix_caching")),
+    BudgetRule("sequences per step (--max-num-seqs)", (("max_running",), ("max_num_seqs",), ("max_waiting", "queued_ms")),
                _seqs_bind,
                "every sequence slot is taken while requests wait and the KV cache has room", _seq_knob,
                "throughput grows and queue time falls; TPOT rises with the batch; KV use rises",
-               ("more KV memory: the cache is not what is full | (KV {kv_usage} used)",
+               ("more KV memory: the cache is not what is full | (KV {kv_usage_peak} used)",
                 "raising --max-num-batched-tokens: requests wait for a slot, not for budget"),
-               ("kv_usage",)),
+               ("kv_usage_peak",)),
     BudgetRule("tokens per step (--max-num-batched-tokens)",
-               (("prompt_tokens",), ("max_num_batched_tokens",), ("waiting", "queued_ms")), _tokens_bind, "long prompts wait for prefill budget while slots and KV are free", _token_knob,
+               (("mean_prompt_tokens",), ("max_num_batched_tokens",), ("max_waiting", "queued_ms")), _tokens_bind, "long prompts wait for prefill budget while slots and KV are free", _token_knob,
                "TTFT falls as prompts prefill in fewer steps; ITL p99 rises because bigger prefill chunks share "
                "steps with decodes; throughput about the same",
-               ("raising --max-num-seqs: slots are free | ({running} of {max_num_seqs} used)",
-                "more KV memory: the cache is not what is full | (KV {kv_usage} used)"),
-               ("running", "kv_usage")),
+               ("raising --max-num-seqs: slots are free | ({max_running} of {max_num_seqs} used)",
+                "more KV memory: the cache is not what is full | (KV {kv_usage_peak} used)"),
+               ("max_running", "kv_usage_peak")),
     BudgetRule("compute", (("tokens_per_step",), ("critical_batch",)), _compute_binds,
                "each step processes more tokens than the compute knee, so TPOT grows with the batch",
                _compute_knob, "TPOT falls back toward the weight-read floor; total throughput grows with the "
@@ -3151,7 +3393,7 @@ def capacity_checks(evidence: Evidence, plan: Optional[CapacityPlan]) -> List[st
              f"{plan.num_blocks:,} blocks x {plan.block_size} = {plan.num_kv_tokens:,} KV tokens "
              f"({model.kv_bytes_per_token / KIB:.0f} KiB per token); decode knee "
              f"{knee_text(critical_batch(hardware, model))} tokens per step"]
-    prompt, output = evidence.value("prompt_tokens"), evidence.value("output_tokens")
+    prompt, output = evidence.value("mean_prompt_tokens"), evidence.value("mean_output_tokens")
     if prompt is None:
         lines.append("cannot check demand: the input gives no request length (pass --prompt-tokens and --output-tokens)")
         return lines
@@ -3160,7 +3402,7 @@ def capacity_checks(evidence: Evidence, plan: Optional[CapacityPlan]) -> List[st
     evidence.put("kv_fits_requests", fits, "KV tokens / tokens per request")
     lines.append(f"a request of {per_request:,.0f} tokens ({prompt:,.0f} prompt + {output or 0:,.0f} output): "
                  f"the cache holds {fits:.1f} of them")
-    running, waiting = evidence.value("running"), evidence.value("waiting")
+    running, waiting = evidence.value("max_running"), evidence.value("max_waiting")
     if running is not None and waiting is not None:
         wanted = (running + waiting) * per_request
         lines.append(f"{running:,.0f} running + {waiting:,.0f} waiting x {per_request:,.0f} = {wanted:,.0f} KV tokens "
@@ -3177,14 +3419,14 @@ def capacity_checks(evidence: Evidence, plan: Optional[CapacityPlan]) -> List[st
 def latency_phase(evidence: Evidence, plan: Optional[CapacityPlan]) -> Tuple[str, List[str]]:
     """Which phase of a request's life dominates its latency, and the figures saying so."""
     queue, prefill, decode = (evidence.value(name) for name in ("queue_ms", "prefill_ms", "decode_ms"))
-    ttft, tpot, output = evidence.value("ttft_ms"), evidence.value("tpot_ms"), evidence.value("output_tokens")
+    ttft, tpot, output = evidence.value("ttft_ms"), evidence.value("tpot_ms"), evidence.value("mean_output_tokens")
     if decode is None and tpot is not None and output is not None:
         decode = tpot * max(output - 1, 0)
         evidence.put("decode_ms", decode, f"TPOT x (output tokens - 1)")
     if ttft is not None and queue is not None and prefill is None:
         evidence.put("prefill_ms", max(ttft - queue, 0.0), "TTFT - queue time")
-    elif ttft is not None and queue is None and plan is not None and evidence.value("prompt_tokens"):
-        prompt = evidence.value("prompt_tokens")
+    elif ttft is not None and queue is None and plan is not None and evidence.value("mean_prompt_tokens"):
+        prompt = evidence.value("mean_prompt_tokens")
         estimate = step_seconds(plan.hardware, plan.model, int(prompt), int(prompt), 1) * 1000
         evidence.put("prefill_ms", min(estimate, ttft), f"roofline prefill of a {prompt:,.0f}-token prompt")
         evidence.put("queue_ms", max(ttft - estimate, 0.0), "TTFT - roofline prefill")
@@ -3207,7 +3449,7 @@ def diagnose(evidence: Evidence, plan: Optional[CapacityPlan]) -> dict:
     """The five answers: phase, binding budget, capacity, the knob first, what will not help."""
     if plan is not None:
         evidence.put("critical_batch", critical_batch(plan.hardware, plan.model), "roofline knee (critical_batch)")
-        for name in ("mean_batch", "running"):
+        for name in ("mean_batch", "max_running"):
             if "tokens_per_step" not in evidence and name in evidence:
                 evidence.put("tokens_per_step", evidence.value(name), f"{evidence[name].source} (a token per decode)")
     phase, phase_lines = latency_phase(evidence, plan)
@@ -3221,7 +3463,7 @@ def diagnose(evidence: Evidence, plan: Optional[CapacityPlan]) -> dict:
             binding = rule
             break
     if binding is None:
-        shown = ("kv_usage", "running", "waiting", "queued_ms", "preemptions")
+        shown = ("kv_usage_peak", "max_running", "max_waiting", "queued_ms", "preemptions")
         verdict = {"budget": "none", "symptom": "no budget binds in what the input shows",
                    "evidence": [evidence.cite(name) for name in shown if name in evidence],
                    "knob": "nothing to change for capacity; keep watching waiting, KV use and preemptions",
@@ -3283,6 +3525,256 @@ def search_max_load(meets: Callable[[float], bool], start: float, integer: bool 
         else:
             failing = middle
     return passing, failing, runs
+
+
+# =============================================================================
+# Reports: each report as text
+# =============================================================================
+
+def _print_json(report: dict) -> None:
+    print(json.dumps(report, indent=2))
+
+
+def _ms(value: Optional[float]) -> str:
+    return "-" if value is None else f"{value:.1f}"
+
+
+def _describe_range(bounds: Tuple[int, int]) -> str:
+    low, high = bounds
+    return str(low) if low == high else f"{low}-{high}"
+
+
+def format_table(header: Sequence[str], rows: List[List[str]], label_column: bool = False) -> List[str]:
+    """Right-aligned columns two spaces apart; with label_column the first is left-aligned."""
+    widths = [max(len(cell) for cell in column) for column in zip(header, *rows)]
+    return ["  ".join(cell.ljust(width) if label_column and index == 0 else cell.rjust(width)
+                      for index, (cell, width) in enumerate(zip(row, widths))).rstrip()
+            for row in [list(header)] + rows]
+
+
+def format_capacity(plan: CapacityPlan) -> List[str]:
+    hardware, model = plan.hardware, plan.model
+    if plan.kv_tokens_fixed:
+        kv_detail = "fixed by --kv-tokens"
+    else:
+        kv_detail = f"budget - weights - {hardware.reserve_gib:.1f} GiB reserve"
+    step_ms = step_seconds(hardware, model, 1, 1) * 1000
+    rows = [
+        ("weights", f"{model.weight_bytes / GB:.2f} GB",
+         f"{model.params / 1e9:.2f} B params x {round(model.bytes_per_param, 4):g} bytes"),
+        ("kv per token", f"{model.kv_bytes_per_token / KIB:.1f} KiB",
+         f"2 x {model.layers} layers x {model.kv_heads} kv heads x {model.head_dim} head dim "
+         f"x {model.kv_dtype_bytes} bytes"),
+        ("memory budget", f"{plan.budget_bytes / GIB:.2f} GiB",
+         f"{hardware.memory_gib:g} GiB x {plan.gpu_memory_utilization:.2f}"),
+        ("kv cache", f"{plan.kv_cache_bytes / GIB:.2f} GiB", kv_detail),
+        ("blocks", f"{plan.num_blocks:,} x {plan.block_size} tokens = {plan.num_kv_tokens:,} tokens", ""),
+        ("max concurrency", f"{plan.max_concurrency:.2f}x at {plan.max_model_len:,} tokens per request", ""),
+        ("decode step", f"{step_ms:.2f} ms at batch 1; compute catches up with the weight read "
+                        f"at {knee_text(critical_batch(hardware, model))} tokens per step", ""),
+    ]
+    n = plan.tensor_parallel_size
+    where = hardware.name if n == 1 else f"{n} x {hardware.name}, tensor parallel (figures per device)"
+    lines = [f"capacity {model.name} on {where} gpu-memory-utilization {plan.gpu_memory_utilization:.2f}"]
+    lines += [f"{label:<16}{value:<12}{detail}".rstrip() for label, value, detail in rows]
+    if n > 1:
+        allreduce_ms = allreduce_seconds(hardware, model, 1) * 1000
+        lines += [
+            f"{'in all':<16}weights {model.weight_bytes * n / GB:.2f} GB, kv cache {plan.kv_cache_bytes * n / GIB:.2f} GiB "
+            f"on {n} devices; every token's KV is split across them",
+            f"{'all-reduce':<16}2 x {model.layers} layers of {model.hidden_size:,}-wide activations per token over "
+            f"{hardware.interconnect_gbs:g} GB/s: {allreduce_ms:.3f} ms per token per step",
+        ]
+    return lines
+
+
+def format_summary(summary: dict, chunk_gaps: bool = False) -> List[str]:
+    """The latency, throughput and goodput lines shared by simulate and loadgen reports."""
+    rows = [("ttft ms", "ttft_ms"), ("tpot ms", "tpot_ms"), ("itl ms", "itl_ms")]
+    if chunk_gaps:
+        rows.append(("chunk gap ms", "itl_per_chunk_ms"))
+    rows += [("queue ms", "queue_ms"), ("e2e ms", "e2e_ms")]
+    lines = [f"{'':<13}{'p50':>10}{'p99':>10}"]
+    for label, name in rows:
+        stats = summary[name]
+        if stats["count"]:
+            lines.append(f"{label:<13}{_ms(stats['p50']):>10}{_ms(stats['p99']):>10}")
+    lines.append(f"throughput {summary['output_tok_per_s']:.1f} output tok/s "
+                 f"{summary['total_tok_per_s']:.1f} total tok/s {summary['req_per_s']:.2f} req/s")
+    good = summary.get("goodput")
+    if good is not None:
+        objectives = ", ".join(f"{name[:-3]} <= {limit:g} ms" for name, limit in good["slo"].items())
+        lines.append(f"goodput {good['num_met']}/{summary['num_requests']} requests met {objectives} "
+                     f"({good['attainment']:.1%}): {good['req_per_s']:.2f} req/s")
+        verdict = "met" if good["meets"] else "missed"
+        if good["criterion"].startswith("p"):
+            observed = ", ".join(f"{name[:-3]} {good['criterion']} {_ms(value)} ms"
+                                 for name, value in good[f"{good['criterion']}_ms"].items())
+            lines.append(f"slo {verdict} at {good['criterion']}: {observed}")
+        else:
+            lines.append(f"slo {verdict}: {good['criterion']} of requests meeting every objective")
+    return lines
+
+
+def format_simulation(report: dict) -> List[str]:
+    settings, engine = report["settings"], report["engine"]
+    arrivals = settings["arrivals"]
+    if arrivals["mode"] == "trace":
+        how = "trace arrivals"
+    elif arrivals["mode"] == "closed":
+        how = f"closed loop concurrency {arrivals['concurrency']}"
+    else:
+        how = f"poisson arrivals {arrivals['rate']:g} req/s"
+    devices = settings["hardware"] if settings["tensor_parallel_size"] == 1 else (
+        f"{settings['tensor_parallel_size']} x {settings['hardware']}")
+    lines = [
+        f"servesim {settings['model']} on {devices} {settings['num_requests']} requests {how}",
+        f"kv cache {engine['num_blocks']:,} blocks x {engine['block_size']} tokens "
+        f"peak {engine['kv_peak']:.1%} mean {engine['kv_mean']:.1%}",
+        f"steps {engine['num_steps']:,} mean batch {engine['mean_batch_seqs']:.1f} seqs "
+        f"preemptions {engine['num_preemptions']} evictions {engine['num_evictions']} "
+        f"prefix hits {engine['prefix_hit_rate']:.1%}",
+    ]
+    lines += format_summary(report["summary"])
+    lines += _format_rejected(report["rejected"])
+    return lines
+
+
+def _format_rejected(rejected: List[dict]) -> List[str]:
+    by_kind: Dict[str, List[dict]] = {}
+    for entry in rejected:
+        by_kind.setdefault(entry["kind"], []).append(entry)
+    return [f"rejected {len(entries)} requests ({kind}), e.g. request {entries[0]['request_id']}: "
+            f"{entries[0]['error']}" for kind, entries in by_kind.items()]
+
+
+def format_disaggregated(settings: dict, report: dict) -> List[str]:
+    prefill, decode, link = report["prefill"], report["decode"], report["link"]
+    lines = [f"servesim {settings['model']} disaggregated, {settings['num_requests']} requests: "
+             f"prefill on {prefill['hardware']}, decode on {decode['hardware']}, "
+             f"KV link {link['kv_link_gbs']:g} GB/s"]
+    for name, phase in (("prefill", prefill), ("decode", decode)):
+        engine = phase["engine"]
+        lines.append(f"{name + ' engine':<15} steps {engine['num_steps']:,} mean batch "
+                     f"{engine['mean_batch_seqs']:.1f} seqs kv peak {engine['kv_peak']:.1%} "
+                     f"preemptions {engine['num_preemptions']}")
+    transfer = link["transfer_ms"]
+    lines.append(f"{'kv link':<15} {link['num_transfers']:,} transfers {link['bytes'] / GB:.1f} GB, wait + "
+                 f"transfer ms p50 {_ms(transfer['p50'])} p99 {_ms(transfer['p99'])}")
+    lines += format_summary(report["summary"])
+    lines += _format_rejected(report["rejected"])
+    colocated, disaggregated = report["colocated"]["summary"], report["summary"]
+    rows = [[label, figure(colocated), figure(disaggregated)] for label, figure in (
+        ("ttft p50 ms", lambda s: _ms(s["ttft_ms"]["p50"])), ("ttft p95 ms", lambda s: _ms(s["ttft_ms"]["p95"])),
+        ("tpot p50 ms", lambda s: _ms(s["tpot_ms"]["p50"])), ("itl p99 ms", lambda s: _ms(s["itl_ms"]["p99"])),
+        ("out tok/s", lambda s: f"{s['output_tok_per_s']:.1f}"))]
+    lines.append(f"versus one colocated engine on {report['colocated']['hardware']}:")
+    lines += format_table(("", "colocated", "disaggregated"), rows, label_column=True)
+    crossover = report.get("kv_link_crossover")
+    if crossover is not None:
+        lines.append(f"kv link crossover: {crossover['verdict']}")
+    return lines
+
+
+SWEEP_COLUMNS = ("out tok/s", "ttft p50", "tpot p50", "tpot p95", "queue p95", "batch", "kv peak", "preempt")
+
+
+def sweep_row(report: dict) -> List[str]:
+    summary, engine = report["summary"], report["engine"]
+    return [f"{summary['output_tok_per_s']:.1f}", _ms(summary["ttft_ms"]["p50"]),
+            _ms(summary["tpot_ms"]["p50"]), _ms(summary["tpot_ms"]["p95"]),
+            _ms(summary["queue_ms"]["p95"]), f"{engine['mean_batch_seqs']:.1f}",
+            f"{engine['kv_peak']:.1%}", str(engine["num_preemptions"])]
+
+
+SERVER_LINE = (("mean_batch", "mean batch", "{:.2f}"), ("max_running", "max running", "{:,.0f}"),
+               ("max_waiting", "max waiting", "{:,.0f}"), ("kv_usage_peak", "kv peak", "{:.1%}"),
+               ("preemptions", "preemptions", "{:,.0f}"), ("prefix_hit_rate", "prefix hits", "{:.1%}"),
+               ("decode_calls", "decodes", "{:,.0f}"), ("prompt_tokens", "prompt tokens", "{:,.0f}"),
+               ("cached_prompt_tokens", "cached", "{:,.0f}"), ("generated_tokens", "generated", "{:,.0f}"))
+
+
+def format_loadgen(report: dict) -> List[str]:
+    settings, summary = report["settings"], report["summary"]
+    if settings["mode"] == "open":
+        how = f"rate {settings['rate']:g} req/s burstiness {settings['burstiness']:g}"
+        if settings["concurrency"]:
+            how += f" at most {settings['concurrency']} in flight"
+    else:
+        how = f"closed loop concurrency {settings['concurrency']}"
+    lines = [f"loadgen {settings['model']} at {settings['url']} {summary['num_requests']} requests {how} "
+             f"max tokens {settings['max_tokens']}"]
+    completed = summary["num_completed"]
+    if completed:
+        counts = report["token_counts"]
+        source = "from usage" if "chunks" not in counts else f"{counts['chunks']} requests without usage: chunks counted"
+        lines.append(f"tokens per request prompt {summary['prompt_tokens'] / completed:.1f} "
+                     f"output {summary['output_tokens'] / completed:.1f} ({source})")
+    lines += format_summary(summary, chunk_gaps=True)
+    timings = report["server_timings"]
+    if timings and timings["tpot_ms"]["count"]:
+        lines.append(f"server timings tpot ms p50 {_ms(timings['tpot_ms']['p50'])} "
+                     f"prompt ms p50 {_ms(timings['prompt_ms']['p50'])} "
+                     f"cached prompt tokens {timings['cached_prompt_tokens']:,}")
+    window = report["server"]
+    if window:
+        parts = [f"{label} {style.format(window[name])}" for name, label, style in SERVER_LINE
+                 if window.get(name) is not None]
+        lines.append(f"server {window['server']} " + " ".join(parts))
+    else:
+        lines.append(f"server window unavailable: {report['server_note']}")
+    if report["errors"]:
+        kinds = ", ".join(f"{kind} {count}" for kind, count in summary["errors"].items())
+        lines.append(f"errors {summary['num_failed']}: {kinds}")
+        seen = set()
+        for entry in report["errors"]:
+            if entry["kind"] not in seen:
+                seen.add(entry["kind"])
+                lines.append(f"  request {entry['request_id']} {entry['kind']}: {entry['error']}")
+    return lines
+
+
+def format_compare(rows: Sequence[dict]) -> List[str]:
+    labels = [label for label, _ in COMPARED] + ["batch"]
+    header = ["concurrency", "prompt"] + labels + ["|"] + labels + ["|"] + labels[:3]
+
+    def cell(value: Optional[float], style: str) -> str:
+        return "-" if value is None else style.format(value)
+
+    table = []
+    for row in rows:
+        load = str(row["concurrency"]) if row["concurrency"] else f"rate {row['rate']:g}"
+        cells = [load, str(row["prompt_tokens"])]
+        for side in ("measured", "predicted"):
+            figures = row[side]
+            cells += [cell(figures["out tok/s"], "{:.1f}"), cell(figures["ttft p50"], "{:.1f}"),
+                      cell(figures["tpot p50"], "{:.1f}"), cell(figures["batch"], "{:.2f}"), "|"]
+        cells += [cell(row["error"][label], "{:+.0%}") for label in labels[:3]]
+        table.append(cells)
+    lines = format_table(header, table)
+    width = lines[0].index("|")
+    second = lines[0].index("|", width + 1)
+    title = ("measured".center(width) + "|" + "predicted".center(second - width - 1) + "|"
+             + "error".center(len(lines[0]) - second - 1))
+    return [title.rstrip()] + lines
+
+
+def format_explain(result: dict, plan: Optional[CapacityPlan]) -> List[str]:
+    binding = result["binding"]
+    named = f" with {plan.model.name} on {plan.devices}" if plan else ""
+    lines = [f"explain {result['input']}{named}", "1. latency: " + result["phase"]["lines"][0]]
+    lines += ["   " + line for line in result["phase"]["lines"][1:]]
+    lines.append(f"2. binding budget: {binding['budget']}: {binding['symptom']}")
+    lines += ["   " + line for line in binding["evidence"]]
+    lines += ["   (" + line + ")" for line in result["undecided"]]
+    lines.append("3. capacity: " + result["capacity"][0])
+    lines += ["   " + line for line in result["capacity"][1:]]
+    lines.append("4. change first: " + binding["knob"])
+    if binding["effect"]:
+        lines.append("   expected: " + binding["effect"])
+    lines.append("5. will not help:")
+    lines += ["   - " + line for line in binding["not_helpful"]]
+    return lines
 
 
 # =============================================================================
@@ -3568,68 +4060,8 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _resolve(args) -> Tuple[Hardware, ModelSpec]:
-    if args.hardware_file is not None:
-        hardware = read_hardware_file(args.hardware_file)
-    else:
-        hardware = get_preset(HARDWARE, args.hardware, "--hardware")
-    if args.model_file is not None:
-        if args.model is not None:
-            raise UsageError("--model and --model-file: give one or the other")
-        return hardware, model_from_file(args.model_file)
-    return hardware, get_preset(MODELS, args.model or DEFAULT_MODEL, "--model")
-
-
-def _plan(args, max_model_len: int) -> CapacityPlan:
-    hardware, model = _resolve(args)
-    if getattr(args, "interconnect_gbs", None):
-        hardware = dataclasses.replace(hardware, interconnect_gbs=args.interconnect_gbs)
-    return plan_capacity(hardware, model, args.gpu_memory_utilization, args.block_size,
-                         args.kv_tokens, max_model_len, getattr(args, "tensor_parallel_size", 1))
-
-
-def _print_json(report: dict) -> None:
-    print(json.dumps(report, indent=2))
-
-
-def format_capacity(plan: CapacityPlan) -> List[str]:
-    hardware, model = plan.hardware, plan.model
-    if plan.kv_tokens_fixed:
-        kv_detail = "fixed by --kv-tokens"
-    else:
-        kv_detail = f"budget - weights - {hardware.reserve_gib:.1f} GiB reserve"
-    step_ms = step_seconds(hardware, model, 1, 1) * 1000
-    rows = [
-        ("weights", f"{model.weight_bytes / GB:.2f} GB",
-         f"{model.params / 1e9:.2f} B params x {round(model.bytes_per_param, 4):g} bytes"),
-        ("kv per token", f"{model.kv_bytes_per_token / KIB:.1f} KiB",
-         f"2 x {model.layers} layers x {model.kv_heads} kv heads x {model.head_dim} head dim "
-         f"x {model.kv_dtype_bytes} bytes"),
-        ("memory budget", f"{plan.budget_bytes / GIB:.2f} GiB",
-         f"{hardware.memory_gib:g} GiB x {plan.gpu_memory_utilization:.2f}"),
-        ("kv cache", f"{plan.kv_cache_bytes / GIB:.2f} GiB", kv_detail),
-        ("blocks", f"{plan.num_blocks:,} x {plan.block_size} tokens = {plan.num_kv_tokens:,} tokens", ""),
-        ("max concurrency", f"{plan.max_concurrency:.2f}x at {plan.max_model_len:,} tokens per request", ""),
-        ("decode step", f"{step_ms:.2f} ms at batch 1; compute catches up with the weight read "
-                        f"at {knee_text(critical_batch(hardware, model))} tokens per step", ""),
-    ]
-    n = plan.tensor_parallel_size
-    where = hardware.name if n == 1 else f"{n} x {hardware.name}, tensor parallel (figures per device)"
-    lines = [f"capacity {model.name} on {where} gpu-memory-utilization {plan.gpu_memory_utilization:.2f}"]
-    lines += [f"{label:<16}{value:<12}{detail}".rstrip() for label, value, detail in rows]
-    if n > 1:
-        allreduce_ms = allreduce_seconds(hardware, model, 1) * 1000
-        lines += [
-            f"{'in all':<16}weights {model.weight_bytes * n / GB:.2f} GB, kv cache {plan.kv_cache_bytes * n / GIB:.2f} GiB "
-            f"on {n} devices; every token's KV is split across them",
-            f"{'all-reduce':<16}2 x {model.layers} layers of {model.hidden_size:,}-wide activations per token over "
-            f"{hardware.interconnect_gbs:g} GB/s: {allreduce_ms:.3f} ms per token per step",
-        ]
-    return lines
-
-
 def cmd_capacity(args) -> int:
-    plan = _plan(args, args.max_model_len)
+    plan = build_plan(args)
     if args.json:
         hardware, model = plan.hardware, plan.model
         _print_json({"capacity": plan.to_dict(),
@@ -3640,131 +4072,11 @@ def cmd_capacity(args) -> int:
     return 0
 
 
-def _describe_range(bounds: Tuple[int, int]) -> str:
-    low, high = bounds
-    return str(low) if low == high else f"{low}-{high}"
-
-
-def _workload(args, rate: Optional[float] = None) -> List[Request]:
-    if getattr(args, "trace", None):
-        return read_trace(args.trace, args.trace_format, args.time_scale, args.start, args.limit)
-    return synthetic_requests(args.requests, args.prompt_tokens, args.output_tokens, args.seed, rate,
-                              getattr(args, "burstiness", 1.0))
-
-
-def _scheduler_config(args, max_tokens_in_flight: Optional[int] = None) -> SchedulerConfig:
-    return SchedulerConfig(args.max_num_seqs, args.max_num_batched_tokens, args.block_size,
-                           args.chunked_prefill, args.prefix_caching, args.max_model_len,
-                           max_tokens_in_flight)
-
-
-def run_simulation(args, plan: CapacityPlan, concurrency: Optional[int], rate: Optional[float] = None,
-                   max_tokens_in_flight: Optional[int] = None) -> dict:
-    """One simulated run from parsed flags, as the report that text and --json print."""
-    config = _scheduler_config(args, max_tokens_in_flight)
-    requests = _workload(args, rate)
-    report = simulation_report(new_scheduler(config, plan.num_blocks), plan.hardware, plan.model, requests,
-                               concurrency, slo_from_args(args))
-    if getattr(args, "trace", None):
-        arrivals = {"mode": "trace", "trace": args.trace}
-    elif concurrency is not None:
-        arrivals = {"mode": "closed", "concurrency": concurrency}
-    else:
-        arrivals = {"mode": "poisson", "rate": rate}
-    settings = {"hardware": plan.hardware.name, "tensor_parallel_size": plan.tensor_parallel_size,
-                "model": plan.model.name, "arrivals": arrivals, "num_requests": len(requests),
-                "scheduler": asdict(config)}
-    if arrivals["mode"] != "trace":
-        settings.update(prompt_tokens=list(args.prompt_tokens), output_tokens=list(args.output_tokens),
-                        seed=args.seed)
-    return dict(settings=settings, capacity=plan.to_dict(), **report)
-
-
-def slo_from_args(args) -> Optional[Slo]:
-    if args.slo_ttft_ms is None and args.slo_tpot_ms is None:
-        if args.slo_attainment is not None:
-            raise UsageError("--slo-attainment: give the objectives too (--slo-ttft-ms, --slo-tpot-ms)")
-        return None
-    return Slo(args.slo_ttft_ms, args.slo_tpot_ms, args.slo_percentile, args.slo_attainment)
-
-
-def _ms(value: Optional[float]) -> str:
-    return "-" if value is None else f"{value:.1f}"
-
-
-def format_table(header: Sequence[str], rows: List[List[str]], label_column: bool = False) -> List[str]:
-    """Right-aligned columns two spaces apart; with label_column the first is left-aligned."""
-    widths = [max(len(cell) for cell in column) for column in zip(header, *rows)]
-    return ["  ".join(cell.ljust(width) if label_column and index == 0 else cell.rjust(width)
-                      for index, (cell, width) in enumerate(zip(row, widths))).rstrip()
-            for row in [list(header)] + rows]
-
-
-def format_summary(summary: dict, chunk_gaps: bool = False) -> List[str]:
-    """The latency, throughput and goodput lines shared by simulate and loadgen reports."""
-    rows = [("ttft ms", "ttft_ms"), ("tpot ms", "tpot_ms"), ("itl ms", "itl_ms")]
-    if chunk_gaps:
-        rows.append(("chunk gap ms", "itl_per_chunk_ms"))
-    rows += [("queue ms", "queue_ms"), ("e2e ms", "e2e_ms")]
-    lines = [f"{'':<13}{'p50':>10}{'p99':>10}"]
-    for label, name in rows:
-        stats = summary[name]
-        if stats["count"]:
-            lines.append(f"{label:<13}{_ms(stats['p50']):>10}{_ms(stats['p99']):>10}")
-    lines.append(f"throughput {summary['output_tok_per_s']:.1f} output tok/s "
-                 f"{summary['total_tok_per_s']:.1f} total tok/s {summary['req_per_s']:.2f} req/s")
-    good = summary.get("goodput")
-    if good is not None:
-        objectives = ", ".join(f"{name[:-3]} <= {limit:g} ms" for name, limit in good["slo"].items())
-        lines.append(f"goodput {good['num_met']}/{summary['num_requests']} requests met {objectives} "
-                     f"({good['attainment']:.1%}): {good['req_per_s']:.2f} req/s")
-        verdict = "met" if good["meets"] else "missed"
-        if good["criterion"].startswith("p"):
-            observed = ", ".join(f"{name[:-3]} {good['criterion']} {_ms(value)} ms"
-                                 for name, value in good[f"{good['criterion']}_ms"].items())
-            lines.append(f"slo {verdict} at {good['criterion']}: {observed}")
-        else:
-            lines.append(f"slo {verdict}: {good['criterion']} of requests meeting every objective")
-    return lines
-
-
-def format_simulation(report: dict) -> List[str]:
-    settings, engine = report["settings"], report["engine"]
-    arrivals = settings["arrivals"]
-    if arrivals["mode"] == "trace":
-        how = "trace arrivals"
-    elif arrivals["mode"] == "closed":
-        how = f"closed loop concurrency {arrivals['concurrency']}"
-    else:
-        how = f"poisson arrivals {arrivals['rate']:g} req/s"
-    devices = settings["hardware"] if settings["tensor_parallel_size"] == 1 else (
-        f"{settings['tensor_parallel_size']} x {settings['hardware']}")
-    lines = [
-        f"servesim {settings['model']} on {devices} {settings['num_requests']} requests {how}",
-        f"kv cache {engine['num_blocks']:,} blocks x {engine['block_size']} tokens "
-        f"peak {engine['kv_peak']:.1%} mean {engine['kv_mean']:.1%}",
-        f"steps {engine['num_steps']:,} mean batch {engine['mean_batch_seqs']:.1f} seqs "
-        f"preemptions {engine['num_preemptions']} evictions {engine['num_evictions']} "
-        f"prefix hits {engine['prefix_hit_rate']:.1%}",
-    ]
-    lines += format_summary(report["summary"])
-    lines += _format_rejected(report["rejected"])
-    return lines
-
-
-def _format_rejected(rejected: List[dict]) -> List[str]:
-    by_kind: Dict[str, List[dict]] = {}
-    for entry in rejected:
-        by_kind.setdefault(entry["kind"], []).append(entry)
-    return [f"rejected {len(entries)} requests ({kind}), e.g. request {entries[0]['request_id']}: "
-            f"{entries[0]['error']}" for kind, entries in by_kind.items()]
-
-
 def cmd_simulate(args) -> int:
-    plan = _plan(args, args.max_model_len or 4096)
-    report = run_simulation(args, plan, args.concurrency, args.rate, args.max_tokens_in_flight)
+    spec = build_engine_spec(args)
+    report = run_simulation(args, spec, args.concurrency, args.rate)
     if args.disaggregate or args.find_kv_link_crossover:
-        return cmd_disaggregated(args, plan, report)
+        return cmd_disaggregated(args, spec.plan, report)
     if args.json:
         _print_json(report)
     else:
@@ -3772,52 +4084,13 @@ def cmd_simulate(args) -> int:
     return 0
 
 
-def _phase_plan(args, plan: CapacityPlan, phase: str) -> CapacityPlan:
-    name = getattr(args, f"{phase}_hardware")
-    if name is None:
-        return plan
-    hardware = get_preset(HARDWARE, name, f"--{phase}-hardware")
-    return plan_capacity(hardware, plan.model, args.gpu_memory_utilization, args.block_size, args.kv_tokens,
-                         plan.max_model_len)
-
-
-def _phase_config(args, phase: str) -> SchedulerConfig:
-    config = _scheduler_config(args, args.max_tokens_in_flight)
-    return dataclasses.replace(
-        config, max_num_seqs=getattr(args, f"{phase}_max_num_seqs") or config.max_num_seqs,
-        max_num_batched_tokens=getattr(args, f"{phase}_max_num_batched_tokens") or config.max_num_batched_tokens)
-
-
-def run_disaggregated(args, plan: CapacityPlan, kv_link_gbs: float) -> dict:
-    """One disaggregated run from parsed flags: both engines, the link and the summary."""
-    prefill_plan, decode_plan = _phase_plan(args, plan, "prefill"), _phase_plan(args, plan, "decode")
-    prefill_config, decode_config = _phase_config(args, "prefill"), _phase_config(args, "decode")
-    prefill = Engine(PrefillScheduler(prefill_config, prefill_plan.num_blocks), prefill_plan.hardware, plan.model)
-    decode = Engine(DecodeScheduler(decode_config, decode_plan.num_blocks), decode_plan.hardware, plan.model)
-    link = KvLink(kv_link_gbs)
-    requests = _workload(args, args.rate)
-    simulate_disaggregated(prefill, decode, requests, link, args.disaggregate_min_prompt_tokens, args.concurrency)
-    rejected = [{"request_id": r.request_id, "kind": r.error_kind, "error": r.error}
-                for r in requests if r.error is not None]
-    return {
-        "prefill": {"hardware": prefill_plan.hardware.name, "scheduler": asdict(prefill_config),
-                    "capacity": prefill_plan.to_dict(), "engine": prefill.report()},
-        "decode": {"hardware": decode_plan.hardware.name, "scheduler": asdict(decode_config),
-                   "capacity": decode_plan.to_dict(), "engine": decode.report()},
-        "link": link.report(),
-        "min_prompt_tokens": args.disaggregate_min_prompt_tokens,
-        "summary": summarize(requests, slo_from_args(args)),
-        "rejected": rejected,
-    }
-
-
 def cmd_disaggregated(args, plan: CapacityPlan, colocated: dict) -> int:
-    report = run_disaggregated(args, plan, args.kv_link_gbs)
+    report = run_disaggregated(args, args.kv_link_gbs)
     report["colocated"] = {"hardware": plan.hardware.name, "engine": colocated["engine"],
                            "summary": colocated["summary"]}
     if args.find_kv_link_crossover:
         report["kv_link_crossover"] = find_kv_link_crossover(
-            lambda gbs: run_disaggregated(args, plan, gbs)["summary"]["ttft_ms"]["p95"],
+            lambda gbs: run_disaggregated(args, gbs)["summary"]["ttft_ms"]["p95"],
             colocated["summary"]["ttft_ms"]["p95"])
     if args.json:
         _print_json(dict(settings=colocated["settings"], **report))
@@ -3826,47 +4099,9 @@ def cmd_disaggregated(args, plan: CapacityPlan, colocated: dict) -> int:
     return 0
 
 
-def format_disaggregated(settings: dict, report: dict) -> List[str]:
-    prefill, decode, link = report["prefill"], report["decode"], report["link"]
-    lines = [f"servesim {settings['model']} disaggregated, {settings['num_requests']} requests: "
-             f"prefill on {prefill['hardware']}, decode on {decode['hardware']}, "
-             f"KV link {link['kv_link_gbs']:g} GB/s"]
-    for name, phase in (("prefill", prefill), ("decode", decode)):
-        engine = phase["engine"]
-        lines.append(f"{name + ' engine':<15} steps {engine['num_steps']:,} mean batch "
-                     f"{engine['mean_batch_seqs']:.1f} seqs kv peak {engine['kv_peak']:.1%} "
-                     f"preemptions {engine['num_preemptions']}")
-    transfer = link["transfer_ms"]
-    lines.append(f"{'kv link':<15} {link['num_transfers']:,} transfers {link['bytes'] / GB:.1f} GB, wait + "
-                 f"transfer ms p50 {_ms(transfer['p50'])} p99 {_ms(transfer['p99'])}")
-    lines += format_summary(report["summary"])
-    lines += _format_rejected(report["rejected"])
-    colocated, disaggregated = report["colocated"]["summary"], report["summary"]
-    rows = [[label, figure(colocated), figure(disaggregated)] for label, figure in (
-        ("ttft p50 ms", lambda s: _ms(s["ttft_ms"]["p50"])), ("ttft p95 ms", lambda s: _ms(s["ttft_ms"]["p95"])),
-        ("tpot p50 ms", lambda s: _ms(s["tpot_ms"]["p50"])), ("itl p99 ms", lambda s: _ms(s["itl_ms"]["p99"])),
-        ("out tok/s", lambda s: f"{s['output_tok_per_s']:.1f}"))]
-    lines.append(f"versus one colocated engine on {report['colocated']['hardware']}:")
-    lines += format_table(("", "colocated", "disaggregated"), rows, label_column=True)
-    crossover = report.get("kv_link_crossover")
-    if crossover is not None:
-        lines.append(f"kv link crossover: {crossover['verdict']}")
-    return lines
-
-
-SWEEP_COLUMNS = ("out tok/s", "ttft p50", "tpot p50", "tpot p95", "queue p95", "batch", "kv peak", "preempt")
-
-
-def sweep_row(report: dict) -> List[str]:
-    summary, engine = report["summary"], report["engine"]
-    return [f"{summary['output_tok_per_s']:.1f}", _ms(summary["ttft_ms"]["p50"]),
-            _ms(summary["tpot_ms"]["p50"]), _ms(summary["tpot_ms"]["p95"]),
-            _ms(summary["queue_ms"]["p95"]), f"{engine['mean_batch_seqs']:.1f}",
-            f"{engine['kv_peak']:.1%}", str(engine["num_preemptions"])]
-
-
 def cmd_sweep(args) -> int:
-    plan = _plan(args, args.max_model_len or 4096)
+    spec = build_engine_spec(args)
+    plan = spec.plan
     if args.trace:
         loads, axis = [("trace", None, None)], "trace"
     elif args.rate:
@@ -3877,7 +4112,8 @@ def cmd_sweep(args) -> int:
     rows, runs = [], []
     for label, concurrency, rate in loads:
         for cap in caps:
-            runs.append(run_simulation(args, plan, concurrency, rate, cap))
+            runs.append(run_simulation(args, dataclasses.replace(
+                spec, config=dataclasses.replace(spec.config, max_tokens_in_flight=cap)), concurrency, rate))
             cells = [label] if args.max_tokens_in_flight is None else [label, f"{cap:,}"]
             rows.append(cells + sweep_row(runs[-1]))
     if args.json:
@@ -3895,46 +4131,6 @@ def cmd_sweep(args) -> int:
         for line in _format_rejected(run["rejected"]):
             print(line)
     return 0
-
-
-def _read_prompt_file(path: Optional[str]) -> Optional[str]:
-    if path is None:
-        return None
-    text = read_text_file(path, f"--prompt-file {path}").strip()
-    if not text:
-        raise UsageError(f"--prompt-file {path}: the file is empty")
-    return text
-
-
-class Progress:
-    """A one-line progress report on stderr, redrawn in place (terminals only)."""
-
-    def __init__(self, records: Sequence[MeasuredRequest], enabled: bool):
-        self.records = records
-        self.enabled = enabled
-        self.start = time.perf_counter()
-
-    def update(self) -> None:
-        if not self.enabled:
-            return
-        ended = [r for r in self.records if r.error is not None or r.finish_reason or r.saw_done]
-        failed = sum(r.error is not None for r in ended)
-        tokens = sum(r.output_tokens for r in ended if r.error is None)
-        elapsed = time.perf_counter() - self.start
-        sys.stderr.write(f"\rloadgen {len(ended)}/{len(self.records)} done, {failed} failed, "
-                         f"{tokens / elapsed if elapsed else 0:.1f} output tok/s ")
-        sys.stderr.flush()
-
-    def close(self) -> None:
-        if self.enabled:
-            self.update()
-            sys.stderr.write("\n")
-
-
-# NOTE: a 1 ms interpreter switch interval (the default is 5 ms) lets the stream reader
-# thread take the GIL back sooner from threads busy connecting; it halves loadgen's p99
-# timestamp error at 64 streams (see code/bench.py loadgen).
-LOADGEN_SWITCH_INTERVAL_S = 0.001
 
 
 def cmd_loadgen(args) -> int:
@@ -3994,83 +4190,11 @@ def cmd_loadgen(args) -> int:
     return 1 if report["summary"]["num_failed"] else 0
 
 
-SERVER_LINE = (("mean_batch", "mean batch", "{:.2f}"), ("max_running", "max running", "{:,.0f}"),
-               ("max_waiting", "max waiting", "{:,.0f}"), ("kv_usage_peak", "kv peak", "{:.1%}"),
-               ("preemptions", "preemptions", "{:,.0f}"), ("prefix_hit_rate", "prefix hits", "{:.1%}"),
-               ("decode_calls", "decodes", "{:,.0f}"), ("prompt_tokens", "prompt tokens", "{:,.0f}"),
-               ("cached_prompt_tokens", "cached", "{:,.0f}"), ("generated_tokens", "generated", "{:,.0f}"))
-
-
-def format_loadgen(report: dict) -> List[str]:
-    settings, summary = report["settings"], report["summary"]
-    if settings["mode"] == "open":
-        how = f"rate {settings['rate']:g} req/s burstiness {settings['burstiness']:g}"
-        if settings["concurrency"]:
-            how += f" at most {settings['concurrency']} in flight"
-    else:
-        how = f"closed loop concurrency {settings['concurrency']}"
-    lines = [f"loadgen {settings['model']} at {settings['url']} {summary['num_requests']} requests {how} "
-             f"max tokens {settings['max_tokens']}"]
-    completed = summary["num_completed"]
-    if completed:
-        counts = report["token_counts"]
-        source = "from usage" if "chunks" not in counts else f"{counts['chunks']} requests without usage: chunks counted"
-        lines.append(f"tokens per request prompt {summary['prompt_tokens'] / completed:.1f} "
-                     f"output {summary['output_tokens'] / completed:.1f} ({source})")
-    lines += format_summary(summary, chunk_gaps=True)
-    timings = report["server_timings"]
-    if timings and timings["tpot_ms"]["count"]:
-        lines.append(f"server timings tpot ms p50 {_ms(timings['tpot_ms']['p50'])} "
-                     f"prompt ms p50 {_ms(timings['prompt_ms']['p50'])} "
-                     f"cached prompt tokens {timings['cached_prompt_tokens']:,}")
-    window = report["server"]
-    if window:
-        parts = [f"{label} {style.format(window[name])}" for name, label, style in SERVER_LINE
-                 if window.get(name) is not None]
-        lines.append(f"server {window['server']} " + " ".join(parts))
-    else:
-        lines.append(f"server window unavailable: {report['server_note']}")
-    if report["errors"]:
-        kinds = ", ".join(f"{kind} {count}" for kind, count in summary["errors"].items())
-        lines.append(f"errors {summary['num_failed']}: {kinds}")
-        seen = set()
-        for entry in report["errors"]:
-            if entry["kind"] not in seen:
-                seen.add(entry["kind"])
-                lines.append(f"  request {entry['request_id']} {entry['kind']}: {entry['error']}")
-    return lines
-
-
-def format_compare(rows: Sequence[dict]) -> List[str]:
-    labels = [label for label, _ in COMPARED] + ["batch"]
-    header = ["concurrency", "prompt"] + labels + ["|"] + labels + ["|"] + labels[:3]
-
-    def cell(value: Optional[float], style: str) -> str:
-        return "-" if value is None else style.format(value)
-
-    table = []
-    for row in rows:
-        load = str(row["concurrency"]) if row["concurrency"] else f"rate {row['rate']:g}"
-        cells = [load, str(row["prompt_tokens"])]
-        for side in ("measured", "predicted"):
-            figures = row[side]
-            cells += [cell(figures["out tok/s"], "{:.1f}"), cell(figures["ttft p50"], "{:.1f}"),
-                      cell(figures["tpot p50"], "{:.1f}"), cell(figures["batch"], "{:.2f}"), "|"]
-        cells += [cell(row["error"][label], "{:+.0%}") for label in labels[:3]]
-        table.append(cells)
-    lines = format_table(header, table)
-    width = lines[0].index("|")
-    second = lines[0].index("|", width + 1)
-    title = ("measured".center(width) + "|" + "predicted".center(second - width - 1) + "|"
-             + "error".center(len(lines[0]) - second - 1))
-    return [title.rstrip()] + lines
-
-
 def cmd_compare(args) -> int:
     reports = [read_loadgen_report(path) for path in args.reports]
-    plan = _plan(args, args.max_model_len or 4096)
-    config = _scheduler_config(args)
-    predictions = [predict_loadgen_run(report, plan, config) for report in reports]
+    spec = build_engine_spec(args)
+    plan, config = spec.plan, spec.config
+    predictions = [predict_loadgen_run(report, spec) for report in reports]
     rows = compare_rows(reports, predictions)
     if args.json:
         _print_json({"hardware": plan.hardware.name, "model": plan.model.name, "capacity": plan.to_dict(),
@@ -4085,10 +4209,10 @@ def cmd_compare(args) -> int:
 
 def cmd_calibrate(args) -> int:
     reports = [(path, read_loadgen_report(path)) for path in args.reports]
-    plan = _plan(args, args.max_model_len or 4096)
+    spec = build_engine_spec(args)
+    plan = spec.plan
     name = args.name or f"{plan.hardware.name}-calibrated"
-    hardware, residuals = fit_hardware(reports, plan.hardware, plan.model, _scheduler_config(args),
-                                       plan.num_blocks, name)
+    hardware, residuals = fit_hardware(reports, spec, name)
     if args.out:
         try:
             with open(args.out, "w", encoding="utf-8") as handle:
@@ -4119,18 +4243,19 @@ def cmd_search(args) -> int:
         raise UsageError("search: give the objectives (--slo-ttft-ms and/or --slo-tpot-ms)")
     if args.trace and args.by == "concurrency":
         raise UsageError("--by concurrency: a trace has its own arrivals; search speeds the trace up instead")
-    plan = _plan(args, args.max_model_len or 4096)
+    spec = build_engine_spec(args)
+    plan = spec.plan
     runs: Dict[float, dict] = {}
 
     def run_at(load: float) -> dict:
         if load not in runs:
             if args.trace:
                 sped_up = argparse.Namespace(**{**vars(args), "time_scale": args.time_scale / load})
-                runs[load] = run_simulation(sped_up, plan, None)
+                runs[load] = run_simulation(sped_up, spec, None)
             elif args.by == "concurrency":
-                runs[load] = run_simulation(args, plan, int(load))
+                runs[load] = run_simulation(args, spec, int(load))
             else:
-                runs[load] = run_simulation(args, plan, None, load)
+                runs[load] = run_simulation(args, spec, None, load)
         return runs[load]
 
     passing, failing, num_runs = search_max_load(lambda load: run_at(load)["summary"]["goodput"]["meets"],
@@ -4209,10 +4334,11 @@ def _explain_inputs(args) -> Tuple[Evidence, dict, str]:
 def cmd_explain(args) -> int:
     evidence, settings, what = _explain_inputs(args)
     for name, flag in (("max_num_seqs", "--max-num-seqs"), ("max_num_batched_tokens", "--max-num-batched-tokens"),
-                       ("prompt_tokens", "--prompt-tokens"), ("output_tokens", "--output-tokens"),
+                       ("mean_prompt_tokens", "--prompt-tokens"), ("mean_output_tokens", "--output-tokens"),
                        ("shared_prefix_tokens", "--shared-prefix-tokens")):
-        if getattr(args, name) is not None:
-            evidence.put(name, getattr(args, name), flag)
+        value = getattr(args, flag[2:].replace("-", "_"))
+        if value is not None:
+            evidence.put(name, value, flag)
     if args.prefix_caching is not None:
         evidence.put("prefix_caching", 1 if args.prefix_caching == "on" else 0, "--prefix-caching")
     args.hardware = args.hardware or settings.get("hardware")
@@ -4220,7 +4346,7 @@ def cmd_explain(args) -> int:
     plan = None
     if (args.hardware or args.hardware_file) and (args.model or args.model_file):
         try:
-            plan = _plan(args, 4096)
+            plan = build_plan(args)
         except CapacityError as error:
             evidence.put("does_not_fit", 1, str(error))
     result = diagnose(evidence, plan)
@@ -4230,24 +4356,6 @@ def cmd_explain(args) -> int:
     else:
         print("\n".join(format_explain(result, plan)))
     return 0
-
-
-def format_explain(result: dict, plan: Optional[CapacityPlan]) -> List[str]:
-    binding = result["binding"]
-    named = f" with {plan.model.name} on {plan.devices}" if plan else ""
-    lines = [f"explain {result['input']}{named}", "1. latency: " + result["phase"]["lines"][0]]
-    lines += ["   " + line for line in result["phase"]["lines"][1:]]
-    lines.append(f"2. binding budget: {binding['budget']}: {binding['symptom']}")
-    lines += ["   " + line for line in binding["evidence"]]
-    lines += ["   (" + line + ")" for line in result["undecided"]]
-    lines.append("3. capacity: " + result["capacity"][0])
-    lines += ["   " + line for line in result["capacity"][1:]]
-    lines.append("4. change first: " + binding["knob"])
-    if binding["effect"]:
-        lines.append("   expected: " + binding["effect"])
-    lines.append("5. will not help:")
-    lines += ["   - " + line for line in binding["not_helpful"]]
-    return lines
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
@@ -4265,3 +4373,4 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
 
 if __name__ == "__main__":
     sys.exit(main())
+

@@ -77,6 +77,24 @@ class ExplainTest(ScratchTest):
         self.assertIn("--gpu-memory-utilization", binding["knob"])
         self.assertIn("--kv-cache-dtype fp8", binding["knob"])
 
+    def test_a_scrape_with_no_prefix_cache_queries_says_caching_is_off_and_checks_it_first(self):
+        counters = "vllm:prefix_cache_queries_total 0\nvllm:prefix_cache_hits_total 0\nvllm:prompt_tokens_total 2550000\n"
+        before = self.write("before.prom", vllm_scrape(running=20, waiting=38, kv=0.99, preemptions=412) + counters)
+        after = self.write("after.prom", vllm_scrape(running=19, waiting=40, kv=1.0, preemptions=431,
+                                                     requests=2040) + counters)
+        binding = self.explain(before, after, "--hardware", "l4-24gb", "--model", "llama-3.1-8b")["binding"]
+        self.assertEqual(binding["budget"], "KV cache blocks")
+        self.assertTrue(binding["knob"].startswith("check prefix caching first: it is off, and if requests share a "
+                                                   "leading text (a system prompt) turn it on"), binding["knob"])
+        self.assertIn("vLLM --enable-prefix-caching", binding["knob"])
+        self.assertIn("--gpu-memory-utilization", binding["knob"])  # the way out when nothing is shared
+        self.assertIn("prefix caching (vllm:prefix_cache_queries_total is 0 though vllm:prompt_tokens_total is not) "
+                      "= off", binding["evidence"])
+
+    def test_prefix_cache_queries_are_no_sign_of_caching_before_any_prompt_was_served(self):
+        idle = self.write("idle.prom", "vllm:prefix_cache_queries_total 0\nvllm:prompt_tokens_total 0\n")
+        self.assertNotIn("prefix_caching", self.explain(idle)["evidence"])
+
     def test_a_single_scrape_cannot_see_preemptions_climbing_but_still_sees_the_full_cache(self):
         _, after, flags = self.monday()
         result = self.explain(after, *flags)
@@ -123,7 +141,7 @@ class ExplainTest(ScratchTest):
                                      "llamacpp:prompt_seconds_total 2\nllamacpp:tokens_predicted_seconds_total 12\n")
         result = self.explain(before, after, "--max-num-seqs", "4")
         self.assertEqual(result["binding"]["budget"], "sequences per step (--max-num-seqs)")
-        self.assertIn("cannot tell whether KV cache blocks binds: the input has no kv_usage", result["undecided"])
+        self.assertIn("cannot tell whether KV cache blocks binds: the input has no kv_usage_peak", result["undecided"])
         self.assertEqual(result["phase"]["dominant"], "decode")
         self.assertEqual(result["evidence"]["mean_batch"]["value"], 4.25)  # (3.5 x 300 - 2 x 100) / 200
 
