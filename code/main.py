@@ -2907,15 +2907,6 @@ def run_disaggregated(args, kv_link_gbs: float) -> dict:
                 summary=summarize(requests, slo_from_args(args)), rejected=rejections(requests))
 
 
-def _read_prompt_file(path: Optional[str]) -> Optional[str]:
-    if path is None:
-        return None
-    text = read_text_file(path, f"--prompt-file {path}").strip()
-    if not text:
-        raise UsageError(f"--prompt-file {path}: the file is empty")
-    return text
-
-
 # =============================================================================
 # Compare: a prediction beside a measurement
 # =============================================================================
@@ -3535,6 +3526,10 @@ def _print_json(report: dict) -> None:
     print(json.dumps(report, indent=2))
 
 
+def _print_lines(lines: Sequence[str]) -> None:
+    print("\n".join(lines))
+
+
 def _ms(value: Optional[float]) -> str:
     return "-" if value is None else f"{value:.1f}"
 
@@ -3734,7 +3729,7 @@ def format_loadgen(report: dict) -> List[str]:
     return lines
 
 
-def format_compare(rows: Sequence[dict]) -> List[str]:
+def _format_compare_table(rows: Sequence[dict]) -> List[str]:
     labels = [label for label, _ in COMPARED] + ["batch"]
     header = ["concurrency", "prompt"] + labels + ["|"] + labels + ["|"] + labels[:3]
 
@@ -3757,6 +3752,81 @@ def format_compare(rows: Sequence[dict]) -> List[str]:
     title = ("measured".center(width) + "|" + "predicted".center(second - width - 1) + "|"
              + "error".center(len(lines[0]) - second - 1))
     return [title.rstrip()] + lines
+
+
+def format_sweep(args, plan: CapacityPlan, runs: Sequence[Tuple[str, Optional[int], dict]]) -> List[str]:
+    """The sweep table: one row per (load, cap) run, then what each run rejected."""
+    if args.trace:
+        axis, workload = "trace", f"trace {args.trace} ({runs[0][2]['settings']['num_requests']:,} requests)"
+    else:
+        axis = "rate" if args.rate else "concurrency"
+        workload = (f"{args.requests} requests prompt {_describe_range(args.prompt_tokens)} "
+                    f"output {_describe_range(args.output_tokens)}")
+    capped = args.max_tokens_in_flight is not None
+    header = (axis, "tokens cap") if capped else (axis,)
+    rows = [([label, f"{cap:,}"] if capped else [label]) + sweep_row(run) for label, cap, run in runs]
+    lines = [f"sweep {plan.model.name} on {plan.devices} {workload}"]
+    lines += format_table(header + SWEEP_COLUMNS, rows)
+    for _, _, run in runs:
+        lines += _format_rejected(run["rejected"])
+    return lines
+
+
+def format_compare(spec: EngineSpec, reports: Sequence[dict], rows: Sequence[dict]) -> List[str]:
+    """Measured beside predicted per run, with the relative error of each figure."""
+    plan = spec.plan
+    servers = sorted({report["settings"]["url"] for report in reports})
+    lines = [f"compare {plan.model.name} on {plan.devices} ({plan.num_kv_tokens:,} KV tokens, "
+             f"max-num-seqs {spec.config.max_num_seqs}) with loadgen at {', '.join(servers)}; times in ms"]
+    return lines + _format_compare_table(rows)
+
+
+def format_calibration(hardware: Hardware, model: ModelSpec, num_reports: int, residuals: Sequence[dict],
+                       out: Optional[str]) -> List[str]:
+    """The fitted figures, a preset line to paste, and how far each fitted point is off."""
+    lines = [f"calibrated {hardware.name} for {model.name} from {num_reports} reports: "
+             f"{hardware.bandwidth_gbs:.3g} GB/s, {hardware.tflops:.3g} TFLOPS, "
+             f"{hardware.step_overhead_ms:.3g} ms per step (mfu = mbu = 1)",
+             f'Hardware("{hardware.name}", memory_gib={hardware.memory_gib:g}, bandwidth_gbs={hardware.bandwidth_gbs:.4g}, '
+             f'tflops={hardware.tflops:.4g}, mfu=1.0, mbu=1.0, step_overhead_ms={hardware.step_overhead_ms:.4g}, '
+             f'reserve_gib={hardware.reserve_gib:g})']
+    rows = [[str(r["concurrency"]), r["figure"], f"{r['measured_ms']:.1f}", f"{r['predicted_ms']:.1f}",
+             f"{r['error']:+.1%}"] for r in residuals]
+    lines += format_table(("concurrency", "figure", "measured ms", "fitted ms", "error"), rows)
+    if out:
+        lines.append(f"wrote {out}; use it with --hardware-file {out}")
+    return lines
+
+
+def _search_objectives(slo: Slo) -> str:
+    if slo.attainment is not None:
+        return (" and ".join(f"{name[:-3].upper()} <= {value:g} ms" for name, value in slo.objectives().items())
+                + f" for {slo.attainment:g}% of requests")
+    return " and ".join(f"{name[:-3].upper()} {slo.criterion} <= {value:g} ms"
+                        for name, value in slo.objectives().items())
+
+
+def format_search(result: dict, slo: Slo, plan: CapacityPlan) -> List[str]:
+    """The answer, the run at it, the objective that fails just above it and what gives way."""
+    passing, failing, num_runs = result["max_load"], result["first_failing_load"], result["num_runs"]
+    unit = {"trace speed-up": "x the trace's speed", "concurrency": "clients"}.get(result["by"], "req/s")
+    lines = [f"search {plan.model.name} on {plan.devices}: the most load meeting {_search_objectives(slo)}"]
+    if passing is None:
+        lines.append(f"no load meets it: even {failing:g} {unit} fails ({num_runs} runs)")
+    else:
+        above = f"; {failing:g} {unit} fails" if failing is not None else " (the ceiling of the search)"
+        lines.append(f"answer {passing:.4g} {unit} ({num_runs} runs{above})")
+        lines += format_simulation(result["run"])
+    if failing is None:
+        return lines
+    good = result["failing_run"]["summary"]["goodput"]
+    observed = good.get(f"{good['criterion']}_ms") or {}
+    missed = ", ".join(f"{name[:-3].upper()} {good['criterion']} {value:.2f} ms > {slo.objectives()[name]:g} ms"
+                       for name, value in observed.items() if value is None or value > slo.objectives()[name])
+    lines.append(f"at {failing:.4g} {unit}: {missed or 'attainment ' + format(good['attainment'], '.1%')}")
+    limit = result["binding_above"]
+    lines.append(f"what gives way at {failing:.4g} {unit}: {limit['budget']}: {limit['symptom']}")
+    return lines + ["   " + line for line in limit["evidence"]]
 
 
 def format_explain(result: dict, plan: Optional[CapacityPlan]) -> List[str]:
@@ -3836,228 +3906,10 @@ token_range = _flag_type("token_range", _parse_range, lambda v: True,
                          "N or LO-HI with 0 < LO <= HI (e.g. 256-1024)")
 int_list = _flag_type("int_list", _parse_int_list, lambda v: True,
                       "positive integers separated by commas (e.g. 1,8,32)")
-
-
-def build_parser() -> argparse.ArgumentParser:
-    common = _Parser(add_help=False)
-    common.add_argument("--hardware", default=DEFAULT_HARDWARE,
-                        help=f"hardware preset: {', '.join(HARDWARE)} (default %(default)s)")
-    common.add_argument("--hardware-file",
-                        help="read the hardware from a JSON file (calibrate --out writes one)")
-    common.add_argument("--model",
-                        help=f"model preset: {', '.join(MODELS)} (default {DEFAULT_MODEL})")
-    common.add_argument("--model-file",
-                        help="read the model from a GGUF file or a Hugging Face config.json instead")
-    common.add_argument("--gpu-memory-utilization", type=fraction, default=0.9,
-                        help="share of device memory for weights and KV cache (default %(default)s)")
-    common.add_argument("--block-size", type=positive_int, default=16,
-                        help="tokens per KV cache block (default %(default)s)")
-    common.add_argument("--kv-tokens", type=positive_int,
-                        help="fix the KV cache at this many tokens, like llama.cpp --ctx-size")
-    common.add_argument("--tensor-parallel-size", type=positive_int, default=1,
-                        help="shard weights and KV heads over N devices (default 1)")
-    common.add_argument("--interconnect-gbs", type=positive_float,
-                        help="GB/s each way between devices (default: the hardware's NVLink or PCIe)")
-    common.add_argument("--json", action="store_true", help="print the full report as JSON")
-
-    engine = _Parser(add_help=False)
-    engine.add_argument("--max-model-len", type=positive_int,
-                        help="reject requests whose prompt + output exceed this (default: no limit)")
-    engine.add_argument("--max-num-seqs", type=positive_int, default=256,
-                        help="most sequences in one step (default %(default)s)")
-    engine.add_argument("--max-num-batched-tokens", type=positive_int, default=8192,
-                        help="most tokens in one step, prefill chunks included (default %(default)s)")
-    engine.add_argument("--no-chunked-prefill", dest="chunked_prefill", action="store_false",
-                        help="admit a prompt only if all of it fits the step's token budget")
-    engine.add_argument("--prefix-caching", action="store_true",
-                        help="reuse full KV blocks of prompts that share a prefix")
-    workload = _Parser(add_help=False)
-    workload.add_argument("--requests", type=positive_int, default=256,
-                          help="requests to generate without --trace (default %(default)s)")
-    workload.add_argument("--prompt-tokens", type=token_range, default=(256, 1024),
-                          help="prompt tokens, N or LO-HI uniform (default 256-1024)")
-    workload.add_argument("--output-tokens", type=token_range, default=(64, 256),
-                          help="output tokens, N or LO-HI uniform (default 64-256)")
-    workload.add_argument("--seed", type=int, default=0, help="seed for lengths and arrivals (default 0)")
-    workload.add_argument("--burstiness", type=positive_float, default=1.0,
-                          help="with --rate: gamma shape of the gaps, 1 Poisson, < 1 burstier (default 1)")
-    workload.add_argument("--trace-format", choices=tuple(TRACE_READERS),
-                          help="the --trace format (default: told from the content)")
-    workload.add_argument("--time-scale", type=positive_float, default=1.0,
-                          help="multiply trace arrivals: < 1 the same requests faster, > 1 slower (default 1)")
-    workload.add_argument("--start", type=_flag_type("seconds", float, lambda v: v >= 0 and math.isfinite(v),
-                                                     "seconds >= 0"), default=0.0,
-                          help="skip trace requests arriving in the first S seconds (default 0)")
-    workload.add_argument("--limit", type=positive_int, help="keep at most N trace requests")
-
-    slo = _Parser(add_help=False)
-    slo.add_argument("--slo-ttft-ms", type=positive_float,
-                     help="TTFT objective: goodput counts requests whose TTFT is within it")
-    slo.add_argument("--slo-tpot-ms", type=positive_float,
-                     help="TPOT objective: goodput counts requests whose TPOT is within it")
-    judged = slo.add_mutually_exclusive_group()
-    judged.add_argument("--slo-percentile", type=_flag_type("percentile", float, lambda v: 0 < v <= 100,
-                                                            "a percentile in (0, 100]"), default=95.0,
-                        help="the run meets the SLO when this percentile is within each objective (default 95)")
-    judged.add_argument("--slo-attainment", type=_flag_type("attainment", float, lambda v: 0 < v <= 100,
-                                                            "a share in (0, 100]"),
-                        help="or when this share (%%) of requests met every objective (DistServe's attainment)")
-
-    parser = _Parser(prog="servesim", description=__doc__.split("\n\n")[0],
-                     epilog="Exit status: 0 success; 1 does not fit, unreachable or a request failed; "
-                            "2 bad input; 130 interrupted.")
-    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-
-    capacity = commands.add_parser("capacity", parents=[common], help="the memory plan",
-                                   description="Weights, KV cache, blocks, max concurrency and "
-                                               "step time of a model on a device.")
-    capacity.add_argument("--max-model-len", type=positive_int, default=4096,
-                          help="tokens per request in the max concurrency line (default %(default)s)")
-    capacity.set_defaults(run=cmd_capacity)
-
-    simulate_parser = commands.add_parser(
-        "simulate", parents=[common, engine, workload, slo], help="replay a workload on a virtual clock",
-        description="Run the scheduler on a virtual clock and report TTFT, TPOT, ITL, queue "
-                    "time, throughput and what the engine saw.")
-    arrivals = simulate_parser.add_mutually_exclusive_group(required=True)
-    arrivals.add_argument("--trace", help="JSON Lines trace: open loop at each request's arrival_s")
-    arrivals.add_argument("--rate", type=positive_float, help="open loop: Poisson arrivals, requests/s")
-    arrivals.add_argument("--concurrency", type=positive_int,
-                          help="closed loop: N clients, each sending when its last request ends")
-    simulate_parser.add_argument("--max-tokens-in-flight", type=positive_int,
-                                 help="admit only while running requests' lengths stay within N tokens")
-    disagg = simulate_parser.add_argument_group(
-        "disaggregated prefill and decode", "two engines joined by a link that moves each prompt's KV")
-    disagg.add_argument("--disaggregate", action="store_true",
-                        help="prefill on one engine, decode on another; compared with one colocated engine")
-    disagg.add_argument("--kv-link-gbs", type=positive_float, default=50.0,
-                        help="GB/s of the link between the engines (default 50, a 400 Gb/s RDMA NIC)")
-    disagg.add_argument("--prefill-hardware", help="hardware preset of the prefill engine (default --hardware)")
-    disagg.add_argument("--decode-hardware", help="hardware preset of the decode engine (default --hardware)")
-    for phase in ("prefill", "decode"):
-        disagg.add_argument(f"--{phase}-max-num-seqs", type=positive_int,
-                            help=f"--max-num-seqs of the {phase} engine (default --max-num-seqs)")
-        disagg.add_argument(f"--{phase}-max-num-batched-tokens", type=positive_int,
-                            help=f"--max-num-batched-tokens of the {phase} engine (default --max-num-batched-tokens)")
-    disagg.add_argument("--disaggregate-min-prompt-tokens", type=non_negative_int, default=0,
-                        help="shorter prompts prefill on the decode engine (conditional disaggregation)")
-    disagg.add_argument("--find-kv-link-crossover", action="store_true",
-                        help="search the link bandwidth below which the colocated engine has the lower TTFT p95")
-    simulate_parser.set_defaults(run=cmd_simulate)
-
-    sweep = commands.add_parser(
-        "sweep", parents=[common, engine, workload, slo], help="simulate several loads or caps, one table",
-        description="One run per load (client count, arrival rate, or a trace) and per "
-                    "--max-tokens-in-flight value, all on the same seeded requests.")
-    loads = sweep.add_mutually_exclusive_group(required=True)
-    loads.add_argument("--concurrency", type=int_list, help="closed-loop client counts, e.g. 1,8,32,128,256")
-    loads.add_argument("--rate", type=float_list, help="open-loop Poisson rates in requests/s, e.g. 1,2,4")
-    loads.add_argument("--trace", help="replay this JSON Lines trace in every run")
-    sweep.add_argument("--max-tokens-in-flight", type=int_list,
-                       help="caps on running requests' tokens to try, e.g. 16000,24000")
-    sweep.set_defaults(run=cmd_sweep)
-
-    loadgen = commands.add_parser(
-        "loadgen", parents=[slo], help="measure a real OpenAI-compatible server",
-        description="Stream chat completions to a server and report the same metrics as "
-                    "simulate, plus what the server's /metrics saw during the run.")
-    loadgen.add_argument("--url", required=True, help="server base URL, e.g. http://127.0.0.1:8080")
-    loadgen.add_argument("--model", help="model name to request (default: the first id of GET /v1/models)")
-    loadgen.add_argument("--api-key", help="Bearer token (default: $OPENAI_API_KEY); never printed")
-    loadgen.add_argument("--concurrency", type=positive_int,
-                         help="closed loop: N clients (default 1); with --rate: most requests in flight")
-    loadgen.add_argument("--rate", type=positive_float, help="open loop: requests per second")
-    loadgen.add_argument("--burstiness", type=positive_float, default=1.0,
-                         help="gamma shape of open-loop gaps: 1 Poisson, < 1 burstier (default 1)")
-    loadgen.add_argument("--requests", type=positive_int, default=16, help="measured requests (default 16)")
-    loadgen.add_argument("--warmup", type=non_negative_int, default=0,
-                         help="requests sent and finished before the measured ones (default 0)")
-    loadgen.add_argument("--max-tokens", type=positive_int, default=64, help="max_tokens (default 64)")
-    loadgen.add_argument("--ignore-eos", action="store_true", help="generate exactly --max-tokens tokens")
-    loadgen.add_argument("--temperature", type=_flag_type("temperature", float, lambda v: v >= 0,
-                                                          "a number >= 0"), default=0.0,
-                         help="sampling temperature (default 0)")
-    loadgen.add_argument("--prompt-tokens", type=positive_int, default=32,
-                         help="build prompts of roughly N tokens (default 32; usage gives the real count)")
-    loadgen.add_argument("--prompt-file", help="use this text as the body of every prompt")
-    loadgen.add_argument("--shared-prefix-tokens", type=non_negative_int, default=0,
-                         help="the same N leading words in every prompt, for prefix caching")
-    loadgen.add_argument("--timeout", type=positive_float, default=120.0,
-                         help="seconds one request may take, stalls included (default 120)")
-    loadgen.add_argument("--seed", type=int,
-                         help="seed for prompts and arrivals (default: a fresh one per run, reported in "
-                              "--json; a repeated seed repeats the prompts, which a server may have cached)")
-    loadgen.add_argument("--scrape-interval", type=positive_float, default=1.0,
-                         help="seconds between /metrics scrapes during the run (default 1)")
-    loadgen.add_argument("--json", action="store_true", help="print the full report as JSON")
-    loadgen.add_argument("--json-requests", action="store_true",
-                         help="include every request's record in the JSON report (implies --json)")
-    loadgen.add_argument("--quiet", action="store_true", help="no progress line on stderr")
-    loadgen.set_defaults(run=cmd_loadgen)
-
-    search = commands.add_parser(
-        "search", parents=[common, engine, workload, slo], help="the most load that meets the SLO",
-        description="Find the highest arrival rate (or client count, or trace speed-up) whose seeded "
-                    "run meets the SLO, by bracketing and bisection, and say which budget gives way "
-                    "just above it.")
-    search.add_argument("--by", choices=("rate", "concurrency"), default="rate",
-                        help="search an open-loop rate (default) or a closed-loop client count; with "
-                             "--trace, a speed-up of the trace's arrivals")
-    search.add_argument("--trace", help="replay this trace, sped up or slowed down, instead of generated requests")
-    search.add_argument("--start-load", type=positive_float, default=1.0,
-                        help="first load tried: req/s, clients or trace speed-up (default 1)")
-    search.add_argument("--tolerance", type=positive_float, default=0.01,
-                        help="stop when the bracket is this close, as a ratio (default 0.01)")
-    search.set_defaults(run=cmd_search)
-
-    explain = commands.add_parser(
-        "explain", help="which budget binds, from a /metrics scrape or a report",
-        description="Read a Prometheus /metrics scrape (vLLM, llama.cpp, SGLang; several files are "
-                    "scrapes of one server, oldest first, or --url to scrape live), or a loadgen, "
-                    "simulate or sweep --json report, with the flags the server runs with, and say which "
-                    "phase dominates latency, which budget binds, the capacity arithmetic, the knob to "
-                    "change first and what will not help.")
-    explain.add_argument("inputs", nargs="*", metavar="FILE", help="scrape text files, or one --json report")
-    explain.add_argument("--url", help="scrape this server's /metrics instead of reading files")
-    explain.add_argument("--scrapes", type=positive_int, default=2, help="scrapes to take with --url (default 2)")
-    explain.add_argument("--scrape-interval", type=positive_float, default=5.0,
-                         help="seconds between scrapes with --url (default 5)")
-    explain.add_argument("--hardware", help=f"the server's hardware preset: {', '.join(HARDWARE)}")
-    explain.add_argument("--hardware-file", help="the server's hardware as a JSON file")
-    explain.add_argument("--model", help=f"the served model's preset: {', '.join(MODELS)}")
-    explain.add_argument("--model-file", help="the served model as a GGUF file or a config.json")
-    explain.add_argument("--gpu-memory-utilization", type=fraction, default=0.9,
-                         help="the server's memory share (default %(default)s)")
-    explain.add_argument("--block-size", type=positive_int, default=16, help="KV block size (default 16)")
-    explain.add_argument("--kv-tokens", type=positive_int, help="the KV cache size in tokens, if fixed")
-    explain.add_argument("--max-num-seqs", type=positive_int, help="the server's --max-num-seqs")
-    explain.add_argument("--max-num-batched-tokens", type=positive_int, help="the server's --max-num-batched-tokens")
-    explain.add_argument("--prefix-caching", choices=("on", "off"), help="whether the server caches prefixes")
-    explain.add_argument("--prompt-tokens", type=positive_float, help="mean prompt tokens per request")
-    explain.add_argument("--output-tokens", type=positive_float, help="mean output tokens per request")
-    explain.add_argument("--shared-prefix-tokens", type=non_negative_int,
-                         help="leading prompt tokens every request shares (a system prompt)")
-    explain.add_argument("--json", action="store_true", help="print the diagnosis as JSON")
-    explain.set_defaults(run=cmd_explain)
-
-    compare = commands.add_parser(
-        "compare", parents=[common, engine], help="predict loadgen runs and show both side by side",
-        description="Replay each loadgen --json report's workload (concurrency or rate, requests, the "
-                    "prompt and output lengths the server counted) in the simulator and print the "
-                    "measured and predicted figures side by side, with the relative error.")
-    compare.add_argument("reports", nargs="+", metavar="REPORT", help="loadgen --json report files")
-    compare.set_defaults(run=cmd_compare)
-
-    calibrate = commands.add_parser(
-        "calibrate", parents=[common, engine], help="fit hardware figures to loadgen runs",
-        description="Fit bandwidth, FLOPs and step overhead (mfu and mbu folded in) so the simulator "
-                    "reproduces the TPOT p50 of every report and the TTFT p50 of the lowest "
-                    "concurrency. Memory and reserve come from --hardware.")
-    calibrate.add_argument("reports", nargs="+", metavar="REPORT", help="loadgen --json reports, 2 or more")
-    calibrate.add_argument("--name", help="name of the calibrated hardware (default: HARDWARE-calibrated)")
-    calibrate.add_argument("--out", help="write the calibrated hardware as JSON, for --hardware-file")
-    calibrate.set_defaults(run=cmd_calibrate)
-    return parser
+seconds = _flag_type("seconds", float, lambda v: v >= 0 and math.isfinite(v), "seconds >= 0")
+percentile_flag = _flag_type("percentile", float, lambda v: 0 < v <= 100, "a percentile in (0, 100]")
+attainment_flag = _flag_type("attainment", float, lambda v: 0 < v <= 100, "a share in (0, 100]")
+temperature_flag = _flag_type("temperature", float, lambda v: v >= 0, "a number >= 0")
 
 
 def cmd_capacity(args) -> int:
@@ -4068,19 +3920,7 @@ def cmd_capacity(args) -> int:
                      "decode_step_ms": step_seconds(hardware, model, 1, 1) * 1000,
                      "critical_batch_tokens": critical_batch(hardware, model)})
     else:
-        print("\n".join(format_capacity(plan)))
-    return 0
-
-
-def cmd_simulate(args) -> int:
-    spec = build_engine_spec(args)
-    report = run_simulation(args, spec, args.concurrency, args.rate)
-    if args.disaggregate or args.find_kv_link_crossover:
-        return cmd_disaggregated(args, spec.plan, report)
-    if args.json:
-        _print_json(report)
-    else:
-        print("\n".join(format_simulation(report)))
+        _print_lines(format_capacity(plan))
     return 0
 
 
@@ -4095,63 +3935,87 @@ def cmd_disaggregated(args, plan: CapacityPlan, colocated: dict) -> int:
     if args.json:
         _print_json(dict(settings=colocated["settings"], **report))
     else:
-        print("\n".join(format_disaggregated(colocated["settings"], report)))
+        _print_lines(format_disaggregated(colocated["settings"], report))
+    return 0
+
+
+def cmd_simulate(args) -> int:
+    spec = build_engine_spec(args)
+    report = run_simulation(args, spec, args.concurrency, args.rate)
+    if args.disaggregate or args.find_kv_link_crossover:
+        return cmd_disaggregated(args, spec.plan, report)
+    if args.json:
+        _print_json(report)
+    else:
+        _print_lines(format_simulation(report))
     return 0
 
 
 def cmd_sweep(args) -> int:
     spec = build_engine_spec(args)
-    plan = spec.plan
     if args.trace:
-        loads, axis = [("trace", None, None)], "trace"
+        loads = [("trace", None, None)]
     elif args.rate:
-        loads, axis = [(f"{rate:g}", None, rate) for rate in args.rate], "rate"
+        loads = [(f"{rate:g}", None, rate) for rate in args.rate]
     else:
-        loads, axis = [(str(clients), clients, None) for clients in args.concurrency], "concurrency"
+        loads = [(str(clients), clients, None) for clients in args.concurrency]
     caps = args.max_tokens_in_flight or [None]
-    rows, runs = [], []
-    for label, concurrency, rate in loads:
-        for cap in caps:
-            runs.append(run_simulation(args, dataclasses.replace(
+    runs = [(label, cap, run_simulation(args, dataclasses.replace(
                 spec, config=dataclasses.replace(spec.config, max_tokens_in_flight=cap)), concurrency, rate))
-            cells = [label] if args.max_tokens_in_flight is None else [label, f"{cap:,}"]
-            rows.append(cells + sweep_row(runs[-1]))
+            for label, concurrency, rate in loads for cap in caps]
     if args.json:
-        _print_json({"runs": runs})
-        return 0
-    if args.trace:
-        workload = f"trace {args.trace} ({runs[0]['settings']['num_requests']} requests)"
+        _print_json({"runs": [run for _, _, run in runs]})
     else:
-        workload = (f"{args.requests} requests prompt {_describe_range(args.prompt_tokens)} "
-                    f"output {_describe_range(args.output_tokens)}")
-    print(f"sweep {plan.model.name} on {plan.devices} {workload}")
-    header = (axis,) if args.max_tokens_in_flight is None else (axis, "tokens cap")
-    print("\n".join(format_table(header + SWEEP_COLUMNS, rows)))
-    for run in runs:
-        for line in _format_rejected(run["rejected"]):
-            print(line)
+        _print_lines(format_sweep(args, spec.plan, runs))
     return 0
+
+
+def _read_prompt_file(path: Optional[str]) -> Optional[str]:
+    if path is None:
+        return None
+    text = read_text_file(path, f"--prompt-file {path}").strip()
+    if not text:
+        raise UsageError(f"--prompt-file {path}: the file is empty")
+    return text
+
+
+def _loadgen_plan(args, endpoint: Endpoint, headers: Dict[str, str], model: str) -> LoadPlan:
+    """The bodies and the schedule of a loadgen run, from its flags."""
+    if args.seed is None:
+        args.seed = random.SystemRandom().randrange(10 ** 6)  # fresh prompts: nothing cached from a last run
+    prompts = build_prompts(args.warmup + args.requests, args.prompt_tokens, args.shared_prefix_tokens, args.seed,
+                            _read_prompt_file(args.prompt_file))
+    bodies = [chat_body(model, prompt, args.max_tokens, args.ignore_eos, args.temperature) for prompt in prompts]
+    schedule = open_loop_schedule(args.requests, args.rate, args.burstiness, args.seed) if args.rate else None
+    return LoadPlan(endpoint, bodies, headers, args.warmup, args.concurrency, schedule, args.timeout)
+
+
+def _loadgen_settings(args, endpoint: Endpoint, model: str, interrupted: bool) -> dict:
+    """The settings block of a loadgen report (its shape is in the README)."""
+    open_loop = bool(args.rate)
+    return {
+        "url": str(endpoint), "model": model, "mode": "open" if open_loop else "closed",
+        "concurrency": args.concurrency if open_loop else (args.concurrency or 1),
+        "rate": args.rate, "burstiness": args.burstiness if open_loop else None,
+        "num_requests": args.requests, "num_warmup": args.warmup, "max_tokens": args.max_tokens,
+        "ignore_eos": args.ignore_eos, "temperature": args.temperature,
+        "prompt_tokens": args.prompt_tokens, "prompt_file": args.prompt_file,
+        "shared_prefix_tokens": args.shared_prefix_tokens, "timeout_s": args.timeout, "seed": args.seed,
+        "scrape_interval_s": args.scrape_interval, "interrupted": interrupted,
+    }
 
 
 def cmd_loadgen(args) -> int:
     sys.setswitchinterval(LOADGEN_SWITCH_INTERVAL_S)
     endpoint = Endpoint.parse(args.url)
     slo = slo_from_args(args)  # bad flags fail before any request is sent
-    prompt_text = _read_prompt_file(args.prompt_file)
     headers = {"Content-Type": "application/json", "Accept": "text/event-stream"}
     api_key = args.api_key or os.environ.get("OPENAI_API_KEY")
     if api_key:
         headers["Authorization"] = f"Bearer {api_key}"
     auth = {key: value for key, value in headers.items() if key == "Authorization"}
     model = args.model or discover_model(endpoint, auth, args.timeout)
-    if args.seed is None:
-        args.seed = random.SystemRandom().randrange(10 ** 6)  # fresh prompts: nothing cached from a last run
-    num_total = args.warmup + args.requests
-    prompts = build_prompts(num_total, args.prompt_tokens, args.shared_prefix_tokens, args.seed, prompt_text)
-    bodies = [chat_body(model, prompt, args.max_tokens, args.ignore_eos, args.temperature) for prompt in prompts]
-    schedule = (open_loop_schedule(args.requests, args.rate, args.burstiness, args.seed)
-                if args.rate else None)
-    run = LoadRun(LoadPlan(endpoint, bodies, headers, args.warmup, args.concurrency, schedule, args.timeout))
+    run = LoadRun(_loadgen_plan(args, endpoint, headers, model))
     sampler = MetricsSampler(endpoint, args.scrape_interval, auth)
     progress = Progress(run.measured(), sys.stderr.isatty() and not args.quiet)
     interrupted = False
@@ -4170,21 +4034,12 @@ def cmd_loadgen(args) -> int:
     window = sampler.finish()
     records = [r for r in run.measured() if r.sent_s is not None]
     normalize_times(records)
-    settings = {
-        "url": str(endpoint), "model": model, "mode": "open" if schedule else "closed",
-        "concurrency": args.concurrency if schedule else (args.concurrency or 1),
-        "rate": args.rate, "burstiness": args.burstiness if schedule else None,
-        "num_requests": args.requests, "num_warmup": args.warmup, "max_tokens": args.max_tokens,
-        "ignore_eos": args.ignore_eos, "temperature": args.temperature,
-        "prompt_tokens": args.prompt_tokens, "prompt_file": args.prompt_file,
-        "shared_prefix_tokens": args.shared_prefix_tokens, "timeout_s": args.timeout, "seed": args.seed,
-        "scrape_interval_s": args.scrape_interval, "interrupted": interrupted,
-    }
-    report = build_loadgen_report(settings, records, window, sampler.problem, slo, args.json_requests)
+    report = build_loadgen_report(_loadgen_settings(args, endpoint, model, interrupted), records, window,
+                                  sampler.problem, slo, args.json_requests)
     if args.json or args.json_requests:
         _print_json(report)
     else:
-        print("\n".join(format_loadgen(report)))
+        _print_lines(format_loadgen(report))
     if interrupted:
         return 130
     return 1 if report["summary"]["num_failed"] else 0
@@ -4193,58 +4048,40 @@ def cmd_loadgen(args) -> int:
 def cmd_compare(args) -> int:
     reports = [read_loadgen_report(path) for path in args.reports]
     spec = build_engine_spec(args)
-    plan, config = spec.plan, spec.config
-    predictions = [predict_loadgen_run(report, spec) for report in reports]
-    rows = compare_rows(reports, predictions)
+    rows = compare_rows(reports, [predict_loadgen_run(report, spec) for report in reports])
     if args.json:
-        _print_json({"hardware": plan.hardware.name, "model": plan.model.name, "capacity": plan.to_dict(),
-                     "scheduler": asdict(config), "rows": rows})
-        return 0
-    servers = sorted({report["settings"]["url"] for report in reports})
-    print(f"compare {plan.model.name} on {plan.devices} ({plan.num_kv_tokens:,} KV tokens, "
-          f"max-num-seqs {config.max_num_seqs}) with loadgen at {', '.join(servers)}; times in ms")
-    print("\n".join(format_compare(rows)))
+        _print_json({"hardware": spec.plan.hardware.name, "model": spec.plan.model.name,
+                     "capacity": spec.plan.to_dict(), "scheduler": asdict(spec.config), "rows": rows})
+    else:
+        _print_lines(format_compare(spec, reports, rows))
     return 0
+
+
+def _write_json_file(path: str, value, flag: str) -> None:
+    try:
+        with open(path, "w", encoding="utf-8") as handle:
+            json.dump(value, handle, indent=2)
+            handle.write("\n")
+    except OSError as error:
+        raise UsageError(f"{flag} {path}: cannot write it ({error.strerror})") from None
 
 
 def cmd_calibrate(args) -> int:
     reports = [(path, read_loadgen_report(path)) for path in args.reports]
     spec = build_engine_spec(args)
-    plan = spec.plan
-    name = args.name or f"{plan.hardware.name}-calibrated"
+    name = args.name or f"{spec.plan.hardware.name}-calibrated"
     hardware, residuals = fit_hardware(reports, spec, name)
     if args.out:
-        try:
-            with open(args.out, "w", encoding="utf-8") as handle:
-                json.dump(asdict(hardware), handle, indent=2)
-                handle.write("\n")
-        except OSError as error:
-            raise UsageError(f"--out {args.out}: cannot write it ({error.strerror})") from None
+        _write_json_file(args.out, asdict(hardware), "--out")
     if args.json:
-        _print_json({"hardware": asdict(hardware), "model": plan.model.name, "residuals": residuals})
-        return 0
-    print(f"calibrated {name} for {plan.model.name} from {len(reports)} reports: "
-          f"{hardware.bandwidth_gbs:.3g} GB/s, {hardware.tflops:.3g} TFLOPS, "
-          f"{hardware.step_overhead_ms:.3g} ms per step (mfu = mbu = 1)")
-    print(f'Hardware("{name}", memory_gib={hardware.memory_gib:g}, bandwidth_gbs={hardware.bandwidth_gbs:.4g}, '
-          f'tflops={hardware.tflops:.4g}, mfu=1.0, mbu=1.0, step_overhead_ms={hardware.step_overhead_ms:.4g}, '
-          f'reserve_gib={hardware.reserve_gib:g})')
-    rows = [[str(r["concurrency"]), r["figure"], f"{r['measured_ms']:.1f}", f"{r['predicted_ms']:.1f}",
-             f"{r['error']:+.1%}"] for r in residuals]
-    print("\n".join(format_table(("concurrency", "figure", "measured ms", "fitted ms", "error"), rows)))
-    if args.out:
-        print(f"wrote {args.out}; use it with --hardware-file {args.out}")
+        _print_json({"hardware": asdict(hardware), "model": spec.plan.model.name, "residuals": residuals})
+    else:
+        _print_lines(format_calibration(hardware, spec.plan.model, len(reports), residuals, args.out))
     return 0
 
 
-def cmd_search(args) -> int:
-    slo = slo_from_args(args)
-    if slo is None:
-        raise UsageError("search: give the objectives (--slo-ttft-ms and/or --slo-tpot-ms)")
-    if args.trace and args.by == "concurrency":
-        raise UsageError("--by concurrency: a trace has its own arrivals; search speeds the trace up instead")
-    spec = build_engine_spec(args)
-    plan = spec.plan
+def _search_runner(args, spec: EngineSpec) -> Callable[[float], dict]:
+    """run_at(load): the (cached) seeded run at a rate, a client count or a trace speed-up."""
     runs: Dict[float, dict] = {}
 
     def run_at(load: float) -> dict:
@@ -4257,78 +4094,69 @@ def cmd_search(args) -> int:
             else:
                 runs[load] = run_simulation(args, spec, None, load)
         return runs[load]
+    return run_at
 
+
+def cmd_search(args) -> int:
+    slo = slo_from_args(args)
+    if slo is None:
+        raise UsageError("search: give the objectives (--slo-ttft-ms and/or --slo-tpot-ms)")
+    if args.trace and args.by == "concurrency":
+        raise UsageError("--by concurrency: a trace has its own arrivals; search speeds the trace up instead")
+    spec = build_engine_spec(args)
+    run_at = _search_runner(args, spec)
     passing, failing, num_runs = search_max_load(lambda load: run_at(load)["summary"]["goodput"]["meets"],
                                                  args.start_load, integer=args.by == "concurrency" and not args.trace,
                                                  tolerance=args.tolerance)
-    unit = "x the trace's speed" if args.trace else ("clients" if args.by == "concurrency" else "req/s")
     result = {"slo": slo.objectives(), "criterion": slo.criterion, "by": "trace speed-up" if args.trace else args.by,
               "max_load": passing, "first_failing_load": failing, "num_runs": num_runs,
               "run": run_at(passing) if passing is not None else None,
               "failing_run": run_at(failing) if failing is not None else None}
-    limit = None
     if failing is not None:
-        evidence, _ = evidence_from_report(run_at(failing), "search")
-        limit = diagnose(evidence, plan)["binding"]
-        result["binding_above"] = {"budget": limit["budget"], "evidence": limit["evidence"]}
+        evidence, _ = evidence_from_report(result["failing_run"], "search")
+        limit = diagnose(evidence, spec.plan)["binding"]
+        result["binding_above"] = {"budget": limit["budget"], "symptom": limit["symptom"],
+                                   "evidence": limit["evidence"]}
     if args.json:
         _print_json(result)
-        return 0
-    objectives = " and ".join(f"{name[:-3].upper()} {slo.criterion} <= {value:g} ms"
-                              for name, value in slo.objectives().items())
-    if slo.attainment is not None:
-        objectives = (" and ".join(f"{name[:-3].upper()} <= {value:g} ms" for name, value in slo.objectives().items())
-                      + f" for {slo.attainment:g}% of requests")
-    print(f"search {plan.model.name} on {plan.devices}: the most load meeting {objectives}")
-    if passing is None:
-        print(f"no load meets it: even {failing:g} {unit} fails ({num_runs} runs)")
     else:
-        above = f"; {failing:g} {unit} fails" if failing is not None else " (the ceiling of the search)"
-        print(f"answer {passing:.4g} {unit} ({num_runs} runs{above})")
-        print("\n".join(format_simulation(run_at(passing))))
-    if failing is not None:
-        good = run_at(failing)["summary"]["goodput"]
-        observed = good.get(f"{good['criterion']}_ms") or {}
-        missed = ", ".join(f"{name[:-3].upper()} {good['criterion']} {value:.2f} ms > {slo.objectives()[name]:g} ms"
-                           for name, value in observed.items() if value is None or value > slo.objectives()[name])
-        print(f"at {failing:.4g} {unit}: {missed or 'attainment ' + format(good['attainment'], '.1%')}")
-    if limit is not None:
-        print(f"what gives way at {failing:.4g} {unit}: {limit['budget']}: {limit['symptom']}")
-        for line in limit["evidence"]:
-            print("   " + line)
+        _print_lines(format_search(result, slo, spec.plan))
     return 0
+
+
+def _scrape_live(args) -> Tuple[List[Dict[str, list]], str]:
+    endpoint = Endpoint.parse(args.url)
+    sampler = MetricsSampler(endpoint, args.scrape_interval, {})
+    for index in range(args.scrapes):
+        if index:
+            time.sleep(args.scrape_interval)
+        if not sampler.scrape():
+            raise ServesimError(f"{endpoint}: {sampler.problem}")
+    return sampler.scrapes, f"{endpoint}/metrics ({args.scrapes} scrapes)"
 
 
 def _explain_inputs(args) -> Tuple[Evidence, dict, str]:
     """Evidence from the files or the live server named on the command line."""
     if args.url:
-        endpoint = Endpoint.parse(args.url)
-        sampler = MetricsSampler(endpoint, args.scrape_interval, {})
-        for index in range(args.scrapes):
-            if index:
-                time.sleep(args.scrape_interval)
-            if not sampler.scrape():
-                raise ServesimError(f"{endpoint}: {sampler.problem}")
-        scrapes, what = sampler.scrapes, f"{endpoint}/metrics ({args.scrapes} scrapes)"
-    elif not args.inputs:
+        scrapes, what = _scrape_live(args)
+        return evidence_from_scrapes(scrapes), {}, what
+    if not args.inputs:
         raise UsageError("explain: give a scrape file, a --json report, or --url")
-    else:
-        texts = [read_text_file(path, path) for path in args.inputs]
-        try:
-            report = json.loads(texts[0])
-        except ValueError:
-            report = None
-        if isinstance(report, dict):
-            if len(texts) > 1:
-                raise UsageError(f"{args.inputs[1]}: explain reads one --json report at a time")
-            evidence, settings = evidence_from_report(report, args.inputs[0])
-            return evidence, settings, f"report {args.inputs[0]}"
-        scrapes = [parse_prometheus(text) for text in texts]
-        for path, scrape in zip(args.inputs, scrapes):
-            if not scrape:
-                raise UsageError(f"{path}: neither a --json report nor a Prometheus /metrics scrape")
-        what = f"/metrics scrape{'s' if len(scrapes) > 1 else ''} {', '.join(args.inputs)}"
-    return evidence_from_scrapes(scrapes), {}, what
+    texts = [read_text_file(path, path) for path in args.inputs]
+    try:
+        report = json.loads(texts[0])
+    except ValueError:
+        report = None
+    if isinstance(report, dict):
+        if len(texts) > 1:
+            raise UsageError(f"{args.inputs[1]}: explain reads one --json report at a time")
+        evidence, settings = evidence_from_report(report, args.inputs[0])
+        return evidence, settings, f"report {args.inputs[0]}"
+    scrapes = [parse_prometheus(text) for text in texts]
+    for path, scrape in zip(args.inputs, scrapes):
+        if not scrape:
+            raise UsageError(f"{path}: neither a --json report nor a Prometheus /metrics scrape")
+    return evidence_from_scrapes(scrapes), {}, f"/metrics scrape{'s' if len(scrapes) > 1 else ''} {', '.join(args.inputs)}"
 
 
 def cmd_explain(args) -> int:
@@ -4354,8 +4182,290 @@ def cmd_explain(args) -> int:
     if args.json:
         _print_json(result)
     else:
-        print("\n".join(format_explain(result, plan)))
+        _print_lines(format_explain(result, plan))
     return 0
+
+
+def _add_hardware_flags(parser: argparse.ArgumentParser, of_server: bool = False) -> None:
+    """Hardware and model, and how the cache is sized. of_server: flags that describe a
+    running server to explain (no defaults for the device, no tensor parallelism)."""
+    if of_server:
+        parser.add_argument("--hardware", help=f"the server's hardware preset: {', '.join(HARDWARE)}")
+        parser.add_argument("--hardware-file", help="the server's hardware as a JSON file")
+        parser.add_argument("--model", help=f"the served model's preset: {', '.join(MODELS)}")
+        parser.add_argument("--model-file", help="the served model as a GGUF file or a config.json")
+    else:
+        parser.add_argument("--hardware", default=DEFAULT_HARDWARE,
+                            help=f"hardware preset: {', '.join(HARDWARE)} (default %(default)s)")
+        parser.add_argument("--hardware-file", help="read the hardware from a JSON file (calibrate --out writes one)")
+        parser.add_argument("--model", help=f"model preset: {', '.join(MODELS)} (default {DEFAULT_MODEL})")
+        parser.add_argument("--model-file",
+                            help="read the model from a GGUF file or a Hugging Face config.json instead")
+    parser.add_argument("--gpu-memory-utilization", type=fraction, default=0.9,
+                        help="the server's memory share (default %(default)s)" if of_server else
+                        "share of device memory for weights and KV cache (default %(default)s)")
+    parser.add_argument("--block-size", type=positive_int, default=16,
+                        help="KV block size (default 16)" if of_server else
+                        "tokens per KV cache block (default %(default)s)")
+    parser.add_argument("--kv-tokens", type=positive_int,
+                        help="the KV cache size in tokens, if fixed" if of_server else
+                        "fix the KV cache at this many tokens, like llama.cpp --ctx-size")
+    if not of_server:
+        parser.add_argument("--tensor-parallel-size", type=positive_int, default=1,
+                            help="shard weights and KV heads over N devices (default 1)")
+        parser.add_argument("--interconnect-gbs", type=positive_float,
+                            help="GB/s each way between devices (default: the hardware's NVLink or PCIe)")
+
+
+def _add_output_flags(parser: argparse.ArgumentParser, what: str = "the full report") -> None:
+    parser.add_argument("--json", action="store_true", help=f"print {what} as JSON")
+
+
+def _add_max_model_len_flag(parser: argparse.ArgumentParser, for_capacity: bool = False) -> None:
+    if for_capacity:
+        parser.add_argument("--max-model-len", type=positive_int, default=4096,
+                            help="tokens per request in the max concurrency line (default %(default)s)")
+    else:
+        parser.add_argument("--max-model-len", type=positive_int,
+                            help="reject requests whose prompt + output exceed this (default: no limit)")
+
+
+def _add_scheduler_flags(parser: argparse.ArgumentParser, of_server: bool = False) -> None:
+    """The scheduler's knobs under vLLM's names; of_server: the server's, for explain."""
+    if of_server:
+        parser.add_argument("--max-num-seqs", type=positive_int, help="the server's --max-num-seqs")
+        parser.add_argument("--max-num-batched-tokens", type=positive_int,
+                            help="the server's --max-num-batched-tokens")
+        parser.add_argument("--prefix-caching", choices=("on", "off"), help="whether the server caches prefixes")
+        return
+    _add_max_model_len_flag(parser)
+    parser.add_argument("--max-num-seqs", type=positive_int, default=256,
+                        help="most sequences in one step (default %(default)s)")
+    parser.add_argument("--max-num-batched-tokens", type=positive_int, default=8192,
+                        help="most tokens in one step, prefill chunks included (default %(default)s)")
+    parser.add_argument("--no-chunked-prefill", dest="chunked_prefill", action="store_false",
+                        help="admit a prompt only if all of it fits the step's token budget")
+    parser.add_argument("--prefix-caching", action="store_true",
+                        help="reuse full KV blocks of prompts that share a prefix")
+
+
+def _add_workload_flags(parser: argparse.ArgumentParser) -> None:
+    """Generated requests, and how a --trace is read."""
+    parser.add_argument("--requests", type=positive_int, default=256,
+                        help="requests to generate without --trace (default %(default)s)")
+    parser.add_argument("--prompt-tokens", type=token_range, default=(256, 1024),
+                        help="prompt tokens, N or LO-HI uniform (default 256-1024)")
+    parser.add_argument("--output-tokens", type=token_range, default=(64, 256),
+                        help="output tokens, N or LO-HI uniform (default 64-256)")
+    parser.add_argument("--seed", type=int, default=0, help="seed for lengths and arrivals (default 0)")
+    parser.add_argument("--burstiness", type=positive_float, default=1.0,
+                        help="with --rate: gamma shape of the gaps, 1 Poisson, < 1 burstier (default 1)")
+    parser.add_argument("--trace-format", choices=tuple(TRACE_READERS),
+                        help="the --trace format (default: told from the content)")
+    parser.add_argument("--time-scale", type=positive_float, default=1.0,
+                        help="multiply trace arrivals: < 1 the same requests faster, > 1 slower (default 1)")
+    parser.add_argument("--start", type=seconds, default=0.0,
+                        help="skip trace requests arriving in the first S seconds (default 0)")
+    parser.add_argument("--limit", type=positive_int, help="keep at most N trace requests")
+
+
+def _add_slo_flags(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--slo-ttft-ms", type=positive_float,
+                        help="TTFT objective: goodput counts requests whose TTFT is within it")
+    parser.add_argument("--slo-tpot-ms", type=positive_float,
+                        help="TPOT objective: goodput counts requests whose TPOT is within it")
+    judged = parser.add_mutually_exclusive_group()
+    judged.add_argument("--slo-percentile", type=percentile_flag, default=95.0,
+                        help="the run meets the SLO when this percentile is within each objective (default 95)")
+    judged.add_argument("--slo-attainment", type=attainment_flag,
+                        help="or when this share (%%) of requests met every objective (DistServe's attainment)")
+
+
+def _add_planning_flags(parser: argparse.ArgumentParser, workload: bool = True) -> None:
+    """What every subcommand that simulates takes: device, output, scheduler, [workload, SLO]."""
+    _add_hardware_flags(parser)
+    _add_output_flags(parser)
+    _add_scheduler_flags(parser)
+    if workload:
+        _add_workload_flags(parser)
+        _add_slo_flags(parser)
+
+
+def _add_disaggregation_flags(parser: argparse.ArgumentParser) -> None:
+    group = parser.add_argument_group("disaggregated prefill and decode",
+                                      "two engines joined by a link that moves each prompt's KV")
+    group.add_argument("--disaggregate", action="store_true",
+                       help="prefill on one engine, decode on another; compared with one colocated engine")
+    group.add_argument("--kv-link-gbs", type=positive_float, default=50.0,
+                       help="GB/s of the link between the engines (default 50, a 400 Gb/s RDMA NIC)")
+    group.add_argument("--prefill-hardware", help="hardware preset of the prefill engine (default --hardware)")
+    group.add_argument("--decode-hardware", help="hardware preset of the decode engine (default --hardware)")
+    for phase in ("prefill", "decode"):
+        group.add_argument(f"--{phase}-max-num-seqs", type=positive_int,
+                           help=f"--max-num-seqs of the {phase} engine (default --max-num-seqs)")
+        group.add_argument(f"--{phase}-max-num-batched-tokens", type=positive_int,
+                           help=f"--max-num-batched-tokens of the {phase} engine (default --max-num-batched-tokens)")
+    group.add_argument("--disaggregate-min-prompt-tokens", type=non_negative_int, default=0,
+                       help="shorter prompts prefill on the decode engine (conditional disaggregation)")
+    group.add_argument("--find-kv-link-crossover", action="store_true",
+                       help="search the link bandwidth below which the colocated engine has the lower TTFT p95")
+
+
+def _add_capacity_parser(commands) -> None:
+    parser = commands.add_parser("capacity", help="the memory plan",
+                                 description="Weights, KV cache, blocks, max concurrency and "
+                                             "step time of a model on a device.")
+    _add_hardware_flags(parser)
+    _add_output_flags(parser)
+    _add_max_model_len_flag(parser, for_capacity=True)
+    parser.set_defaults(run=cmd_capacity)
+
+
+def _add_simulate_parser(commands) -> None:
+    parser = commands.add_parser(
+        "simulate", help="replay a workload on a virtual clock",
+        description="Run the scheduler on a virtual clock and report TTFT, TPOT, ITL, queue "
+                    "time, throughput and what the engine saw.")
+    _add_planning_flags(parser)
+    arrivals = parser.add_mutually_exclusive_group(required=True)
+    arrivals.add_argument("--trace", help="JSON Lines trace: open loop at each request's arrival_s")
+    arrivals.add_argument("--rate", type=positive_float, help="open loop: Poisson arrivals, requests/s")
+    arrivals.add_argument("--concurrency", type=positive_int,
+                          help="closed loop: N clients, each sending when its last request ends")
+    parser.add_argument("--max-tokens-in-flight", type=positive_int,
+                        help="admit only while running requests' lengths stay within N tokens")
+    _add_disaggregation_flags(parser)
+    parser.set_defaults(run=cmd_simulate)
+
+
+def _add_sweep_parser(commands) -> None:
+    parser = commands.add_parser(
+        "sweep", help="simulate several loads or caps, one table",
+        description="One run per load (client count, arrival rate, or a trace) and per "
+                    "--max-tokens-in-flight value, all on the same seeded requests.")
+    _add_planning_flags(parser)
+    loads = parser.add_mutually_exclusive_group(required=True)
+    loads.add_argument("--concurrency", type=int_list, help="closed-loop client counts, e.g. 1,8,32,128,256")
+    loads.add_argument("--rate", type=float_list, help="open-loop Poisson rates in requests/s, e.g. 1,2,4")
+    loads.add_argument("--trace", help="replay this JSON Lines trace in every run")
+    parser.add_argument("--max-tokens-in-flight", type=int_list,
+                        help="caps on running requests' tokens to try, e.g. 16000,24000")
+    parser.set_defaults(run=cmd_sweep)
+
+
+def _add_loadgen_parser(commands) -> None:
+    parser = commands.add_parser(
+        "loadgen", help="measure a real OpenAI-compatible server",
+        description="Stream chat completions to a server and report the same metrics as "
+                    "simulate, plus what the server's /metrics saw during the run.")
+    _add_slo_flags(parser)
+    parser.add_argument("--url", required=True, help="server base URL, e.g. http://127.0.0.1:8080")
+    parser.add_argument("--model", help="model name to request (default: the first id of GET /v1/models)")
+    parser.add_argument("--api-key", help="Bearer token (default: $OPENAI_API_KEY); never printed")
+    parser.add_argument("--concurrency", type=positive_int,
+                        help="closed loop: N clients (default 1); with --rate: most requests in flight")
+    parser.add_argument("--rate", type=positive_float, help="open loop: requests per second")
+    parser.add_argument("--burstiness", type=positive_float, default=1.0,
+                        help="gamma shape of open-loop gaps: 1 Poisson, < 1 burstier (default 1)")
+    parser.add_argument("--requests", type=positive_int, default=16, help="measured requests (default 16)")
+    parser.add_argument("--warmup", type=non_negative_int, default=0,
+                        help="requests sent and finished before the measured ones (default 0)")
+    parser.add_argument("--max-tokens", type=positive_int, default=64, help="max_tokens (default 64)")
+    parser.add_argument("--ignore-eos", action="store_true", help="generate exactly --max-tokens tokens")
+    parser.add_argument("--temperature", type=temperature_flag, default=0.0, help="sampling temperature (default 0)")
+    parser.add_argument("--prompt-tokens", type=positive_int, default=32,
+                        help="build prompts of roughly N tokens (default 32; usage gives the real count)")
+    parser.add_argument("--prompt-file", help="use this text as the body of every prompt")
+    parser.add_argument("--shared-prefix-tokens", type=non_negative_int, default=0,
+                        help="the same N leading words in every prompt, for prefix caching")
+    parser.add_argument("--timeout", type=positive_float, default=120.0,
+                        help="seconds one request may take, stalls included (default 120)")
+    parser.add_argument("--seed", type=int,
+                        help="seed for prompts and arrivals (default: a fresh one per run, reported in "
+                             "--json; a repeated seed repeats the prompts, which a server may have cached)")
+    parser.add_argument("--scrape-interval", type=positive_float, default=1.0,
+                        help="seconds between /metrics scrapes during the run (default 1)")
+    _add_output_flags(parser)
+    parser.add_argument("--json-requests", action="store_true",
+                        help="include every request's record in the JSON report (implies --json)")
+    parser.add_argument("--quiet", action="store_true", help="no progress line on stderr")
+    parser.set_defaults(run=cmd_loadgen)
+
+
+def _add_search_parser(commands) -> None:
+    parser = commands.add_parser(
+        "search", help="the most load that meets the SLO",
+        description="Find the highest arrival rate (or client count, or trace speed-up) whose seeded "
+                    "run meets the SLO, by bracketing and bisection, and say which budget gives way "
+                    "just above it.")
+    _add_planning_flags(parser)
+    parser.add_argument("--by", choices=("rate", "concurrency"), default="rate",
+                        help="search an open-loop rate (default) or a closed-loop client count; with "
+                             "--trace, a speed-up of the trace's arrivals")
+    parser.add_argument("--trace", help="replay this trace, sped up or slowed down, instead of generated requests")
+    parser.add_argument("--start-load", type=positive_float, default=1.0,
+                        help="first load tried: req/s, clients or trace speed-up (default 1)")
+    parser.add_argument("--tolerance", type=positive_float, default=0.01,
+                        help="stop when the bracket is this close, as a ratio (default 0.01)")
+    parser.set_defaults(run=cmd_search)
+
+
+def _add_explain_parser(commands) -> None:
+    parser = commands.add_parser(
+        "explain", help="which budget binds, from a /metrics scrape or a report",
+        description="Read a Prometheus /metrics scrape (vLLM, llama.cpp, SGLang; several files are "
+                    "scrapes of one server, oldest first, or --url to scrape live), or a loadgen, "
+                    "simulate or sweep --json report, with the flags the server runs with, and say which "
+                    "phase dominates latency, which budget binds, the capacity arithmetic, the knob to "
+                    "change first and what will not help.")
+    parser.add_argument("inputs", nargs="*", metavar="FILE", help="scrape text files, or one --json report")
+    parser.add_argument("--url", help="scrape this server's /metrics instead of reading files")
+    parser.add_argument("--scrapes", type=positive_int, default=2, help="scrapes to take with --url (default 2)")
+    parser.add_argument("--scrape-interval", type=positive_float, default=5.0,
+                        help="seconds between scrapes with --url (default 5)")
+    _add_hardware_flags(parser, of_server=True)
+    _add_scheduler_flags(parser, of_server=True)
+    parser.add_argument("--prompt-tokens", type=positive_float, help="mean prompt tokens per request")
+    parser.add_argument("--output-tokens", type=positive_float, help="mean output tokens per request")
+    parser.add_argument("--shared-prefix-tokens", type=non_negative_int,
+                        help="leading prompt tokens every request shares (a system prompt)")
+    _add_output_flags(parser, "the diagnosis")
+    parser.set_defaults(run=cmd_explain)
+
+
+def _add_compare_parser(commands) -> None:
+    parser = commands.add_parser(
+        "compare", help="predict loadgen runs and show both side by side",
+        description="Replay each loadgen --json report's workload (concurrency or rate, requests, the "
+                    "prompt and output lengths the server counted) in the simulator and print the "
+                    "measured and predicted figures side by side, with the relative error.")
+    _add_planning_flags(parser, workload=False)
+    parser.add_argument("reports", nargs="+", metavar="REPORT", help="loadgen --json report files")
+    parser.set_defaults(run=cmd_compare)
+
+
+def _add_calibrate_parser(commands) -> None:
+    parser = commands.add_parser(
+        "calibrate", help="fit hardware figures to loadgen runs",
+        description="Fit bandwidth, FLOPs and step overhead (mfu and mbu folded in) so the simulator "
+                    "reproduces the TPOT p50 of every report and the TTFT p50 of the lowest "
+                    "concurrency. Memory and reserve come from --hardware.")
+    _add_planning_flags(parser, workload=False)
+    parser.add_argument("reports", nargs="+", metavar="REPORT", help="loadgen --json reports, 2 or more")
+    parser.add_argument("--name", help="name of the calibrated hardware (default: HARDWARE-calibrated)")
+    parser.add_argument("--out", help="write the calibrated hardware as JSON, for --hardware-file")
+    parser.set_defaults(run=cmd_calibrate)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(prog="servesim", description=__doc__.split("\n\n")[0],
+                     epilog="Exit status: 0 success; 1 does not fit, unreachable or a request failed; "
+                            "2 bad input; 130 interrupted.")
+    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND", parser_class=_Parser)
+    for add in (_add_capacity_parser, _add_simulate_parser, _add_sweep_parser, _add_loadgen_parser,
+                _add_search_parser, _add_explain_parser, _add_compare_parser, _add_calibrate_parser):
+        add(commands)
+    return parser
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
