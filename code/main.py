@@ -219,7 +219,7 @@ class ModelSpec:
     bytes_per_param: float   # 2 for BF16; 34/32 for llama.cpp Q8_0 (32 int8 + one fp16 scale)
     kv_dtype_bytes: int      # bytes per cached key or value element (2 for FP16/BF16)
     # Optional refinements of the compute cost (0 prices every parameter for every token,
-    # as the lesson's roofline does, so its figures come out as printed):
+    # the plain roofline):
     head_params: float = 0       # LM head (vocab x hidden): runs only for tokens that sample
     embedding_params: float = 0  # input embedding table when separate from the head: a lookup
     hidden_size: int = 0         # activation width (config.json hidden_size): what TP all-reduces
@@ -252,7 +252,8 @@ class ModelSpec:
 
 
 # mfu 0.5 and mbu 0.75 on the GPUs: a ratio of 2/3 puts the compute knee of Llama 3.1 8B
-# at ~197 tokens per step on an H100 and ~269 on an L4, as the lesson prints.
+# at ~197 tokens per step on an H100 and ~269 on an L4 (the reference figures the
+# capacity report is tested against).
 HARDWARE: Dict[str, Hardware] = {
     hw.name: hw for hw in (
         # H100 SXM5 80GB: nvidia-smi 81,559 MiB; HBM3 3.35 TB/s; 989.4 TFLOPS dense BF16.
@@ -425,6 +426,11 @@ def read_gguf(path: str) -> Tuple[Dict[str, object], List[Tuple[str, List[int], 
     return metadata, tensors
 
 
+def _per_layer_max(value) -> int:
+    """Some GGUF files give head counts per layer; the cache is sized by the largest."""
+    return int(max(value)) if isinstance(value, list) else int(value)
+
+
 def model_from_gguf(path: str) -> ModelSpec:
     """Layers, KV heads and head size from the metadata; parameters and the real bytes
     of the weights, whatever their quant types, from the tensor infos. The KV cache is
@@ -471,11 +477,6 @@ def model_from_gguf(path: str) -> ModelSpec:
                      bytes_per_param=weight_bytes / params, kv_dtype_bytes=2,
                      head_params=head, embedding_params=embedding,
                      hidden_size=int(metadata.get(f"{arch}.embedding_length") or 0))
-
-
-def _per_layer_max(value) -> int:
-    """Some GGUF files give head counts per layer; the cache is sized by the largest."""
-    return int(max(value)) if isinstance(value, list) else int(value)
 
 
 HF_DTYPE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2, "float8_e4m3fn": 1, "float8_e5m2": 1}
@@ -634,6 +635,17 @@ def plan_capacity(hardware: Hardware, model: ModelSpec, gpu_memory_utilization: 
 # Roofline: the cost of one step
 # =============================================================================
 
+def allreduce_seconds(hardware: Hardware, model: ModelSpec, num_tokens: int) -> float:
+    """Tensor parallelism's price per step: two all-reduces per layer (after attention
+    and after the MLP) of num_tokens x hidden activations in 16 bits; a ring all-reduce
+    moves 2 x (N - 1) / N of the data over each device's link. Not overlapped."""
+    n = model.tensor_parallel_size
+    if n == 1:
+        return 0.0
+    message_bytes = num_tokens * model.hidden_size * 2
+    return 2 * model.layers * 2 * (n - 1) / n * message_bytes / (hardware.interconnect_gbs * GB)
+
+
 def step_seconds(hardware: Hardware, model: ModelSpec, num_tokens: int,
                  num_context_tokens: int, num_sampled: Optional[int] = None) -> float:
     """Seconds for one forward pass: the slower of moving the bytes and doing the math.
@@ -651,17 +663,6 @@ def step_seconds(hardware: Hardware, model: ModelSpec, num_tokens: int,
     memory_s = ((model.weight_bytes + num_context_tokens * model.kv_bytes_per_token)
                 / (hardware.bandwidth_gbs * GB * hardware.mbu))
     return hardware.step_overhead_ms / 1000 + max(compute_s, memory_s) + allreduce_seconds(hardware, model, num_tokens)
-
-
-def allreduce_seconds(hardware: Hardware, model: ModelSpec, num_tokens: int) -> float:
-    """Tensor parallelism's price per step: two all-reduces per layer (after attention
-    and after the MLP) of num_tokens x hidden activations in 16 bits; a ring all-reduce
-    moves 2 x (N - 1) / N of the data over each device's link. Not overlapped."""
-    n = model.tensor_parallel_size
-    if n == 1:
-        return 0.0
-    message_bytes = num_tokens * model.hidden_size * 2
-    return 2 * model.layers * 2 * (n - 1) / n * message_bytes / (hardware.interconnect_gbs * GB)
 
 
 def knee_text(tokens: float) -> str:
@@ -858,6 +859,17 @@ class Scheduler:
     head of the waiting queue to be recomputed); a step that preempted admits nobody.
     Otherwise waiting requests are admitted first come first served while sequences,
     tokens and blocks last; the head of the queue blocks everyone behind it.
+
+    Extension hooks (a subclass overrides them; nothing else):
+    - _may_admit(request): an admission rule beyond sequences, tokens and blocks. It may
+      refuse (the head then blocks the queue as for any refusal) but must not change state.
+    - _tokens_with_kv(request, num_hit_tokens): tokens whose KV a request has when it is
+      admitted (its prefix-cache hits, or KV that came from elsewhere). It may only raise
+      the figure, up to the request's length minus one.
+    - _preempt(request): must call the base method, which frees the blocks and requeues;
+      an override may drop its own bookkeeping of the request first.
+    - _free(request): a finished request's blocks; an override may keep them (a prefill
+      engine holds them for the KV link) but must clear request.blocks and _keys.
     """
 
     def __init__(self, config: SchedulerConfig, num_blocks: int):
@@ -1311,19 +1323,26 @@ class Slo:
         return f"attainment >= {self.attainment:g}%" if self.attainment is not None else f"p{self.percentile:g}"
 
 
-def summarize(records: Sequence, slo: Optional[Slo] = None) -> dict:
-    """The latency and throughput summary of a run, simulated or measured.
+def goodput(slo: Slo, records: Sequence, num_met: int, span_s: float, values_s: Dict[str, List[float]],
+            num_failed: int) -> dict:
+    """The goodput section of a summary; values_s are the sorted TTFTs and TPOTs in seconds."""
+    attainment = num_met / len(records) if records else 0.0
+    observed = {}
+    for name in slo.objectives():
+        with_failures = values_s[name] + [math.inf] * num_failed  # NOTE: sorted, so infinities go last
+        value = percentile(with_failures, slo.percentile)
+        observed[name] = None if value is None else value * 1000
+    if slo.attainment is not None:
+        meets = attainment * 100 >= slo.attainment
+    else:
+        meets = all(value is not None and value <= slo.objectives()[name] for name, value in observed.items())
+    return {"slo": slo.objectives(), "criterion": slo.criterion, "num_met": num_met, "attainment": attainment,
+            "req_per_s": num_met / span_s if span_s else 0.0, f"p{slo.percentile:g}_ms": observed, "meets": meets}
 
-    A record has sent_s, token_times (seconds, one per output token), chunk_times (one
-    per streamed event that carried tokens), output_tokens, prompt_tokens, queue_s (None
-    when unknown), error (None when it succeeded) and error_kind. TTFT is sent to first
-    token; TPOT the mean gap after the first token (first token excluded, as in vLLM's
-    benchmarks); ITL every gap between tokens; throughput counts the span from the
-    first request sent to the last token received. slo adds goodput: the requests that
-    met every objective, as a share and a rate, and whether the run met the SLO.
-    """
-    completed = [r for r in records if r.error is None]
-    timed = [r for r in completed if r.token_times]
+
+def _latencies_s(timed: Sequence, slo: Optional[Slo]) -> Tuple[List[float], ...]:
+    """TTFT, TPOT, e2e, ITL, per-chunk gaps and queue times (seconds) of requests that
+    produced tokens, and how many of them met every objective of slo."""
     ttft, tpot, e2e, itl, itl_chunk, queue = [], [], [], [], [], []
     num_met = 0
     for r in timed:
@@ -1341,6 +1360,23 @@ def summarize(records: Sequence, slo: Optional[Slo] = None) -> dict:
             queue.append(r.queue_s)
         if slo is not None and slo.request_meets(ttft[-1], request_tpot):
             num_met += 1
+    return ttft, tpot, e2e, itl, itl_chunk, queue, num_met
+
+
+def summarize(records: Sequence, slo: Optional[Slo] = None) -> dict:
+    """The latency and throughput summary of a run, simulated or measured.
+
+    A record has sent_s, token_times (seconds, one per output token), chunk_times (one
+    per streamed event that carried tokens), output_tokens, prompt_tokens, queue_s (None
+    when unknown), error (None when it succeeded) and error_kind. TTFT is sent to first
+    token; TPOT the mean gap after the first token (first token excluded, as in vLLM's
+    benchmarks); ITL every gap between tokens; throughput counts the span from the
+    first request sent to the last token received. slo adds goodput: the requests that
+    met every objective, as a share and a rate, and whether the run met the SLO.
+    """
+    completed = [r for r in records if r.error is None]
+    timed = [r for r in completed if r.token_times]
+    ttft, tpot, e2e, itl, itl_chunk, queue, num_met = _latencies_s(timed, slo)
     itl_stats = distribution_ms(itl)
     sent = [r.sent_s for r in records if r.sent_s is not None]
     span_s = (max(r.token_times[-1] for r in timed) - min(sent)) if timed else 0.0
@@ -1372,23 +1408,6 @@ def summarize(records: Sequence, slo: Optional[Slo] = None) -> dict:
         summary["goodput"] = goodput(slo, records, num_met, span_s, {"ttft_ms": ttft, "tpot_ms": tpot},
                                      summary["num_failed"])
     return summary
-
-
-def goodput(slo: Slo, records: Sequence, num_met: int, span_s: float, values_s: Dict[str, List[float]],
-            num_failed: int) -> dict:
-    """The goodput section of a summary; values_s are the sorted TTFTs and TPOTs in seconds."""
-    attainment = num_met / len(records) if records else 0.0
-    observed = {}
-    for name in slo.objectives():
-        with_failures = values_s[name] + [math.inf] * num_failed  # NOTE: sorted, so infinities go last
-        value = percentile(with_failures, slo.percentile)
-        observed[name] = None if value is None else value * 1000
-    if slo.attainment is not None:
-        meets = attainment * 100 >= slo.attainment
-    else:
-        meets = all(value is not None and value <= slo.objectives()[name] for name, value in observed.items())
-    return {"slo": slo.objectives(), "criterion": slo.criterion, "num_met": num_met, "attainment": attainment,
-            "req_per_s": num_met / span_s if span_s else 0.0, f"p{slo.percentile:g}_ms": observed, "meets": meets}
 
 
 def rejections(requests: Sequence[Request]) -> List[dict]:
@@ -1662,6 +1681,16 @@ def _servesim_rows(lines: List[str], path: str) -> Iterator[TraceRow]:
         yield TraceRow(lineno, float(arrival_s), prompt, output, prefix, prefix_tokens)
 
 
+def _wall_clock(text: str, where: str) -> Tuple[int, float]:
+    """Whole seconds since 1970 and the fraction of 'YYYY-MM-DD HH:MM:SS.fffffff'."""
+    whole, _, decimals = text.strip().partition(".")
+    try:
+        moment = datetime.datetime.strptime(whole, "%Y-%m-%d %H:%M:%S").replace(tzinfo=datetime.timezone.utc)
+        return int(moment.timestamp()), float("0." + decimals) if decimals else 0.0
+    except ValueError:
+        raise UsageError(f"{where}: TIMESTAMP must look like 2023-11-16 18:15:46.6805900, got {text!r}") from None
+
+
 def _azure_rows(lines: List[str], path: str) -> Iterator[TraceRow]:
     """Azure LLM inference trace CSV: TIMESTAMP (wall clock), ContextTokens, GeneratedTokens."""
     reader = csv.reader(lines)
@@ -1680,16 +1709,6 @@ def _azure_rows(lines: List[str], path: str) -> Iterator[TraceRow]:
         counts = [int(cell) if cell.strip().isdigit() else cell for cell in row[1:3]]
         yield TraceRow(lineno, (whole_s - origin) + fraction_s, _check_int(where, "ContextTokens", counts[0], 1),
                        _check_int(where, "GeneratedTokens", counts[1], 1))
-
-
-def _wall_clock(text: str, where: str) -> Tuple[int, float]:
-    """Whole seconds since 1970 and the fraction of 'YYYY-MM-DD HH:MM:SS.fffffff'."""
-    whole, _, fraction = text.strip().partition(".")
-    try:
-        moment = datetime.datetime.strptime(whole, "%Y-%m-%d %H:%M:%S").replace(tzinfo=datetime.timezone.utc)
-        return int(moment.timestamp()), float("0." + fraction) if fraction else 0.0
-    except ValueError:
-        raise UsageError(f"{where}: TIMESTAMP must look like 2023-11-16 18:15:46.6805900, got {text!r}") from None
 
 
 def _mooncake_rows(lines: List[str], path: str) -> Iterator[TraceRow]:
@@ -1798,6 +1817,8 @@ class MeasuredRequest:
     chunk_times has one entry per streamed event that carried output (content,
     reasoning or a tool call); token_times has one per output token, spread over
     those events by finish_record(). queue_s is None: the queue is inside the server.
+    Threads: a worker thread fills sent_s and status, the stream reader thread the
+    stream's fields; the main thread reads it once the request is over.
     """
 
     request_id: int
@@ -1827,6 +1848,74 @@ TIMINGS_KEPT = ("prompt_n", "prompt_ms", "cache_n", "predicted_n", "predicted_ms
 DONE = "[DONE]"
 
 
+def _decode_event(text: str):
+    if text.strip() == DONE:
+        return DONE
+    try:
+        event = json.loads(text)
+    except ValueError:
+        return None
+    return event if isinstance(event, dict) else None
+
+
+def _error_text(error) -> str:
+    if isinstance(error, dict):
+        message = error.get("message") or json.dumps(error)
+        kind = error.get("type")
+        return f"{message} ({kind})" if kind else str(message)
+    return str(error)
+
+
+def tokens_per_chunk(chunk_usage: Sequence[Optional[int]], num_tokens: int,
+                     num_chunks: int) -> Optional[List[int]]:
+    """How many tokens each event carried: exact when the server sent a running usage
+    count with every event, else num_tokens spread evenly (the remainder on the last
+    events); None when there are fewer tokens than events."""
+    if all(usage is not None for usage in chunk_usage) and chunk_usage[-1] == num_tokens:
+        counts = [chunk_usage[0]] + [b - a for a, b in zip(chunk_usage, chunk_usage[1:])]
+        if all(count >= 1 for count in counts):
+            return counts
+    if num_tokens < num_chunks:
+        return None
+    base, extra = divmod(num_tokens, num_chunks)
+    return [base + (1 if index >= num_chunks - extra else 0) for index in range(num_chunks)]
+
+
+def spread_token_times(chunk_times: Sequence[float], counts: Sequence[int]) -> List[float]:
+    """One time per token: a gap that delivered k tokens counts as k gaps of gap / k.
+
+    The tokens of the first event all arrive with it (they are the first token and
+    whatever came with it).
+    """
+    times = [chunk_times[0]] * counts[0]
+    for earlier, at, count in zip(chunk_times, chunk_times[1:], counts[1:]):
+        gap = (at - earlier) / count
+        times.extend(earlier + gap * index for index in range(1, count))
+        times.append(at)
+    return times
+
+
+def finish_record(record: MeasuredRequest) -> None:
+    """Check the stream ended properly and spread the output tokens over its events
+    (on whichever thread ends the stream: the reader, or the worker for an HTTP error)."""
+    if record.error is None and record.finish_reason is None and not record.saw_done:
+        record.fail("truncated", "the stream ended without a finish_reason or [DONE]")
+    if record.error is not None or not record.chunk_times:
+        return
+    num_chunks = len(record.chunk_times)
+    if record.output_tokens == 0:
+        record.output_tokens = num_chunks  # no usage: one token per event is all we know
+        record.token_counts = "chunks"
+    counts = tokens_per_chunk(record.chunk_usage, record.output_tokens, num_chunks)
+    if counts is None:
+        record.token_times = list(record.chunk_times)
+        record.token_counts = "chunks"
+        return
+    if record.token_counts == "usage" and all(usage is not None for usage in record.chunk_usage):
+        record.token_counts = "usage-per-chunk"
+    record.token_times = spread_token_times(record.chunk_times, counts)
+
+
 class StreamParser:
     """Folds an OpenAI-compatible server-sent event stream into a MeasuredRequest.
 
@@ -1834,6 +1923,8 @@ class StreamParser:
     without a space, CRLF, ":" comments, other SSE fields (event:, id:) and events
     spread over several data lines. The stream is over at [DONE] or an in-band error
     (feed returns False); end() closes it and checks it ended properly.
+    Runs on the stream reader thread (on the worker thread for bytes that arrived with
+    the response head).
     """
 
     def __init__(self, record: MeasuredRequest, on_event: Optional[Callable[[float, dict], None]] = None):
@@ -1909,76 +2000,13 @@ class StreamParser:
             record.timings = {key: timings[key] for key in TIMINGS_KEPT if key in timings}
 
 
-def _decode_event(text: str):
-    if text.strip() == DONE:
-        return DONE
-    try:
-        event = json.loads(text)
-    except ValueError:
-        return None
-    return event if isinstance(event, dict) else None
-
-
-def _error_text(error) -> str:
-    if isinstance(error, dict):
-        message = error.get("message") or json.dumps(error)
-        kind = error.get("type")
-        return f"{message} ({kind})" if kind else str(message)
-    return str(error)
-
-
-def finish_record(record: MeasuredRequest) -> None:
-    """Check the stream ended properly and spread the output tokens over its events."""
-    if record.error is None and record.finish_reason is None and not record.saw_done:
-        record.fail("truncated", "the stream ended without a finish_reason or [DONE]")
-    if record.error is not None or not record.chunk_times:
-        return
-    num_chunks = len(record.chunk_times)
-    if record.output_tokens == 0:
-        record.output_tokens = num_chunks  # no usage: one token per event is all we know
-        record.token_counts = "chunks"
-    counts = tokens_per_chunk(record.chunk_usage, record.output_tokens, num_chunks)
-    if counts is None:
-        record.token_times = list(record.chunk_times)
-        record.token_counts = "chunks"
-        return
-    if record.token_counts == "usage" and all(usage is not None for usage in record.chunk_usage):
-        record.token_counts = "usage-per-chunk"
-    record.token_times = spread_token_times(record.chunk_times, counts)
-
-
-def tokens_per_chunk(chunk_usage: Sequence[Optional[int]], num_tokens: int,
-                     num_chunks: int) -> Optional[List[int]]:
-    """How many tokens each event carried: exact when the server sent a running usage
-    count with every event, else num_tokens spread evenly (the remainder on the last
-    events); None when there are fewer tokens than events."""
-    if all(usage is not None for usage in chunk_usage) and chunk_usage[-1] == num_tokens:
-        counts = [chunk_usage[0]] + [b - a for a, b in zip(chunk_usage, chunk_usage[1:])]
-        if all(count >= 1 for count in counts):
-            return counts
-    if num_tokens < num_chunks:
-        return None
-    base, extra = divmod(num_tokens, num_chunks)
-    return [base + (1 if index >= num_chunks - extra else 0) for index in range(num_chunks)]
-
-
-def spread_token_times(chunk_times: Sequence[float], counts: Sequence[int]) -> List[float]:
-    """One time per token: a gap that delivered k tokens counts as k gaps of gap / k.
-
-    The tokens of the first event all arrive with it (they are the first token and
-    whatever came with it).
-    """
-    times = [chunk_times[0]] * counts[0]
-    for earlier, at, count in zip(chunk_times, chunk_times[1:], counts[1:]):
-        gap = (at - earlier) / count
-        times.extend(earlier + gap * index for index in range(1, count))
-        times.append(at)
-    return times
-
-
 @dataclass(frozen=True)
 class Endpoint:
-    """Where an OpenAI-compatible server listens: scheme, host, port and base path."""
+    """Where an OpenAI-compatible server listens: scheme, host, port and base path.
+
+    Immutable, so shared freely: worker threads open stream sockets, the main and
+    sampler threads make plain GET requests.
+    """
 
     scheme: str
     host: str
@@ -2043,7 +2071,8 @@ class Endpoint:
 
 
 class HttpBody:
-    """Incremental decoder of an HTTP/1.1 response body: chunked, Content-Length, or to EOF."""
+    """Incremental decoder of an HTTP/1.1 response body: chunked, Content-Length, or to EOF.
+    Fed by the worker thread for the bytes that came with the head, then by the reader."""
 
     def __init__(self, headers: Dict[str, str]):
         self.chunked = "chunked" in headers.get("transfer-encoding", "").lower()
@@ -2096,7 +2125,8 @@ class HttpBody:
 
 
 def read_response_head(sock: socket.socket) -> Tuple[int, Dict[str, str], bytes]:
-    """Status, lower-cased headers and the body bytes that came with them (blocking)."""
+    """Status, lower-cased headers and the body bytes that came with them (blocking; a
+    worker thread waits here for the server to answer)."""
     data = b""
     while b"\r\n\r\n" not in data:
         received = sock.recv(1 << 16)
@@ -2120,7 +2150,8 @@ def read_response_head(sock: socket.socket) -> Tuple[int, Dict[str, str], bytes]
 
 @dataclass(eq=False)
 class _OpenStream:
-    """A response body being streamed: its socket, framing, parser and deadline."""
+    """A response body being streamed: its socket, framing, parser and deadline. A worker
+    thread makes it and waits on done; from add() on only the reader thread touches it."""
 
     sock: socket.socket
     body: HttpBody
@@ -2152,6 +2183,7 @@ class StreamReader:
     recv returns them, before any decoding. One reader, rather than a thread per
     stream, keeps timestamps from queueing behind other threads for the interpreter
     lock: at 64 streams that is the difference between a p99 error of ~10 ms and ~2 ms.
+    Worker threads hand it streams with add(); the main thread close()s it.
     """
 
     def __init__(self, clock: Callable[[], float] = time.perf_counter):
@@ -2244,10 +2276,24 @@ class StreamReader:
         stream.done.set()
 
 
+def _http_error_message(body: bytes) -> str:
+    text = body.decode("utf-8", "replace").strip()
+    try:
+        payload = json.loads(text)
+    except ValueError:
+        return text[:300] or "(empty body)"
+    if isinstance(payload, dict) and payload.get("error"):
+        return _error_text(payload["error"])
+    if isinstance(payload, dict) and payload.get("message"):
+        return str(payload["message"])  # vLLM's and SGLang's plain error shape
+    return text[:300]
+
+
 def stream_chat(endpoint: Endpoint, body: bytes, headers: Dict[str, str], record: MeasuredRequest,
                 reader: StreamReader, timeout_s: float,
                 on_event: Optional[Callable[[float, dict], None]] = None) -> None:
-    """POST one streaming chat completion; return when its answer is recorded.
+    """POST one streaming chat completion; return when its answer is recorded (on a
+    worker thread, which blocks here).
 
     This thread connects, sends and reads the status line; reader reads the stream.
     HTTP errors, timeouts, broken and truncated streams are kept on the record; only a
@@ -2289,20 +2335,8 @@ def stream_chat(endpoint: Endpoint, body: bytes, headers: Dict[str, str], record
     stream.done.wait()
 
 
-def _http_error_message(body: bytes) -> str:
-    text = body.decode("utf-8", "replace").strip()
-    try:
-        payload = json.loads(text)
-    except ValueError:
-        return text[:300] or "(empty body)"
-    if isinstance(payload, dict) and payload.get("error"):
-        return _error_text(payload["error"])
-    if isinstance(payload, dict) and payload.get("message"):
-        return str(payload["message"])  # vLLM's and SGLang's plain error shape
-    return text[:300]
-
-
 def chat_body(model: str, prompt: str, max_tokens: int, ignore_eos: bool, temperature: float) -> bytes:
+    """The JSON body of one streaming chat completion (built before the run starts)."""
     body = {"model": model, "messages": [{"role": "user", "content": prompt}],
             "max_tokens": max_tokens, "temperature": temperature, "stream": True,
             "stream_options": {"include_usage": True}}
@@ -2480,7 +2514,8 @@ def server_window(scrapes: Sequence[Dict[str, list]]) -> Optional[dict]:
 
 
 class MetricsSampler:
-    """Scrapes GET /metrics every interval_s on a thread while a load runs."""
+    """Scrapes GET /metrics every interval_s on its own thread while a load runs; the
+    main thread calls start() and finish(), and reads scrapes only after finish()."""
 
     def __init__(self, endpoint: Endpoint, interval_s: float, headers: Dict[str, str]):
         self.endpoint = endpoint
@@ -2561,7 +2596,8 @@ def open_loop_schedule(num_requests: int, rate: float, burstiness: float, seed: 
 
 @dataclass
 class LoadPlan:
-    """Everything a load run needs, prepared before the first request goes out."""
+    """Everything a load run needs, prepared by the main thread before the first request
+    goes out, and only read after that."""
 
     endpoint: Endpoint
     bodies: List[bytes]                  # one per request, warm-ups first
@@ -2578,7 +2614,10 @@ class LoadRun:
     Closed loop: concurrency threads, each sending its next request as soon as the
     last one ends. Open loop: requests go out on the precomputed absolute schedule (so
     slow sends do not make the rate drift), at most concurrency in flight if set.
-    stop() ends sending; requests already in flight finish.
+    stop() ends sending; requests already in flight finish. Threads: the main thread
+    calls start(), wait(), stop() and close(); the open-loop schedule is kept by the
+    thread that calls start(); each request is sent by a worker thread of its own
+    (closed loop: one per client), and its stream is read by the StreamReader.
     """
 
     def __init__(self, plan: LoadPlan, clock: Callable[[], float] = time.perf_counter,
@@ -2779,7 +2818,8 @@ def build_loadgen_report(settings: dict, records: Sequence[MeasuredRequest], win
 
 
 class Progress:
-    """A one-line progress report on stderr, redrawn in place (terminals only)."""
+    """A one-line progress report on stderr, redrawn in place (terminals only), by the
+    main thread while it waits for the workers."""
 
     def __init__(self, records: Sequence[MeasuredRequest], enabled: bool):
         self.records = records
@@ -3017,36 +3057,6 @@ def calibrated_hardware(base: Hardware, name: str, figures: Sequence[float]) -> 
     return Hardware(name, base.memory_gib, bandwidth_gbs, tflops, 1.0, 1.0, overhead_ms, base.reserve_gib)
 
 
-def fit_hardware(reports: Sequence[Tuple[str, dict]], spec: EngineSpec, name: str) -> Tuple[Hardware, List[dict]]:
-    """Least-squares fit of bandwidth, FLOPs and step overhead to the measured TPOT and TTFT.
-
-    Every trial replays each report's workload in the simulator on spec's cache and
-    scheduler, so queueing, growing context and chunking are priced exactly as simulate
-    prices them; the residuals are log(predicted / measured), minimised with Nelder-Mead
-    over the logs of the figures.
-    """
-    points = calibration_points(reports)
-
-    def predictions(figures: Sequence[float]) -> List[float]:
-        trial = dataclasses.replace(spec, plan=spec.plan.on(calibrated_hardware(spec.plan.hardware, name, figures)))
-        runs = [predict_loadgen_run(report, trial) for _, report in reports]
-        return [runs[index]["summary"][f"{what}_ms"]["p50"] for index, what, _ in points]
-
-    def cost(logs: Sequence[float]) -> float:
-        predicted = predictions([math.exp(value) for value in logs])
-        return sum(math.log(p / measured) ** 2 for p, (_, _, measured) in zip(predicted, points))
-
-    start = _calibration_start(reports, points, spec.plan.model)
-    best = nelder_mead(cost, [math.log(value) for value in start])
-    hardware = calibrated_hardware(spec.plan.hardware, name, [math.exp(value) for value in best])
-    residuals = [{"report": reports[index][0], "concurrency": measured_workload(reports[index][1])[0],
-                  "figure": f"{what} p50", "measured_ms": measured, "predicted_ms": predicted,
-                  "error": (predicted - measured) / measured}
-                 for (index, what, measured), predicted in zip(points, predictions(
-                     [hardware.bandwidth_gbs, hardware.tflops, hardware.step_overhead_ms]))]
-    return hardware, residuals
-
-
 def _calibration_start(reports, points, model: ModelSpec) -> List[float]:
     """A first guess: 1 ms of overhead, the lowest-concurrency TPOT as the weight read,
     and the highest-concurrency TPOT as its batch of tokens computed."""
@@ -3098,6 +3108,36 @@ def nelder_mead(cost: Callable[[Sequence[float]], float], start: Sequence[float]
                 scores = [scores[0]] + [cost(point) for point in simplex[1:]]
                 evaluations += len(simplex) - 1
     return simplex[min(range(len(simplex)), key=scores.__getitem__)]
+
+
+def fit_hardware(reports: Sequence[Tuple[str, dict]], spec: EngineSpec, name: str) -> Tuple[Hardware, List[dict]]:
+    """Least-squares fit of bandwidth, FLOPs and step overhead to the measured TPOT and TTFT.
+
+    Every trial replays each report's workload in the simulator on spec's cache and
+    scheduler, so queueing, growing context and chunking are priced exactly as simulate
+    prices them; the residuals are log(predicted / measured), minimised with Nelder-Mead
+    over the logs of the figures.
+    """
+    points = calibration_points(reports)
+
+    def predictions(figures: Sequence[float]) -> List[float]:
+        trial = dataclasses.replace(spec, plan=spec.plan.on(calibrated_hardware(spec.plan.hardware, name, figures)))
+        runs = [predict_loadgen_run(report, trial) for _, report in reports]
+        return [runs[index]["summary"][f"{what}_ms"]["p50"] for index, what, _ in points]
+
+    def cost(logs: Sequence[float]) -> float:
+        predicted = predictions([math.exp(value) for value in logs])
+        return sum(math.log(p / measured) ** 2 for p, (_, _, measured) in zip(predicted, points))
+
+    start = _calibration_start(reports, points, spec.plan.model)
+    best = nelder_mead(cost, [math.log(value) for value in start])
+    hardware = calibrated_hardware(spec.plan.hardware, name, [math.exp(value) for value in best])
+    residuals = [{"report": reports[index][0], "concurrency": measured_workload(reports[index][1])[0],
+                  "figure": f"{what} p50", "measured_ms": measured, "predicted_ms": predicted,
+                  "error": (predicted - measured) / measured}
+                 for (index, what, measured), predicted in zip(points, predictions(
+                     [hardware.bandwidth_gbs, hardware.tflops, hardware.step_overhead_ms]))]
+    return hardware, residuals
 
 
 # =============================================================================
@@ -3611,6 +3651,14 @@ def format_summary(summary: dict, chunk_gaps: bool = False) -> List[str]:
     return lines
 
 
+def _format_rejected(rejected: List[dict]) -> List[str]:
+    by_kind: Dict[str, List[dict]] = {}
+    for entry in rejected:
+        by_kind.setdefault(entry["kind"], []).append(entry)
+    return [f"rejected {len(entries)} requests ({kind}), e.g. request {entries[0]['request_id']}: "
+            f"{entries[0]['error']}" for kind, entries in by_kind.items()]
+
+
 def format_simulation(report: dict) -> List[str]:
     settings, engine = report["settings"], report["engine"]
     arrivals = settings["arrivals"]
@@ -3633,14 +3681,6 @@ def format_simulation(report: dict) -> List[str]:
     lines += format_summary(report["summary"])
     lines += _format_rejected(report["rejected"])
     return lines
-
-
-def _format_rejected(rejected: List[dict]) -> List[str]:
-    by_kind: Dict[str, List[dict]] = {}
-    for entry in rejected:
-        by_kind.setdefault(entry["kind"], []).append(entry)
-    return [f"rejected {len(entries)} requests ({kind}), e.g. request {entries[0]['request_id']}: "
-            f"{entries[0]['error']}" for kind, entries in by_kind.items()]
 
 
 def format_disaggregated(settings: dict, report: dict) -> List[str]:
@@ -3848,69 +3888,8 @@ def format_explain(result: dict, plan: Optional[CapacityPlan]) -> List[str]:
 
 
 # =============================================================================
-# Command line
+# Subcommands: one cmd_* each, from parsed flags to output and an exit code
 # =============================================================================
-
-class _Parser(argparse.ArgumentParser):
-    """argparse that reports bad input as one UsageError line instead of usage + exit."""
-
-    def __init__(self, *args, **kwargs):
-        kwargs.setdefault("allow_abbrev", False)  # a typo must not silently pick a flag
-        super().__init__(*args, **kwargs)
-
-    def error(self, message: str):
-        raise UsageError(message)
-
-
-def _flag_type(name: str, convert, check, expected: str):
-    """An argparse type: convert the text, check it, or explain what was expected."""
-    def parse(text: str):
-        try:
-            value = convert(text)
-        except (ValueError, TypeError):
-            value = None
-        if value is None or not check(value):
-            raise argparse.ArgumentTypeError(f"expected {expected}, got {text!r}")
-        return value
-    parse.__name__ = name
-    return parse
-
-
-positive_int = _flag_type("positive_int", int, lambda v: v > 0, "a positive integer")
-non_negative_int = _flag_type("non_negative_int", int, lambda v: v >= 0, "an integer >= 0")
-positive_float = _flag_type("positive_float", float, lambda v: v > 0 and math.isfinite(v),
-                            "a positive number")
-fraction = _flag_type("fraction", float, lambda v: 0 < v <= 1, "a number in (0, 1]")
-
-
-def _parse_range(text: str) -> Optional[Tuple[int, int]]:
-    low, sep, high = text.partition("-")
-    low_value = int(low)
-    high_value = int(high) if sep else low_value
-    return (low_value, high_value) if 0 < low_value <= high_value else None
-
-
-def _parse_int_list(text: str) -> Optional[List[int]]:
-    values = [int(part) for part in text.split(",")]
-    return values if all(value > 0 for value in values) else None
-
-
-def _parse_float_list(text: str) -> Optional[List[float]]:
-    values = [float(part) for part in text.split(",")]
-    return values if all(value > 0 and math.isfinite(value) for value in values) else None
-
-
-float_list = _flag_type("float_list", _parse_float_list, lambda v: True,
-                        "positive numbers separated by commas (e.g. 1,2,4)")
-token_range = _flag_type("token_range", _parse_range, lambda v: True,
-                         "N or LO-HI with 0 < LO <= HI (e.g. 256-1024)")
-int_list = _flag_type("int_list", _parse_int_list, lambda v: True,
-                      "positive integers separated by commas (e.g. 1,8,32)")
-seconds = _flag_type("seconds", float, lambda v: v >= 0 and math.isfinite(v), "seconds >= 0")
-percentile_flag = _flag_type("percentile", float, lambda v: 0 < v <= 100, "a percentile in (0, 100]")
-attainment_flag = _flag_type("attainment", float, lambda v: 0 < v <= 100, "a share in (0, 100]")
-temperature_flag = _flag_type("temperature", float, lambda v: v >= 0, "a number >= 0")
-
 
 def cmd_capacity(args) -> int:
     plan = build_plan(args)
@@ -4184,6 +4163,71 @@ def cmd_explain(args) -> int:
     else:
         _print_lines(format_explain(result, plan))
     return 0
+
+
+# =============================================================================
+# Command line: flags, the parser and main()
+# =============================================================================
+
+class _Parser(argparse.ArgumentParser):
+    """argparse that reports bad input as one UsageError line instead of usage + exit."""
+
+    def __init__(self, *args, **kwargs):
+        kwargs.setdefault("allow_abbrev", False)  # a typo must not silently pick a flag
+        super().__init__(*args, **kwargs)
+
+    def error(self, message: str):
+        raise UsageError(message)
+
+
+def _flag_type(name: str, convert, check, expected: str):
+    """An argparse type: convert the text, check it, or explain what was expected."""
+    def parse(text: str):
+        try:
+            value = convert(text)
+        except (ValueError, TypeError):
+            value = None
+        if value is None or not check(value):
+            raise argparse.ArgumentTypeError(f"expected {expected}, got {text!r}")
+        return value
+    parse.__name__ = name
+    return parse
+
+
+positive_int = _flag_type("positive_int", int, lambda v: v > 0, "a positive integer")
+non_negative_int = _flag_type("non_negative_int", int, lambda v: v >= 0, "an integer >= 0")
+positive_float = _flag_type("positive_float", float, lambda v: v > 0 and math.isfinite(v),
+                            "a positive number")
+fraction = _flag_type("fraction", float, lambda v: 0 < v <= 1, "a number in (0, 1]")
+
+
+def _parse_range(text: str) -> Optional[Tuple[int, int]]:
+    low, sep, high = text.partition("-")
+    low_value = int(low)
+    high_value = int(high) if sep else low_value
+    return (low_value, high_value) if 0 < low_value <= high_value else None
+
+
+def _parse_int_list(text: str) -> Optional[List[int]]:
+    values = [int(part) for part in text.split(",")]
+    return values if all(value > 0 for value in values) else None
+
+
+def _parse_float_list(text: str) -> Optional[List[float]]:
+    values = [float(part) for part in text.split(",")]
+    return values if all(value > 0 and math.isfinite(value) for value in values) else None
+
+
+float_list = _flag_type("float_list", _parse_float_list, lambda v: True,
+                        "positive numbers separated by commas (e.g. 1,2,4)")
+token_range = _flag_type("token_range", _parse_range, lambda v: True,
+                         "N or LO-HI with 0 < LO <= HI (e.g. 256-1024)")
+int_list = _flag_type("int_list", _parse_int_list, lambda v: True,
+                      "positive integers separated by commas (e.g. 1,8,32)")
+seconds = _flag_type("seconds", float, lambda v: v >= 0 and math.isfinite(v), "seconds >= 0")
+percentile_flag = _flag_type("percentile", float, lambda v: 0 < v <= 100, "a percentile in (0, 100]")
+attainment_flag = _flag_type("attainment", float, lambda v: 0 < v <= 100, "a share in (0, 100]")
+temperature_flag = _flag_type("temperature", float, lambda v: v >= 0, "a number >= 0")
 
 
 def _add_hardware_flags(parser: argparse.ArgumentParser, of_server: bool = False) -> None:
