@@ -101,3 +101,66 @@ class DisaggregateTest(unittest.TestCase):
 
 if __name__ == "__main__":
     unittest.main()
+
+
+class DecodeEngineRulesTest(unittest.TestCase):
+    """What the decode engine computes for a request whose prompt's KV came over the link."""
+
+    def decode_scheduler(self, prefix_caching=False):
+        config = main.SchedulerConfig(max_num_batched_tokens=64, block_size=4, prefix_caching=prefix_caching)
+        return main.DecodeScheduler(config, 100)
+
+    def test_the_last_prompt_token_is_recomputed_for_its_logits(self):
+        scheduler = self.decode_scheduler()
+        request = main.Request(0, 40, 3)
+        self.assertTrue(scheduler.add_with_kv(request))
+        batch = scheduler.schedule(0.0)
+        self.assertEqual([(r.request_id, tokens) for r, tokens in batch], [(0, 1)])
+        self.assertEqual(request.computed, 39)  # 39 tokens of KV arrived; the 40th is computed here
+        self.assertEqual(len(request.blocks), 10)
+
+    def test_a_prompt_that_stayed_on_the_decode_engine_still_finds_its_prefix_in_the_cache(self):
+        scheduler = self.decode_scheduler(prefix_caching=True)
+        first = main.Request(0, 20, 1, prefix="system", prefix_tokens=16)
+        second = main.Request(1, 20, 1, prefix="system", prefix_tokens=16)
+        scheduler.add(first)  # too short to disaggregate: prefilled here, as a colocated engine would
+        scheduler.update(scheduler.schedule(0.0), 1.0)
+        scheduler.add(second)
+        batch = scheduler.schedule(1.0)
+        self.assertEqual([(r.request_id, tokens) for r, tokens in batch], [(1, 4)])  # 16 of 20 tokens hit
+        self.assertEqual(second.num_prefix_hit_tokens, 16)
+
+    def test_a_preempted_request_recomputes_what_came_over_the_link_but_not_its_cached_prefix(self):
+        scheduler = self.decode_scheduler(prefix_caching=True)
+        holder = main.Request(0, 20, 1, prefix="system", prefix_tokens=16)
+        scheduler.add(holder)
+        scheduler.update(scheduler.schedule(0.0), 1.0)  # the prefix blocks are cached
+        request = main.Request(1, 20, 5, prefix="system", prefix_tokens=16)
+        scheduler.add_with_kv(request)
+        scheduler.update(scheduler.schedule(1.0), 2.0)
+        scheduler.running.remove(request)
+        scheduler._preempt(request)
+        batch = scheduler.schedule(2.0)
+        # 21 tokens (20 prompt + 1 generated) less the 16 cached: the transferred KV is gone
+        self.assertEqual([(r.request_id, tokens) for r, tokens in batch], [(1, 5)])
+
+
+class SampledTokensPriceTheHeadTest(unittest.TestCase):
+    """The engine prices the LM head only for tokens that sample (a model with head_params)."""
+
+    GEMMA = main.MODELS["gemma-3-270m-q4_k_m"]
+    CPU = main.HARDWARE["cpu-2vcpu"]
+
+    def one_step(self, prompt_tokens, budget):
+        config = main.SchedulerConfig(max_num_batched_tokens=budget)
+        engine = main.Engine(main.Scheduler(config, 64), self.CPU, self.GEMMA)
+        engine.scheduler.add(main.Request(0, prompt_tokens, 4))
+        engine.step()
+        return engine.clock_s
+
+    def test_a_whole_prompt_samples_one_token(self):
+        self.assertEqual(self.one_step(100, 8192), main.step_seconds(self.CPU, self.GEMMA, 100, 100, 1))
+        self.assertGreater(main.step_seconds(self.CPU, self.GEMMA, 100, 100, 100), 2 * self.one_step(100, 8192))
+
+    def test_a_prefill_chunk_that_does_not_end_the_prompt_samples_nothing(self):
+        self.assertEqual(self.one_step(100, 64), main.step_seconds(self.CPU, self.GEMMA, 64, 64, 0))
