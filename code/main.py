@@ -3639,7 +3639,7 @@ def format_summary(summary: dict, chunk_gaps: bool = False) -> List[str]:
     good = summary.get("goodput")
     if good is not None:
         objectives = ", ".join(f"{name[:-3]} <= {limit:g} ms" for name, limit in good["slo"].items())
-        lines.append(f"goodput {good['num_met']}/{summary['num_requests']} requests met {objectives} "
+        lines.append(f"goodput {good['num_met']:,}/{summary['num_requests']:,} requests met {objectives} "
                      f"({good['attainment']:.1%}): {good['req_per_s']:.2f} req/s")
         verdict = "met" if good["meets"] else "missed"
         if good["criterion"].startswith("p"):
@@ -3655,7 +3655,7 @@ def _format_rejected(rejected: List[dict]) -> List[str]:
     by_kind: Dict[str, List[dict]] = {}
     for entry in rejected:
         by_kind.setdefault(entry["kind"], []).append(entry)
-    return [f"rejected {len(entries)} requests ({kind}), e.g. request {entries[0]['request_id']}: "
+    return [f"rejected {len(entries):,} requests ({kind}), e.g. request {entries[0]['request_id']}: "
             f"{entries[0]['error']}" for kind, entries in by_kind.items()]
 
 
@@ -3671,11 +3671,11 @@ def format_simulation(report: dict) -> List[str]:
     devices = settings["hardware"] if settings["tensor_parallel_size"] == 1 else (
         f"{settings['tensor_parallel_size']} x {settings['hardware']}")
     lines = [
-        f"servesim {settings['model']} on {devices} {settings['num_requests']} requests {how}",
+        f"servesim {settings['model']} on {devices} {settings['num_requests']:,} requests {how}",
         f"kv cache {engine['num_blocks']:,} blocks x {engine['block_size']} tokens "
         f"peak {engine['kv_peak']:.1%} mean {engine['kv_mean']:.1%}",
         f"steps {engine['num_steps']:,} mean batch {engine['mean_batch_seqs']:.1f} seqs "
-        f"preemptions {engine['num_preemptions']} evictions {engine['num_evictions']} "
+        f"preemptions {engine['num_preemptions']:,} evictions {engine['num_evictions']:,} "
         f"prefix hits {engine['prefix_hit_rate']:.1%}",
     ]
     lines += format_summary(report["summary"])
@@ -3685,14 +3685,14 @@ def format_simulation(report: dict) -> List[str]:
 
 def format_disaggregated(settings: dict, report: dict) -> List[str]:
     prefill, decode, link = report["prefill"], report["decode"], report["link"]
-    lines = [f"servesim {settings['model']} disaggregated, {settings['num_requests']} requests: "
+    lines = [f"servesim {settings['model']} disaggregated, {settings['num_requests']:,} requests: "
              f"prefill on {prefill['hardware']}, decode on {decode['hardware']}, "
              f"KV link {link['kv_link_gbs']:g} GB/s"]
     for name, phase in (("prefill", prefill), ("decode", decode)):
         engine = phase["engine"]
         lines.append(f"{name + ' engine':<15} steps {engine['num_steps']:,} mean batch "
                      f"{engine['mean_batch_seqs']:.1f} seqs kv peak {engine['kv_peak']:.1%} "
-                     f"preemptions {engine['num_preemptions']}")
+                     f"preemptions {engine['num_preemptions']:,}")
     transfer = link["transfer_ms"]
     lines.append(f"{'kv link':<15} {link['num_transfers']:,} transfers {link['bytes'] / GB:.1f} GB, wait + "
                  f"transfer ms p50 {_ms(transfer['p50'])} p99 {_ms(transfer['p99'])}")
@@ -3719,7 +3719,7 @@ def sweep_row(report: dict) -> List[str]:
     return [f"{summary['output_tok_per_s']:.1f}", _ms(summary["ttft_ms"]["p50"]),
             _ms(summary["tpot_ms"]["p50"]), _ms(summary["tpot_ms"]["p95"]),
             _ms(summary["queue_ms"]["p95"]), f"{engine['mean_batch_seqs']:.1f}",
-            f"{engine['kv_peak']:.1%}", str(engine["num_preemptions"])]
+            f"{engine['kv_peak']:.1%}", f"{engine['num_preemptions']:,}"]
 
 
 SERVER_LINE = (("mean_batch", "mean batch", "{:.2f}"), ("max_running", "max running", "{:,.0f}"),
@@ -3737,7 +3737,7 @@ def format_loadgen(report: dict) -> List[str]:
             how += f" at most {settings['concurrency']} in flight"
     else:
         how = f"closed loop concurrency {settings['concurrency']}"
-    lines = [f"loadgen {settings['model']} at {settings['url']} {summary['num_requests']} requests {how} "
+    lines = [f"loadgen {settings['model']} at {settings['url']} {summary['num_requests']:,} requests {how} "
              f"max tokens {settings['max_tokens']}"]
     completed = summary["num_completed"]
     if completed:
@@ -3759,8 +3759,8 @@ def format_loadgen(report: dict) -> List[str]:
     else:
         lines.append(f"server window unavailable: {report['server_note']}")
     if report["errors"]:
-        kinds = ", ".join(f"{kind} {count}" for kind, count in summary["errors"].items())
-        lines.append(f"errors {summary['num_failed']}: {kinds}")
+        kinds = ", ".join(f"{kind} {count:,}" for kind, count in summary["errors"].items())
+        lines.append(f"errors {summary['num_failed']:,}: {kinds}")
         seen = set()
         for entry in report["errors"]:
             if entry["kind"] not in seen:
@@ -3779,7 +3779,7 @@ def _format_compare_table(rows: Sequence[dict]) -> List[str]:
     table = []
     for row in rows:
         load = str(row["concurrency"]) if row["concurrency"] else f"rate {row['rate']:g}"
-        cells = [load, str(row["prompt_tokens"])]
+        cells = [load, f"{row['prompt_tokens']:,}"]
         for side in ("measured", "predicted"):
             figures = row[side]
             cells += [cell(figures["out tok/s"], "{:.1f}"), cell(figures["ttft p50"], "{:.1f}"),
@@ -3800,7 +3800,7 @@ def format_sweep(args, plan: CapacityPlan, runs: Sequence[Tuple[str, Optional[in
         axis, workload = "trace", f"trace {args.trace} ({runs[0][2]['settings']['num_requests']:,} requests)"
     else:
         axis = "rate" if args.rate else "concurrency"
-        workload = (f"{args.requests} requests prompt {_describe_range(args.prompt_tokens)} "
+        workload = (f"{args.requests:,} requests prompt {_describe_range(args.prompt_tokens)} "
                     f"output {_describe_range(args.output_tokens)}")
     capped = args.max_tokens_in_flight is not None
     header = (axis, "tokens cap") if capped else (axis,)
