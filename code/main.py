@@ -182,6 +182,12 @@ def _is_number(value) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
 
 
+def _check_number(where: str, name: str, value, least: float, what: str = "a number") -> float:
+    if not _is_number(value) or value < least:
+        raise UsageError(f"{where}: {name} must be {what} >= {least:g}, got {value!r}")
+    return value
+
+
 def _check_int(where: str, name: str, value, least: int) -> int:
     if not isinstance(value, int) or isinstance(value, bool) or value < least:
         raise UsageError(f"{where}: {name} must be an integer >= {least}, got {value!r}")
@@ -1667,9 +1673,7 @@ def _json_rows(lines: List[str], path: str, fields: Sequence[str]) -> Iterator[T
 def _servesim_rows(lines: List[str], path: str) -> Iterator[TraceRow]:
     """The project's JSON Lines: arrival_s, prompt_tokens, output_tokens, [prefix, prefix_tokens]."""
     for where, lineno, row in _json_rows(lines, path, TRACE_FIELDS):
-        arrival_s = row["arrival_s"]
-        if not _is_number(arrival_s) or arrival_s < 0:
-            raise UsageError(f"{where}: arrival_s must be a number >= 0, got {arrival_s!r}")
+        arrival_s = _check_number(where, "arrival_s", row["arrival_s"], 0)
         prompt = _check_int(where, "prompt_tokens", row["prompt_tokens"], 1)
         output = _check_int(where, "output_tokens", row["output_tokens"], 1)
         prefix_tokens = _check_int(where, "prefix_tokens", row.get("prefix_tokens", 0), 0)
@@ -1715,9 +1719,7 @@ def _mooncake_rows(lines: List[str], path: str) -> Iterator[TraceRow]:
     """Mooncake JSON Lines: timestamp (ms), input_length, output_length, hash_ids (one per
     512-token block; the same id at the same position means the same content)."""
     for where, lineno, row in _json_rows(lines, path, MOONCAKE_FIELDS):
-        timestamp = row["timestamp"]
-        if not _is_number(timestamp) or timestamp < 0:
-            raise UsageError(f"{where}: timestamp must be a number of milliseconds >= 0, got {timestamp!r}")
+        timestamp = _check_number(where, "timestamp", row["timestamp"], 0, "a number of milliseconds")
         prompt = _check_int(where, "input_length", row["input_length"], 1)
         output = _check_int(where, "output_length", row["output_length"], 1)
         hash_ids = row["hash_ids"]
@@ -4355,21 +4357,13 @@ def _add_disaggregation_flags(parser: argparse.ArgumentParser) -> None:
                        help="search the link bandwidth below which the colocated engine has the lower TTFT p95")
 
 
-def _add_capacity_parser(commands) -> None:
-    parser = commands.add_parser("capacity", help="the memory plan",
-                                 description="Weights, KV cache, blocks, max concurrency and "
-                                             "step time of a model on a device.")
+def _capacity_flags(parser: argparse.ArgumentParser) -> None:
     _add_hardware_flags(parser)
     _add_output_flags(parser)
     _add_max_model_len_flag(parser, for_capacity=True)
-    parser.set_defaults(run=cmd_capacity)
 
 
-def _add_simulate_parser(commands) -> None:
-    parser = commands.add_parser(
-        "simulate", help="replay a workload on a virtual clock",
-        description="Run the scheduler on a virtual clock and report TTFT, TPOT, ITL, queue "
-                    "time, throughput and what the engine saw.")
+def _simulate_flags(parser: argparse.ArgumentParser) -> None:
     _add_planning_flags(parser)
     arrivals = parser.add_mutually_exclusive_group(required=True)
     arrivals.add_argument("--trace", help="JSON Lines trace: open loop at each request's arrival_s")
@@ -4379,14 +4373,9 @@ def _add_simulate_parser(commands) -> None:
     parser.add_argument("--max-tokens-in-flight", type=positive_int,
                         help="admit only while running requests' lengths stay within N tokens")
     _add_disaggregation_flags(parser)
-    parser.set_defaults(run=cmd_simulate)
 
 
-def _add_sweep_parser(commands) -> None:
-    parser = commands.add_parser(
-        "sweep", help="simulate several loads or caps, one table",
-        description="One run per load (client count, arrival rate, or a trace) and per "
-                    "--max-tokens-in-flight value, all on the same seeded requests.")
+def _sweep_flags(parser: argparse.ArgumentParser) -> None:
     _add_planning_flags(parser)
     loads = parser.add_mutually_exclusive_group(required=True)
     loads.add_argument("--concurrency", type=int_list, help="closed-loop client counts, e.g. 1,8,32,128,256")
@@ -4394,14 +4383,9 @@ def _add_sweep_parser(commands) -> None:
     loads.add_argument("--trace", help="replay this JSON Lines trace in every run")
     parser.add_argument("--max-tokens-in-flight", type=int_list,
                         help="caps on running requests' tokens to try, e.g. 16000,24000")
-    parser.set_defaults(run=cmd_sweep)
 
 
-def _add_loadgen_parser(commands) -> None:
-    parser = commands.add_parser(
-        "loadgen", help="measure a real OpenAI-compatible server",
-        description="Stream chat completions to a server and report the same metrics as "
-                    "simulate, plus what the server's /metrics saw during the run.")
+def _loadgen_flags(parser: argparse.ArgumentParser) -> None:
     _add_slo_flags(parser)
     parser.add_argument("--url", required=True, help="server base URL, e.g. http://127.0.0.1:8080")
     parser.add_argument("--model", help="model name to request (default: the first id of GET /v1/models)")
@@ -4433,15 +4417,9 @@ def _add_loadgen_parser(commands) -> None:
     parser.add_argument("--json-requests", action="store_true",
                         help="include every request's record in the JSON report (implies --json)")
     parser.add_argument("--quiet", action="store_true", help="no progress line on stderr")
-    parser.set_defaults(run=cmd_loadgen)
 
 
-def _add_search_parser(commands) -> None:
-    parser = commands.add_parser(
-        "search", help="the most load that meets the SLO",
-        description="Find the highest arrival rate (or client count, or trace speed-up) whose seeded "
-                    "run meets the SLO, by bracketing and bisection, and say which budget gives way "
-                    "just above it.")
+def _search_flags(parser: argparse.ArgumentParser) -> None:
     _add_planning_flags(parser)
     parser.add_argument("--by", choices=("rate", "concurrency"), default="rate",
                         help="search an open-loop rate (default) or a closed-loop client count; with "
@@ -4451,17 +4429,9 @@ def _add_search_parser(commands) -> None:
                         help="first load tried: req/s, clients or trace speed-up (default 1)")
     parser.add_argument("--tolerance", type=positive_float, default=0.01,
                         help="stop when the bracket is this close, as a ratio (default 0.01)")
-    parser.set_defaults(run=cmd_search)
 
 
-def _add_explain_parser(commands) -> None:
-    parser = commands.add_parser(
-        "explain", help="which budget binds, from a /metrics scrape or a report",
-        description="Read a Prometheus /metrics scrape (vLLM, llama.cpp, SGLang; several files are "
-                    "scrapes of one server, oldest first, or --url to scrape live), or a loadgen, "
-                    "simulate or sweep --json report, with the flags the server runs with, and say which "
-                    "phase dominates latency, which budget binds, the capacity arithmetic, the knob to "
-                    "change first and what will not help.")
+def _explain_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("inputs", nargs="*", metavar="FILE", help="scrape text files, or one --json report")
     parser.add_argument("--url", help="scrape this server's /metrics instead of reading files")
     parser.add_argument("--scrapes", type=positive_int, default=2, help="scrapes to take with --url (default 2)")
@@ -4474,31 +4444,58 @@ def _add_explain_parser(commands) -> None:
     parser.add_argument("--shared-prefix-tokens", type=non_negative_int,
                         help="leading prompt tokens every request shares (a system prompt)")
     _add_output_flags(parser, "the diagnosis")
-    parser.set_defaults(run=cmd_explain)
 
 
-def _add_compare_parser(commands) -> None:
-    parser = commands.add_parser(
-        "compare", help="predict loadgen runs and show both side by side",
-        description="Replay each loadgen --json report's workload (concurrency or rate, requests, the "
-                    "prompt and output lengths the server counted) in the simulator and print the "
-                    "measured and predicted figures side by side, with the relative error.")
+def _compare_flags(parser: argparse.ArgumentParser) -> None:
     _add_planning_flags(parser, workload=False)
     parser.add_argument("reports", nargs="+", metavar="REPORT", help="loadgen --json report files")
-    parser.set_defaults(run=cmd_compare)
 
 
-def _add_calibrate_parser(commands) -> None:
-    parser = commands.add_parser(
-        "calibrate", help="fit hardware figures to loadgen runs",
-        description="Fit bandwidth, FLOPs and step overhead (mfu and mbu folded in) so the simulator "
-                    "reproduces the TPOT p50 of every report and the TTFT p50 of the lowest "
-                    "concurrency. Memory and reserve come from --hardware.")
+def _calibrate_flags(parser: argparse.ArgumentParser) -> None:
     _add_planning_flags(parser, workload=False)
     parser.add_argument("reports", nargs="+", metavar="REPORT", help="loadgen --json reports, 2 or more")
     parser.add_argument("--name", help="name of the calibrated hardware (default: HARDWARE-calibrated)")
     parser.add_argument("--out", help="write the calibrated hardware as JSON, for --hardware-file")
-    parser.set_defaults(run=cmd_calibrate)
+
+
+# (name, help, description, the function adding its flags, the function it runs)
+SUBCOMMANDS = (
+    ("capacity", "the memory plan",
+     "Weights, KV cache, blocks, max concurrency and step time of a model on a device.",
+     _capacity_flags, cmd_capacity),
+    ("simulate", "replay a workload on a virtual clock",
+     "Run the scheduler on a virtual clock and report TTFT, TPOT, ITL, queue time, throughput and what "
+     "the engine saw.",
+     _simulate_flags, cmd_simulate),
+    ("sweep", "simulate several loads or caps, one table",
+     "One run per load (client count, arrival rate, or a trace) and per --max-tokens-in-flight value, "
+     "all on the same seeded requests.",
+     _sweep_flags, cmd_sweep),
+    ("loadgen", "measure a real OpenAI-compatible server",
+     "Stream chat completions to a server and report the same metrics as simulate, plus what the "
+     "server's /metrics saw during the run.",
+     _loadgen_flags, cmd_loadgen),
+    ("search", "the most load that meets the SLO",
+     "Find the highest arrival rate (or client count, or trace speed-up) whose seeded run meets the "
+     "SLO, by bracketing and bisection, and say which budget gives way just above it.",
+     _search_flags, cmd_search),
+    ("explain", "which budget binds, from a /metrics scrape or a report",
+     "Read a Prometheus /metrics scrape (vLLM, llama.cpp, SGLang; several files are scrapes of one "
+     "server, oldest first, or --url to scrape live), or a loadgen, simulate or sweep --json report, "
+     "with the flags the server runs with, and say which phase dominates latency, which budget binds, "
+     "the capacity arithmetic, the knob to change first and what will not help.",
+     _explain_flags, cmd_explain),
+    ("compare", "predict loadgen runs and show both side by side",
+     "Replay each loadgen --json report's workload (concurrency or rate, requests, the prompt and "
+     "output lengths the server counted) in the simulator and print the measured and predicted figures "
+     "side by side, with the relative error.",
+     _compare_flags, cmd_compare),
+    ("calibrate", "fit hardware figures to loadgen runs",
+     "Fit bandwidth, FLOPs and step overhead (mfu and mbu folded in) so the simulator reproduces the "
+     "TPOT p50 of every report and the TTFT p50 of the lowest concurrency. Memory and reserve come "
+     "from --hardware.",
+     _calibrate_flags, cmd_calibrate),
+)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -4506,9 +4503,10 @@ def build_parser() -> argparse.ArgumentParser:
                      epilog="Exit status: 0 success; 1 does not fit, unreachable or a request failed; "
                             "2 bad input; 130 interrupted.")
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND", parser_class=_Parser)
-    for add in (_add_capacity_parser, _add_simulate_parser, _add_sweep_parser, _add_loadgen_parser,
-                _add_search_parser, _add_explain_parser, _add_compare_parser, _add_calibrate_parser):
-        add(commands)
+    for name, help_text, description, add_flags, run in SUBCOMMANDS:
+        subcommand = commands.add_parser(name, help=help_text, description=description)
+        add_flags(subcommand)
+        subcommand.set_defaults(run=run)
     return parser
 
 

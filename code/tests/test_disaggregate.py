@@ -164,3 +164,14 @@ class SampledTokensPriceTheHeadTest(unittest.TestCase):
 
     def test_a_prefill_chunk_that_does_not_end_the_prompt_samples_nothing(self):
         self.assertEqual(self.one_step(100, 64), main.step_seconds(self.CPU, self.GEMMA, 64, 64, 0))
+
+
+class PhaseFlagsTest(unittest.TestCase):
+
+    def test_interconnect_and_tensor_parallelism_apply_to_an_engine_on_its_own_hardware(self):
+        def ttft_p50(gbs):
+            report = run_json("simulate", "--trace", MIXED, "--disaggregate", "--prefill-hardware", "a100-sxm-80gb",
+                              "--tensor-parallel-size", "2", "--interconnect-gbs", gbs, "--limit", "20")
+            self.assertEqual(report["prefill"]["capacity"]["tensor_parallel_size"], 2)
+            return report["summary"]["ttft_ms"]["p50"]
+        self.assertGreater(ttft_p50("1"), 1.5 * ttft_p50("1000"))
