@@ -102,6 +102,7 @@ what was expected); 130 interrupted.
 
 from __future__ import annotations
 import argparse
+import bisect
 import csv
 import dataclasses
 import datetime
@@ -112,11 +113,13 @@ import itertools
 import json
 import math
 import os
+import platform
 import random
 import re
 import selectors
 import socket
 import ssl
+import statistics
 import struct
 import sys
 import threading
@@ -160,6 +163,13 @@ class ServerUnreachable(ServesimError):
     exit_code = 1
 
 
+class BadResponse(ServesimError):
+    """A server answered, but not with what was asked for (exit 1; in a load run it
+    fails that one request instead)."""
+
+    exit_code = 1
+
+
 def read_text_file(path: str, where: str) -> str:
     """A file's text; UsageError starting with where (the flag and the path) if unreadable."""
     try:
@@ -192,6 +202,75 @@ def _check_int(where: str, name: str, value, least: int) -> int:
     if not isinstance(value, int) or isinstance(value, bool) or value < least:
         raise UsageError(f"{where}: {name} must be an integer >= {least}, got {value!r}")
     return value
+
+
+def _shown(value) -> str:
+    """A value from outside, short enough for a one-line message."""
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+_MISSING = object()
+
+
+class JsonObject:
+    """Typed reads from a JSON object that came from outside (a file, a server).
+
+    Every getter checks the type, finiteness and range of one field and raises error
+    (UsageError by default) naming where (the file or flag), the field's JSON path and
+    what was expected; a default is returned only for a field that is absent or null.
+    """
+
+    def __init__(self, value, where: str, path: str = "", error: type = None):
+        self.where, self.path, self.error = where, path, error or UsageError
+        if not isinstance(value, dict):
+            raise self.error(f"{where}: {path or 'the top level'} must be a JSON object, got {_shown(value)}")
+        self.value = value
+
+    def _name(self, key: str) -> str:
+        return f"{self.path}.{key}" if self.path else key
+
+    def fail(self, key: str, expected: str, value) -> Exception:
+        return self.error(f"{self.where}: {self._name(key)} must be {expected}, got {_shown(value)}")
+
+    def _read(self, key: str, default, expected: str, ok: Callable[[object], bool]):
+        value = self.value.get(key)
+        if value is None:
+            if default is _MISSING:
+                raise self.error(f"{self.where}: {self._name(key)} is missing; expected {expected}")
+            return default
+        if not ok(value):
+            raise self.fail(key, expected, value)
+        return value
+
+    def number(self, key: str, least: float = -math.inf, default=_MISSING, above: Optional[float] = None):
+        expected = (f"a number > {above:g}" if above is not None else
+                    "a number" if least == -math.inf else f"a number >= {least:g}")
+        return self._read(key, default, expected,
+                          lambda v: _is_number(v) and v >= least and (above is None or v > above))
+
+    def integer(self, key: str, least: int = 0, default=_MISSING):
+        return self._read(key, default, f"an integer >= {least}",
+                          lambda v: isinstance(v, int) and not isinstance(v, bool) and v >= least)
+
+    def string(self, key: str, default=_MISSING):
+        return self._read(key, default, "a string", lambda v: isinstance(v, str))
+
+    def boolean(self, key: str, default=_MISSING):
+        return self._read(key, default, "true or false", lambda v: isinstance(v, bool))
+
+    def object(self, key: str, default=_MISSING) -> Optional["JsonObject"]:
+        value = self._read(key, default, "a JSON object", lambda v: isinstance(v, dict))
+        return value if value is default and default is not _MISSING else JsonObject(
+            value, self.where, self._name(key), self.error)
+
+    def objects(self, key: str, default=_MISSING) -> List["JsonObject"]:
+        """A list of objects, each read with its index in the path."""
+        value = self._read(key, default, "a list of JSON objects", lambda v: isinstance(v, list))
+        if value is default and default is not _MISSING:
+            return value
+        return [JsonObject(item, self.where, f"{self._name(key)}[{index}]", self.error)
+                for index, item in enumerate(value)]
 
 
 # =============================================================================
@@ -653,12 +732,14 @@ def allreduce_seconds(hardware: Hardware, model: ModelSpec, num_tokens: int) -> 
 
 
 def step_seconds(hardware: Hardware, model: ModelSpec, num_tokens: int,
-                 num_context_tokens: int, num_sampled: Optional[int] = None) -> float:
+                 num_context_tokens: int, num_sampled: Optional[int] = None, num_passes: int = 1) -> float:
     """Seconds for one forward pass: the slower of moving the bytes and doing the math.
 
     num_tokens counts every token processed (one per decoding sequence plus prefill
     chunks); num_context_tokens is the KV the attention reads; num_sampled the tokens
     whose logits are needed (default: all), which is where a model's head_params count.
+    num_passes > 1 runs the step as that many forward passes over equal shares of the
+    tokens (llama.cpp's micro-batches), each reading the weights again.
     Attention FLOPs and kernel details are left out: a roofline for direction and order
     of magnitude.
     """
@@ -666,9 +747,10 @@ def step_seconds(hardware: Hardware, model: ModelSpec, num_tokens: int,
         num_sampled = num_tokens
     flops = 2 * (model.body_params * num_tokens + model.head_params * num_sampled)
     compute_s = flops / (hardware.tflops * 1e12 * hardware.mfu)
-    memory_s = ((model.weight_bytes + num_context_tokens * model.kv_bytes_per_token)
-                / (hardware.bandwidth_gbs * GB * hardware.mbu))
-    return hardware.step_overhead_ms / 1000 + max(compute_s, memory_s) + allreduce_seconds(hardware, model, num_tokens)
+    pass_bytes = model.weight_bytes + num_context_tokens * model.kv_bytes_per_token / num_passes
+    memory_s = pass_bytes / (hardware.bandwidth_gbs * GB * hardware.mbu)
+    passes_s = num_passes * max(compute_s / num_passes, memory_s)  # exact for one pass: x / 1 * 1 == x
+    return hardware.step_overhead_ms / 1000 + passes_s + allreduce_seconds(hardware, model, num_tokens)
 
 
 def knee_text(tokens: float) -> str:
@@ -682,6 +764,134 @@ def critical_batch(hardware: Hardware, model: ModelSpec) -> float:
     flops_per_decoded_token = 2 * (model.body_params + model.head_params)
     compute_per_token_s = flops_per_decoded_token / (hardware.tflops * 1e12 * hardware.mfu)
     return weight_read_s / compute_per_token_s
+
+
+# =============================================================================
+# Step cost: the roofline, or a profile measured on the user's own server
+# =============================================================================
+
+class RooflineCost:
+    """Prices a step with the roofline of one device (step_seconds).
+
+    ubatch_tokens: a step runs as forward passes of at most this many tokens, each
+    reading the weights again (llama.cpp's --ubatch-size); None is one pass.
+    request_overhead_s is the time a request takes to reach the engine (none here).
+    """
+
+    request_overhead_s = 0.0
+
+    def __init__(self, hardware: Hardware, model: ModelSpec, ubatch_tokens: Optional[int] = None):
+        self.hardware, self.model, self.ubatch_tokens = hardware, model, ubatch_tokens
+
+    def step_s(self, num_tokens: int, num_context_tokens: int, num_sampled: int,
+               num_decodes: int = 0, decode_context_tokens: int = 0) -> float:
+        passes = -(-num_tokens // self.ubatch_tokens) if self.ubatch_tokens else 1
+        return step_seconds(self.hardware, self.model, num_tokens, num_context_tokens, num_sampled, passes)
+
+    def describe(self) -> dict:
+        return {"kind": "roofline", "hardware": self.hardware.name,
+                "text": f"steps priced by the roofline of {self.hardware.name}"}
+
+
+def _interpolate(points: Sequence[Tuple[float, float]], x: float) -> Optional[float]:
+    """Piecewise linear through points (sorted by x); None outside their range."""
+    if not points or x < points[0][0] or x > points[-1][0]:
+        return None
+    index = bisect.bisect_left([px for px, _ in points], x)
+    if points[index][0] == x:
+        return points[index][1]
+    (x0, y0), (x1, y1) = points[index - 1], points[index]
+    return y0 + (y1 - y0) * (x - x0) / (x1 - x0)
+
+
+@dataclass(frozen=True)
+class StepProfile:
+    """A server's step cost as `profile` measured it (seconds).
+
+    decode: (sequences in the step, seconds) for steps that only decode, measured with
+    decode_context_tokens of context per sequence; prefill: (prompt tokens, seconds)
+    for steps that only prefill one prompt; mixed_overlap_s: what a step that carries
+    both costs less than the sum of the two (0 when it was not measured).
+    """
+
+    path: str
+    decode: Tuple[Tuple[int, float], ...]
+    prefill: Tuple[Tuple[int, float], ...]
+    decode_context_tokens: float
+    mixed_overlap_s: float
+    server: str
+    measured: str          # where and when: "llama.cpp b11434 on AMD EPYC (2 CPUs), 2026-12-01"
+    server_info: dict      # kind, slots, slot_context_tokens: the defaults of the server's flags
+    request_overhead_s: float = 0.0  # fixed front-end time of a request (network, HTTP, tokenizing)
+
+
+def read_step_profile(path: str) -> StepProfile:
+    """A StepProfile from the JSON file `profile --out` writes; UsageError naming the field."""
+    where = f"--step-profile {path}"
+    data = JsonObject(read_json_file(path, where), where)
+    decode = sorted((point.integer("batch", 1), point.number("step_ms", above=0) / 1000)
+                    for point in data.objects("decode"))
+    prefill = sorted((point.integer("prompt_tokens", 1), point.number("step_ms", above=0) / 1000)
+                     for point in data.objects("prefill"))
+    if not decode:
+        raise UsageError(f"{where}: decode has no points; run profile again (it was stopped before the first)")
+    for name, points in (("decode batch", decode), ("prefill prompt_tokens", prefill)):
+        if len({x for x, _ in points}) != len(points):
+            raise UsageError(f"{where}: two {name} points of the same size")
+    if decode[0][0] == 1 and (not prefill or prefill[0][0] > 1):
+        prefill.insert(0, decode[0])  # a one-token prefill is one decode step
+    server = data.object("server", {}) or JsonObject({}, where)
+    machine = data.object("machine", {}) or JsonObject({}, where)
+    measured = (f"{server.string('kind', 'a server')} {server.string('build', '')}".strip()
+                + f" on {machine.string('cpu', 'an unnamed machine')}, {data.string('date', 'undated')[:10]}")
+    info = {"kind": server.string("kind", "unknown"), "slots": server.integer("slots", 1, None),
+            "slot_context_tokens": server.integer("slot_context_tokens", 1, None)}
+    return StepProfile(path, tuple(decode), tuple(prefill), data.number("decode_context_tokens", 0, 0.0),
+                       data.number("mixed_overlap_ms", 0, 0.0) / 1000, info["kind"], measured, info,
+                       data.number("request_overhead_ms", 0, 0.0) / 1000)
+
+
+class ProfileCost:
+    """Prices a step from a StepProfile: piecewise linear in the sequences that decode
+    and in the prefill tokens, a step that carries both as their sum less the measured
+    overlap; the roofline's KV-read term for context beyond what the profile measured;
+    the roofline (of fallback) for a step outside the table, counted in num_outside."""
+
+    def __init__(self, profile: StepProfile, fallback: RooflineCost):
+        self.profile, self.fallback = profile, fallback
+        self.request_overhead_s = profile.request_overhead_s
+        model, hardware = fallback.model, fallback.hardware
+        self.kv_read_s_per_token = model.kv_bytes_per_token / (hardware.bandwidth_gbs * GB * hardware.mbu)
+        self.num_steps = self.num_outside = 0
+        self.largest_outside = (0, 0)   # (sequences decoding, prefill tokens) of the largest step outside
+
+    def step_s(self, num_tokens: int, num_context_tokens: int, num_sampled: int,
+               num_decodes: int = 0, decode_context_tokens: int = 0) -> float:
+        self.num_steps += 1
+        num_prefill = num_tokens - num_decodes
+        decode_s = _interpolate(self.profile.decode, num_decodes) if num_decodes else 0.0
+        prefill_s = _interpolate(self.profile.prefill, num_prefill) if num_prefill else 0.0
+        if decode_s is None or prefill_s is None:
+            self.num_outside += 1
+            self.largest_outside = max(self.largest_outside, (num_decodes, num_prefill))
+            return self.fallback.step_s(num_tokens, num_context_tokens, num_sampled)
+        both_s = decode_s + prefill_s
+        if decode_s and prefill_s:
+            both_s = max(both_s - self.profile.mixed_overlap_s, decode_s, prefill_s)
+        unmeasured = decode_context_tokens - num_decodes * self.profile.decode_context_tokens
+        return both_s + max(0.0, unmeasured) * self.kv_read_s_per_token
+
+    def describe(self) -> dict:
+        profile = self.profile
+        text = (f"steps priced by the step profile {profile.path} ({profile.measured}; decode batch "
+                f"{profile.decode[0][0]}-{profile.decode[-1][0]}, prefill up to {profile.prefill[-1][0]:,} tokens)")
+        if self.num_outside:
+            decodes, tokens = self.largest_outside
+            text += (f"; {self.num_outside:,} of {self.num_steps:,} steps lay outside it (up to {decodes} "
+                     f"decoding, {tokens:,} prefill tokens) and were priced by the roofline of "
+                     f"{self.fallback.hardware.name}")
+        return {"kind": "profile", "file": profile.path, "measured": profile.measured, "server": profile.server,
+                "num_steps": self.num_steps, "num_steps_outside": self.num_outside, "text": text}
 
 
 # =============================================================================
@@ -851,6 +1061,7 @@ class SchedulerConfig:
     prefix_caching: bool = False         # --prefix-caching
     max_model_len: Optional[int] = None  # --max-model-len: longest request (None: no limit)
     max_tokens_in_flight: Optional[int] = None  # --max-tokens-in-flight (see TokenCapScheduler)
+    scheduler: str = "vllm"              # --scheduler: vllm (paged KV) or llamacpp (slots, see SlotScheduler)
 
 
 Batch = List[Tuple[Request, int]]
@@ -1092,8 +1303,47 @@ class TokenCapScheduler(Scheduler):
         return not self.running or in_flight + request.length <= self.config.max_tokens_in_flight
 
 
+# =============================================================================
+# Scheduler extension: llama.cpp's slots
+# =============================================================================
+
+class SlotScheduler(Scheduler):
+    """llama.cpp's llama-server: --parallel slots (max_num_seqs), each owning a fixed
+    share of the --ctx-size cache (the pool's tokens / slots), nothing paged between them.
+
+    As llama-server b11434 answers (measured): a prompt of a slot's context or more is
+    refused (HTTP 400 exceed_context_size_error); a prompt that fits but whose prompt +
+    max_tokens does not is cut at the slot's end (finish_reason length). A request that
+    fits a slot never runs out of cache, so nothing is ever preempted: requests wait
+    for a free slot. The step's token budget is --batch-size (max_num_batched_tokens),
+    decodes first, then prompt chunks, as llama-server fills a batch.
+    """
+
+    def __init__(self, config: SchedulerConfig, num_blocks: int):
+        self.slot_tokens = num_blocks * config.block_size // config.max_num_seqs
+        blocks_per_slot = -(-self.slot_tokens // config.block_size)
+        super().__init__(config, config.max_num_seqs * blocks_per_slot)
+        self.num_cut = 0
+
+    def add(self, request: Request) -> bool:
+        if request.prompt_tokens >= self.slot_tokens:
+            request.error_kind = "slot-context"
+            request.error = (f"prompt of {request.prompt_tokens:,} tokens does not fit a {self.slot_tokens:,}-token "
+                             f"slot (llama.cpp: HTTP 400 exceed_context_size_error)")
+            return False
+        if request.prompt_tokens + request.max_tokens > self.slot_tokens:
+            request.max_tokens = self.slot_tokens - request.prompt_tokens  # cut at the slot's end
+            self.num_cut += 1
+        return super().add(request)
+
+    def _preempt(self, request: Request) -> None:
+        raise AssertionError("a llama.cpp slot never runs out of cache, so nothing is preempted")
+
+
 def new_scheduler(config: SchedulerConfig, num_blocks: int) -> Scheduler:
     """The scheduler a configuration asks for."""
+    if config.scheduler == "llamacpp":
+        return SlotScheduler(config, num_blocks)
     if config.max_tokens_in_flight is not None:
         return TokenCapScheduler(config, num_blocks)
     return Scheduler(config, num_blocks)
@@ -1104,16 +1354,18 @@ def new_scheduler(config: SchedulerConfig, num_blocks: int) -> Scheduler:
 # =============================================================================
 
 class Engine:
-    """A scheduler on a virtual clock: each step is priced by the roofline.
+    """A scheduler on a virtual clock: each step is priced by a cost model (the roofline
+    of hardware unless cost is given, e.g. a ProfileCost).
 
     step() runs one scheduling pass and one forward pass, advances clock_s by its cost,
     and keeps what a server's metrics would show: steps, batch sizes, KV use.
     """
 
-    def __init__(self, scheduler: Scheduler, hardware: Hardware, model: ModelSpec):
+    def __init__(self, scheduler: Scheduler, hardware: Hardware, model: ModelSpec, cost=None):
         self.scheduler = scheduler
         self.hardware = hardware
         self.model = model
+        self.cost = cost or RooflineCost(hardware, model)
         self.clock_s = 0.0
         self.num_steps = 0
         self.num_batched_seqs = 0
@@ -1130,12 +1382,18 @@ class Engine:
         batch = scheduler.schedule(self.clock_s)
         if not batch:
             return None
-        num_tokens = num_context_tokens = num_sampled = 0
+        num_tokens = num_context_tokens = num_sampled = num_decodes = decode_context_tokens = 0
         for request, tokens in batch:
             num_tokens += tokens
-            num_context_tokens += request.computed + tokens
-            num_sampled += request.computed + tokens == request.length
-        duration_s = step_seconds(self.hardware, self.model, num_tokens, num_context_tokens, num_sampled)
+            context = request.computed + tokens
+            num_context_tokens += context
+            if context == request.length:
+                num_sampled += 1
+                if tokens == 1:  # a decode: the token sampled last step
+                    num_decodes += 1
+                    decode_context_tokens += context
+        duration_s = self.cost.step_s(num_tokens, num_context_tokens, num_sampled, num_decodes,
+                                      decode_context_tokens)
         used = scheduler.pool.used_count()
         self.num_steps += 1
         self.num_batched_seqs += len(batch)
@@ -1178,6 +1436,8 @@ class Engine:
             "prefix_hit_tokens": scheduler.num_prefix_hit_tokens,
             "prefix_hit_rate": (scheduler.num_prefix_hit_tokens / scheduler.num_prefix_query_tokens
                                 if scheduler.num_prefix_query_tokens else 0.0),
+            "num_cut_requests": getattr(scheduler, "num_cut", 0),
+            "cost_model": self.cost.describe(),
         }
 
 
@@ -1187,15 +1447,19 @@ class Arrivals:
     Open loop (concurrency None): each request is sent at its arrival_s, whatever the
     engine is doing. Closed loop: concurrency clients each send their next request, in
     list order, the moment the previous one ends or is refused, as a load generator's
-    worker threads do. send(request, now_s) queues a request and says whether it was
-    accepted (False: rejected, it could never run).
+    worker threads do. A request reaches the engine delay_s after it is sent (the fixed
+    front-end time a step profile measured: network, HTTP, tokenizing). send(request,
+    now_s) queues a request and says whether it was accepted (False: it could never run).
     """
 
     def __init__(self, requests: List[Request], concurrency: Optional[int],
-                 send: Callable[[Request, float], bool]):
+                 send: Callable[[Request, float], bool], delay_s: float = 0.0):
         self.concurrency = concurrency
         self.send = send
+        self.delay_s = delay_s
         self.pending = deque(requests if concurrency is not None else sorted(requests, key=lambda r: r.arrival_s))
+        self.in_transit: List[Tuple[float, int, Request]] = []  # (reaches the engine, order sent, request)
+        self.order = itertools.count()
 
     def start(self) -> None:
         """Closed loop: every client sends its first request at 0."""
@@ -1203,15 +1467,20 @@ class Arrivals:
             self.next_from_client(0.0)
 
     def next_arrival_s(self) -> float:
-        """Open loop: when the next request is due (inf when none is left, or closed loop)."""
-        return self.pending[0].arrival_s if self.concurrency is None and self.pending else math.inf
+        """When the next request reaches the engine (inf when none is on its way)."""
+        due = self.pending[0].arrival_s + self.delay_s if self.concurrency is None and self.pending else math.inf
+        return min(due, self.in_transit[0][0]) if self.in_transit else due
 
     def arrive_until(self, now_s: float) -> None:
-        """Open loop: send every request due by now_s."""
-        while self.next_arrival_s() <= now_s:
+        """Hand the engine every request that has reached it by now_s."""
+        while self.concurrency is None and self.pending and self.pending[0].arrival_s + self.delay_s <= now_s:
             request = self.pending.popleft()
             request.sent_s = request.arrival_s
-            self.send(request, request.arrival_s)
+            heapq.heappush(self.in_transit, (request.arrival_s + self.delay_s, next(self.order), request))
+        while self.in_transit and self.in_transit[0][0] <= now_s:
+            at_s, _, request = heapq.heappop(self.in_transit)
+            if not self.send(request, at_s) and self.concurrency is not None:
+                self.next_from_client(at_s)  # refused: that client sends its next one at once
 
     def finished(self, num_requests: int, now_s: float) -> None:
         """Closed loop: num_requests clients got their answer and send again."""
@@ -1220,19 +1489,19 @@ class Arrivals:
                 self.next_from_client(now_s)
 
     def next_from_client(self, now_s: float) -> None:
-        """One client sends its next request; a refused one is followed by the next at once."""
-        while self.pending:
+        """One client sends its next request."""
+        if self.pending:
             request = self.pending.popleft()
             request.sent_s = now_s
-            if self.send(request, now_s):
-                return
+            heapq.heappush(self.in_transit, (now_s + self.delay_s, next(self.order), request))
 
 
 def simulate(scheduler: Scheduler, hardware: Hardware, model: ModelSpec,
-             requests: List[Request], concurrency: Optional[int] = None) -> Engine:
+             requests: List[Request], concurrency: Optional[int] = None, cost=None) -> Engine:
     """Run requests through the scheduler on a virtual clock (see Arrivals); return the engine."""
-    engine = Engine(scheduler, hardware, model)
-    arrivals = Arrivals(requests, concurrency, lambda request, now_s: scheduler.add(request))
+    engine = Engine(scheduler, hardware, model, cost)
+    arrivals = Arrivals(requests, concurrency, lambda request, now_s: scheduler.add(request),
+                        engine.cost.request_overhead_s)
     arrivals.start()
     while True:
         arrivals.arrive_until(engine.clock_s)
@@ -1254,17 +1523,24 @@ class EngineSpec:
 
     plan: CapacityPlan
     config: SchedulerConfig
+    step_profile: Optional[StepProfile] = None  # price steps from it (the roofline outside it)
+    ubatch_tokens: Optional[int] = None         # llama.cpp --ubatch-size: tokens per forward pass
 
     def __post_init__(self):
         if self.plan.block_size != self.config.block_size:
             raise ValueError(f"the plan's {self.plan.block_size}-token blocks are not the scheduler's "
                              f"{self.config.block_size}")
 
+    def cost(self):
+        """A fresh cost model (a ProfileCost counts the steps it priced)."""
+        roofline = RooflineCost(self.plan.hardware, self.plan.model, self.ubatch_tokens)
+        return ProfileCost(self.step_profile, roofline) if self.step_profile else roofline
+
     def engine(self, scheduler_class: Optional[type] = None) -> Engine:
         """A fresh engine on this plan; scheduler_class overrides the configured scheduler."""
         scheduler = (scheduler_class(self.config, self.plan.num_blocks) if scheduler_class
                      else new_scheduler(self.config, self.plan.num_blocks))
-        return Engine(scheduler, self.plan.hardware, self.plan.model)
+        return Engine(scheduler, self.plan.hardware, self.plan.model, self.cost())
 
 
 # =============================================================================
@@ -1422,9 +1698,9 @@ def rejections(requests: Sequence[Request]) -> List[dict]:
 
 
 def simulation_report(scheduler: Scheduler, hardware: Hardware, model: ModelSpec, requests: List[Request],
-                      concurrency: Optional[int] = None, slo: Optional[Slo] = None) -> dict:
+                      concurrency: Optional[int] = None, slo: Optional[Slo] = None, cost=None) -> dict:
     """Simulate requests and report what the engine saw, the summary and the rejections."""
-    engine = simulate(scheduler, hardware, model, requests, concurrency)
+    engine = simulate(scheduler, hardware, model, requests, concurrency, cost)
     return {"engine": engine.report(), "summary": summarize(requests, slo), "rejected": rejections(requests)}
 
 
@@ -1526,7 +1802,7 @@ class DisaggregatedRun:
 
     def run(self, requests: List[Request], concurrency: Optional[int] = None) -> None:
         """Send requests open loop or closed loop (as simulate() does) until all are done."""
-        self.arrivals = Arrivals(requests, concurrency, self.arrive)
+        self.arrivals = Arrivals(requests, concurrency, self.arrive, self.prefill.cost.request_overhead_s)
         self.arrivals.start()
         while True:
             next_arrival = self.arrivals.next_arrival_s()
@@ -2063,13 +2339,29 @@ class Endpoint:
         return ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1") + body
 
     def get(self, path: str, timeout_s: float, headers: Optional[Dict[str, str]] = None) -> Tuple[int, bytes]:
+        """Status and body (at most 16 MiB) of GET path; BadResponse when the connection
+        breaks, stalls past timeout_s or the answer is not HTTP."""
         connection = self.connect(timeout_s)
         try:
             connection.request("GET", self.base_path + path, headers=headers or {})
             response = connection.getresponse()
-            return response.status, response.read()
+            return response.status, response.read(1 << 24)
+        except socket.timeout:
+            raise BadResponse(f"GET {self}{path}: no answer within {timeout_s:g} s") from None
+        except (OSError, http.client.HTTPException) as error:
+            raise BadResponse(f"GET {self}{path}: {type(error).__name__}: {error}") from None
         finally:
             connection.close()
+
+    def get_json(self, path: str, timeout_s: float, headers: Optional[Dict[str, str]] = None):
+        """The JSON value of GET path; BadResponse on a status other than 200 or a body that is not JSON."""
+        status, body = self.get(path, timeout_s, headers)
+        if status != 200:
+            raise BadResponse(f"GET {self}{path}: HTTP {status}")
+        try:
+            return json.loads(body)
+        except ValueError:
+            raise BadResponse(f"GET {self}{path}: the answer is not JSON") from None
 
 
 class HttpBody:
@@ -2777,13 +3069,37 @@ def timings_summary(records: Sequence[MeasuredRequest]) -> Optional[dict]:
 
 def discover_model(endpoint: Endpoint, headers: Dict[str, str], timeout_s: float) -> str:
     """The first model id the server lists at GET /v1/models."""
-    status, body = endpoint.get("/v1/models", timeout_s, headers)
     try:
-        if status != 200:
-            raise ValueError(f"HTTP {status}")
-        return str(json.loads(body)["data"][0]["id"])
-    except (ValueError, KeyError, IndexError, TypeError) as error:
-        raise ServesimError(f"GET {endpoint}/v1/models gave no model id ({error}); pass --model") from None
+        listed = JsonObject(endpoint.get_json("/v1/models", timeout_s, headers), f"GET {endpoint}/v1/models",
+                            error=BadResponse).objects("data")
+        if not listed:
+            raise BadResponse(f"GET {endpoint}/v1/models: data lists no model")
+        return listed[0].string("id")
+    except BadResponse as error:
+        raise BadResponse(f"{error}; pass --model") from None
+
+
+def discover_server(endpoint: Endpoint, headers: Dict[str, str], timeout_s: float) -> dict:
+    """What the server says of itself, where it does (best effort; {} when it says
+    nothing): llama.cpp's GET /props (kind, build, slots, context per slot, model path)
+    or vLLM's max_model_len in GET /v1/models."""
+    timeout_s = min(timeout_s, 5.0)
+    try:
+        props = JsonObject(endpoint.get_json("/props", timeout_s, headers), "/props", error=BadResponse)
+        generation = props.object("default_generation_settings", {}) or JsonObject({}, "/props")
+        return {"kind": "llama.cpp", "build": props.string("build_info", ""), "slots": props.integer("total_slots", 1),
+                "slot_context_tokens": generation.integer("n_ctx", 1, None),
+                "model_path": props.string("model_path", "")}
+    except BadResponse:
+        pass
+    try:
+        listed = JsonObject(endpoint.get_json("/v1/models", timeout_s, headers), "/v1/models",
+                            error=BadResponse).objects("data")
+        if listed and listed[0].integer("max_model_len", 1, None):
+            return {"kind": "vllm", "max_model_len": listed[0].integer("max_model_len", 1)}
+    except BadResponse:
+        pass
+    return {}
 
 
 def finish_in_flight(run: LoadRun, grace_s: float) -> None:
@@ -2852,6 +3168,239 @@ LOADGEN_SWITCH_INTERVAL_S = 0.001
 
 
 # =============================================================================
+# Profile: a server's step cost, measured with controlled load
+# =============================================================================
+
+PROFILE_FORMAT = 1  # the "servesim_step_profile" version profile --out writes
+
+
+def _figure(value: Optional[float], style: str) -> str:
+    """A figure as a report shows it, or "-" when it is unknown."""
+    return "-" if value is None else style.format(value)
+
+
+def decoding_gaps_s(records: Sequence[MeasuredRequest]) -> List[float]:
+    """The gaps between tokens while every one of records decodes: from the last
+    request's first token to the first request's last, the steady state of a batch."""
+    timed = [r for r in records if r.error is None and len(r.token_times) > 1]
+    if len(timed) < len(records) or not timed:
+        return []
+    start, end = max(r.token_times[0] for r in timed), min(r.token_times[-1] for r in timed)
+    return [later - earlier for r in timed for earlier, later in zip(r.token_times, r.token_times[1:])
+            if earlier >= start and later <= end]
+
+
+def point_summary(values_s: Sequence[float]) -> dict:
+    """A measured point in ms: the median of its repeats, their range and each one."""
+    values = sorted(value * 1000 for value in values_s)
+    return {"step_ms": statistics.median(values), "min_ms": values[0], "max_ms": values[-1], "repeats_ms": values}
+
+
+def line_fit(xs: Sequence[float], ys: Sequence[float]) -> Tuple[float, float]:
+    """Least-squares (intercept, slope) of ys against xs (at least two distinct xs)."""
+    mean_x, mean_y = sum(xs) / len(xs), sum(ys) / len(ys)
+    slope = (sum((x - mean_x) * (y - mean_y) for x, y in zip(xs, ys))
+             / sum((x - mean_x) ** 2 for x in xs))
+    return mean_y - slope * mean_x, slope
+
+
+def machine_description() -> dict:
+    """The machine servesim runs on (the server's, when it listens on localhost)."""
+    cpu = platform.processor() or platform.machine()
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as handle:
+            cpu = next((line.split(":", 1)[1].strip() for line in handle if line.startswith("model name")), cpu)
+    except OSError:
+        pass
+    return {"cpu": cpu, "num_cpus": os.cpu_count(), "platform": platform.platform()}
+
+
+@dataclass(frozen=True)
+class ProfileSettings:
+    """What `profile` measures: decode steps at each batch, prefills over a grid of
+    prompt lengths, and steps that carry a prefill beside decodes."""
+
+    batches: Tuple[int, ...]
+    prefill_tokens: Tuple[int, ...]
+    prompt_tokens: int      # the short prompts of the decode points
+    output_tokens: int      # tokens each decode request generates
+    repeat: int             # runs per point
+    budget_s: float         # wall time for the whole profile; points that would pass it are skipped
+    timeout_s: float
+
+
+class Profiler:
+    """Measures a server point by point on the main thread; each point is one or more
+    LoadRuns (workers and the stream reader as in loadgen). The profile dict fills as
+    points finish, so what was measured before Ctrl-C or the budget is kept."""
+
+    def __init__(self, endpoint: Endpoint, headers: Dict[str, str], model: str, settings: ProfileSettings,
+                 say: Callable[[str], None], clock: Callable[[], float] = time.perf_counter):
+        self.endpoint, self.headers, self.model, self.settings = endpoint, headers, model, settings
+        self.say, self.clock = say, clock
+        self.started = clock()
+        self.seed = random.SystemRandom().randrange(10 ** 6)
+        self.decode: List[dict] = []
+        self.prefill: List[dict] = []
+        self.mixed: List[dict] = []
+        self.notes: List[str] = []
+
+    def elapsed_s(self) -> float:
+        return self.clock() - self.started
+
+    def fits_budget(self, what: str, estimate_s: float) -> bool:
+        if self.elapsed_s() + estimate_s <= self.settings.budget_s:
+            return True
+        self.notes.append(f"{what} skipped: it would pass --budget-s {self.settings.budget_s:g}")
+        return False
+
+    def load(self, bodies: List[bytes], concurrency: Optional[int], schedule: Optional[List[float]] = None,
+             scrape: bool = False) -> Tuple[List[MeasuredRequest], Optional[dict]]:
+        """One load run; its records, and the server window when scrape is asked for."""
+        sampler = MetricsSampler(self.endpoint, 3600.0, {k: v for k, v in self.headers.items()
+                                                          if k == "Authorization"})
+        run = LoadRun(LoadPlan(self.endpoint, bodies, self.headers, 0, concurrency, schedule,
+                               self.settings.timeout_s))
+        try:
+            if scrape:
+                sampler.scrape()
+            run.start()
+            run.wait()
+        finally:
+            run.close()
+        window = None
+        if scrape and sampler.scrape():
+            window = server_window(sampler.scrapes)
+        failed = [r for r in run.records if r.error is not None]
+        if failed:
+            raise BadResponse(f"a profile request failed ({failed[0].error_kind}: {failed[0].error})")
+        return run.records, window
+
+    def bodies(self, num: int, prompt_tokens: int, max_tokens: int) -> List[bytes]:
+        self.seed += 1  # fresh prompts every run: nothing served from a cache the last run filled
+        return [chat_body(self.model, prompt, max_tokens, True, 0.0)
+                for prompt in build_prompts(num, prompt_tokens, 0, self.seed)]
+
+    def measure_decode(self, batch: int) -> None:
+        settings = self.settings
+        gaps_s, windows, contexts = [], [], []
+        for _ in range(settings.repeat):
+            records, window = self.load(self.bodies(batch, settings.prompt_tokens, settings.output_tokens),
+                                        batch, scrape=True)
+            gaps = decoding_gaps_s(records)
+            if gaps:
+                gaps_s.append(statistics.median(gaps))
+            windows.append((window or {}).get("mean_batch"))
+            contexts.append(statistics.mean(r.prompt_tokens for r in records) + settings.output_tokens / 2)
+        if not gaps_s:
+            self.notes.append(f"decode batch {batch}: the {batch} requests never decoded together")
+            return
+        point = dict(batch=batch, **point_summary(gaps_s), context_tokens=statistics.mean(contexts))
+        seen = [value for value in windows if value is not None]
+        point["server_mean_batch"] = statistics.mean(seen) if seen else None
+        if seen and point["server_mean_batch"] < 0.9 * batch:
+            self.notes.append(f"decode batch {batch}: the server ran {point['server_mean_batch']:.2f} sequences "
+                              f"per step on average (fewer slots than {batch}?)")
+        self.decode.append(point)
+        self.say(f"decode batch {batch}: {point['step_ms']:.2f} ms per step ({point['min_ms']:.2f}-"
+                 f"{point['max_ms']:.2f} over {len(gaps_s)} runs), server mean batch "
+                 f"{_figure(point['server_mean_batch'], '{:.2f}')}")
+
+    def measure_prefill(self, prompt_tokens: int) -> None:
+        records, _ = self.load(self.bodies(self.settings.repeat, prompt_tokens, 1), 1)
+        ttfts = [r.token_times[0] - r.sent_s for r in records]
+        server_s = [r.timings["prompt_ms"] / 1000 for r in records
+                    if r.timings and _is_number(r.timings.get("prompt_ms"))]
+        point = dict(prompt_tokens=round(statistics.median(r.prompt_tokens for r in records)),
+                     ttft_ms=statistics.median(ttfts) * 1000,
+                     server_prompt_ms=statistics.median(server_s) * 1000 if len(server_s) == len(records) else None,
+                     **point_summary(server_s if len(server_s) == len(records) else ttfts))
+        self.prefill.append(point)
+        self.say(f"prefill {point['prompt_tokens']:,} tokens: TTFT {point['ttft_ms']:.2f} ms, "
+                 f"server prompt time {_figure(point['server_prompt_ms'], '{:.2f} ms')}")
+
+    def measure_mixed(self, num_decoding: int, prompt_tokens: int, decode_ms: float) -> None:
+        """num_decoding requests decode; one prompt of prompt_tokens arrives among them.
+        The decoders' gap that ends with its first token is the step that carried both."""
+        settings = self.settings
+        output_tokens = max(settings.output_tokens, 24)
+        steps_s = []
+        for _ in range(settings.repeat):
+            bodies = self.bodies(num_decoding, settings.prompt_tokens, output_tokens)
+            bodies += self.bodies(1, prompt_tokens, 1)
+            start_s = (self.prefill[0]["ttft_ms"] + decode_ms * output_tokens / 3) / 1000
+            records, _ = self.load(bodies, None, [0.0] * num_decoding + [start_s])
+            first_s = records[-1].token_times[0]
+            gaps = [later - earlier for r in records[:-1] for earlier, later in zip(r.token_times, r.token_times[1:])
+                    if abs(later - first_s) < decode_ms / 2000 and earlier < first_s]
+            if len(gaps) == num_decoding:
+                steps_s.append(statistics.median(gaps))
+        if not steps_s:
+            self.notes.append(f"mixed step ({num_decoding} decoding + {prompt_tokens} prompt tokens): the prefill "
+                              f"could not be isolated in one step")
+            return
+        point = dict(decode_batch=num_decoding, prompt_tokens=records[-1].prompt_tokens, **point_summary(steps_s))
+        self.mixed.append(point)
+        self.say(f"mixed step {num_decoding} decoding + {prompt_tokens:,} prompt tokens: {point['step_ms']:.2f} ms")
+
+    def run(self) -> None:
+        """Every point in order, decode batches, the prefill grid, then mixed steps, each
+        only if its estimated time still fits the budget."""
+        settings, last_s = self.settings, 0.1
+        for batch in settings.batches:
+            estimate_s = settings.repeat * settings.output_tokens * last_s * (1 + 1 / batch)
+            if self.fits_budget(f"decode batch {batch}", estimate_s if self.decode else 0.0):
+                self.measure_decode(batch)
+                last_s = self.decode[-1]["step_ms"] / 1000 if self.decode else last_s
+        for tokens in settings.prefill_tokens:
+            estimate_s = settings.repeat * (self.prefill[-1]["ttft_ms"] / 1000 * 2 if self.prefill else last_s)
+            if self.fits_budget(f"prefill {tokens:,} tokens", estimate_s):
+                self.measure_prefill(tokens)
+        batches = {point["batch"]: point["step_ms"] for point in self.decode}
+        num_decoding = max(batches, default=1) - 1
+        if self.prefill and num_decoding in batches:
+            grid = settings.prefill_tokens
+            for tokens in sorted({grid[len(grid) // 2], grid[-1]}):
+                estimate_s = settings.repeat * max(settings.output_tokens, 24) * batches[num_decoding] / 1000 * 1.5
+                if self.fits_budget(f"mixed step with {tokens:,} prompt tokens", estimate_s):
+                    self.measure_mixed(num_decoding, tokens, batches[num_decoding])
+
+    def result(self, server: dict, complete: bool) -> dict:
+        """The profile as profile --out writes it (read back by read_step_profile)."""
+        overhead_ms = self._settle_prefill()
+        decode = {point["batch"]: point["step_ms"] for point in self.decode}
+        prefill = sorted((point["prompt_tokens"], point["step_ms"]) for point in self.prefill)
+        overlaps = [decode[point["decode_batch"]] + (_interpolate(prefill, point["prompt_tokens"]) or 0.0)
+                    - point["step_ms"] for point in self.mixed if point["decode_batch"] in decode]
+        return {
+            "servesim_step_profile": PROFILE_FORMAT, "date": datetime.datetime.now(datetime.timezone.utc).isoformat(
+                timespec="seconds"), "server": dict(server, url=str(self.endpoint), model=self.model),
+            "machine": machine_description(), "settings": asdict(self.settings), "complete": complete,
+            "request_overhead_ms": overhead_ms, "decode": self.decode, "prefill": self.prefill, "mixed": self.mixed,
+            "decode_context_tokens": statistics.mean(p["context_tokens"] for p in self.decode) if self.decode else 0.0,
+            "mixed_overlap_ms": max(0.0, statistics.median(overlaps)) if overlaps else 0.0, "notes": self.notes,
+        }
+
+    def _settle_prefill(self) -> float:
+        """Split each prefill point's TTFT into the server's prefill step and the fixed
+        front-end time around it (network, HTTP, tokenizing); return the latter in ms.
+        With the server's own prompt time (llama.cpp's timings) the split is measured;
+        otherwise the fixed part is the intercept of TTFT against prompt length."""
+        if not self.prefill:
+            return 0.0
+        if all(point["server_prompt_ms"] is not None for point in self.prefill):
+            return max(0.0, statistics.median(p["ttft_ms"] - p["server_prompt_ms"] for p in self.prefill))
+        if len({point["prompt_tokens"] for point in self.prefill}) < 2:
+            self.notes.append("one prefill point: its TTFT is taken as the prefill step, with no front-end time")
+            return 0.0
+        intercept_ms, _ = line_fit([p["prompt_tokens"] for p in self.prefill], [p["ttft_ms"] for p in self.prefill])
+        overhead_ms = min(max(0.0, intercept_ms), 0.5 * min(p["ttft_ms"] for p in self.prefill))
+        for point in self.prefill:
+            point.update(point_summary([(value - overhead_ms) / 1000 for value in point["repeats_ms"]]))
+        return overhead_ms
+
+
+# =============================================================================
 # Runs: from parsed flags to an engine and a workload
 # =============================================================================
 
@@ -2867,26 +3416,58 @@ def _resolve(args) -> Tuple[Hardware, ModelSpec]:
     return hardware, get_preset(MODELS, args.model or DEFAULT_MODEL, "--model")
 
 
-def build_plan(args, hardware: Optional[Hardware] = None) -> CapacityPlan:
+def build_plan(args, hardware: Optional[Hardware] = None, kv_tokens: Optional[int] = None) -> CapacityPlan:
     """The memory plan the flags ask for; hardware stands in for --hardware (a
-    disaggregated engine's own device), with every other flag applied to it alike."""
+    disaggregated engine's own device), with every other flag applied to it alike;
+    kv_tokens is the cache size when --kv-tokens leaves it unsaid."""
     default_hardware, model = _resolve(args)
     hardware = hardware or default_hardware
     if getattr(args, "interconnect_gbs", None):
         hardware = dataclasses.replace(hardware, interconnect_gbs=args.interconnect_gbs)
-    return plan_capacity(hardware, model, args.gpu_memory_utilization, args.block_size, args.kv_tokens,
+    return plan_capacity(hardware, model, args.gpu_memory_utilization, args.block_size, args.kv_tokens or kv_tokens,
                          getattr(args, "max_model_len", None) or 4096, getattr(args, "tensor_parallel_size", 1))
 
 
-def build_engine_spec(args, hardware: Optional[Hardware] = None, **config_changes) -> EngineSpec:
-    """The one way from flags to an engine: the plan and the scheduler knobs, from one
-    --block-size. config_changes override knobs (a sweep's cap, a phase's limits)."""
-    config = SchedulerConfig(args.max_num_seqs, args.max_num_batched_tokens, args.block_size,
-                             args.chunked_prefill, args.prefix_caching, args.max_model_len,
-                             getattr(args, "max_tokens_in_flight", None))
-    if isinstance(config.max_tokens_in_flight, list):
-        config = dataclasses.replace(config, max_tokens_in_flight=None)  # sweep: one run per cap
-    return EngineSpec(build_plan(args, hardware), dataclasses.replace(config, **config_changes))
+SCHEDULER_DEFAULTS = {  # what each server does when its flags are left out
+    "vllm": {"max_num_batched_tokens": 8192, "ubatch_tokens": None},
+    "llamacpp": {"max_num_batched_tokens": 2048, "ubatch_tokens": 512},  # llama-server --batch-size, --ubatch-size
+}
+
+
+def _server_defaults(args, server: dict) -> Tuple[str, int, Optional[int]]:
+    """(scheduler, sequences, KV tokens) the flags ask for, or the measured server has
+    (server: what a loadgen report or a step profile recorded of it)."""
+    scheduler = args.scheduler or ("llamacpp" if server.get("kind") == "llama.cpp" else "vllm")
+    slots = args.max_num_seqs or server.get("slots") or 256
+    kv_tokens = None
+    if scheduler == "llamacpp" and server.get("slot_context_tokens"):
+        kv_tokens = slots * server["slot_context_tokens"]  # llama.cpp --ctx-size is split across the slots
+    if scheduler == "llamacpp":
+        for flag, on in (("--prefix-caching", args.prefix_caching),
+                         ("--max-tokens-in-flight", getattr(args, "max_tokens_in_flight", None)),
+                         ("--disaggregate", getattr(args, "disaggregate", False))):
+            if on:
+                raise UsageError(f"{flag} with --scheduler llamacpp: llama.cpp has no such mode (its slots "
+                                 f"reuse only the prompt each held last)")
+    return scheduler, slots, kv_tokens
+
+
+def build_engine_spec(args, hardware: Optional[Hardware] = None, server: Optional[dict] = None,
+                      **config_changes) -> EngineSpec:
+    """The one way from flags to an engine: the plan, the scheduler's knobs (from one
+    --block-size) and the cost model. server: what a report or the step profile says of
+    the server measured, the default for what the flags leave unsaid (its scheduler,
+    slots, context per slot). config_changes override knobs (a sweep's cap, a phase's limits)."""
+    profile = read_step_profile(args.step_profile) if getattr(args, "step_profile", None) else None
+    server = server or (profile.server_info if profile else {})
+    scheduler, slots, kv_tokens = _server_defaults(args, server)
+    defaults = SCHEDULER_DEFAULTS[scheduler]
+    cap = getattr(args, "max_tokens_in_flight", None)
+    config = SchedulerConfig(slots, args.max_num_batched_tokens or defaults["max_num_batched_tokens"],
+                             args.block_size, args.chunked_prefill, args.prefix_caching, args.max_model_len,
+                             None if isinstance(cap, list) else cap, scheduler)  # sweep: one run per cap
+    return EngineSpec(build_plan(args, hardware, kv_tokens), dataclasses.replace(config, **config_changes),
+                      profile, args.ubatch_size or defaults["ubatch_tokens"])
 
 
 def _workload(args, rate: Optional[float] = None) -> List[Request]:
@@ -2909,7 +3490,7 @@ def run_simulation(args, spec: EngineSpec, concurrency: Optional[int], rate: Opt
     plan, requests = spec.plan, _workload(args, rate)
     engine = spec.engine()
     report = simulation_report(engine.scheduler, plan.hardware, plan.model, requests, concurrency,
-                               slo_from_args(args))
+                               slo_from_args(args), engine.cost)
     if getattr(args, "trace", None):
         arrivals = {"mode": "trace", "trace": args.trace}
     elif concurrency is not None:
@@ -2977,6 +3558,16 @@ def measured_workload(report: dict) -> Tuple[Optional[int], Optional[float], int
     return concurrency, rate, summary["num_requests"], prompt_tokens, output_tokens
 
 
+def measured_server(report: dict) -> dict:
+    """What a loadgen report says of the server it measured: settings.server_info (its
+    /props), else the kind its /metrics names showed."""
+    info = dict(report["settings"].get("server_info") or {})
+    kind = (report.get("server") or {}).get("server")
+    if "kind" not in info and kind in ("llama.cpp", "vllm", "sglang"):
+        info["kind"] = kind
+    return info
+
+
 def predict_loadgen_run(report: dict, spec: EngineSpec) -> dict:
     """Simulate the workload a loadgen report measured, on the spec's engine."""
     concurrency, rate, num_requests, prompt_tokens, output_tokens = measured_workload(report)
@@ -2987,7 +3578,7 @@ def predict_loadgen_run(report: dict, spec: EngineSpec) -> dict:
         offsets = open_loop_schedule(num_requests, rate, settings.get("burstiness") or 1.0, settings.get("seed") or 0)
     requests = [Request(index, prompt_tokens, output_tokens, arrival_s) for index, arrival_s in enumerate(offsets)]
     engine = spec.engine()
-    return simulation_report(engine.scheduler, engine.hardware, engine.model, requests, concurrency)
+    return simulation_report(engine.scheduler, engine.hardware, engine.model, requests, concurrency, cost=engine.cost)
 
 
 def relative_error(predicted: Optional[float], measured: Optional[float]) -> Optional[float]:
@@ -3996,6 +4587,7 @@ def cmd_loadgen(args) -> int:
         headers["Authorization"] = f"Bearer {api_key}"
     auth = {key: value for key, value in headers.items() if key == "Authorization"}
     model = args.model or discover_model(endpoint, auth, args.timeout)
+    server_info = discover_server(endpoint, auth, args.timeout)
     run = LoadRun(_loadgen_plan(args, endpoint, headers, model))
     sampler = MetricsSampler(endpoint, args.scrape_interval, auth)
     progress = Progress(run.measured(), sys.stderr.isatty() and not args.quiet)
@@ -4015,8 +4607,8 @@ def cmd_loadgen(args) -> int:
     window = sampler.finish()
     records = [r for r in run.measured() if r.sent_s is not None]
     normalize_times(records)
-    report = build_loadgen_report(_loadgen_settings(args, endpoint, model, interrupted), records, window,
-                                  sampler.problem, slo, args.json_requests)
+    settings = dict(_loadgen_settings(args, endpoint, model, interrupted), server_info=server_info)
+    report = build_loadgen_report(settings, records, window, sampler.problem, slo, args.json_requests)
     if args.json or args.json_requests:
         _print_json(report)
     else:
@@ -4028,7 +4620,7 @@ def cmd_loadgen(args) -> int:
 
 def cmd_compare(args) -> int:
     reports = [read_loadgen_report(path) for path in args.reports]
-    spec = build_engine_spec(args)
+    spec = build_engine_spec(args, server=measured_server(reports[0]))
     rows = compare_rows(reports, [predict_loadgen_run(report, spec) for report in reports])
     if args.json:
         _print_json({"hardware": spec.plan.hardware.name, "model": spec.plan.model.name,
@@ -4049,7 +4641,7 @@ def _write_json_file(path: str, value, flag: str) -> None:
 
 def cmd_calibrate(args) -> int:
     reports = [(path, read_loadgen_report(path)) for path in args.reports]
-    spec = build_engine_spec(args)
+    spec = build_engine_spec(args, server=measured_server(reports[0][1]))
     name = args.name or f"{spec.plan.hardware.name}-calibrated"
     hardware, residuals = fit_hardware(reports, spec, name)
     if args.out:
@@ -4253,9 +4845,11 @@ def _add_hardware_flags(parser: argparse.ArgumentParser, of_server: bool = False
     parser.add_argument("--block-size", type=positive_int, default=16,
                         help="KV block size (default 16)" if of_server else
                         "tokens per KV cache block (default %(default)s)")
-    parser.add_argument("--kv-tokens", type=positive_int,
-                        help="the KV cache size in tokens, if fixed" if of_server else
-                        "fix the KV cache at this many tokens, like llama.cpp --ctx-size")
+    if of_server:
+        parser.add_argument("--kv-tokens", type=positive_int, help="the KV cache size in tokens, if fixed")
+    else:
+        parser.add_argument("--kv-tokens", "--ctx-size", dest="kv_tokens", type=positive_int,
+                            help="fix the KV cache at this many tokens, as llama.cpp's --ctx-size does")
     if not of_server:
         parser.add_argument("--tensor-parallel-size", type=positive_int, default=1,
                             help="shard weights and KV heads over N devices (default 1)")
@@ -4285,10 +4879,22 @@ def _add_scheduler_flags(parser: argparse.ArgumentParser, of_server: bool = Fals
         parser.add_argument("--prefix-caching", choices=("on", "off"), help="whether the server caches prefixes")
         return
     _add_max_model_len_flag(parser)
-    parser.add_argument("--max-num-seqs", type=positive_int, default=256,
-                        help="most sequences in one step (default %(default)s)")
-    parser.add_argument("--max-num-batched-tokens", type=positive_int, default=8192,
-                        help="most tokens in one step, prefill chunks included (default %(default)s)")
+    parser.add_argument("--max-num-seqs", "--parallel", dest="max_num_seqs", type=positive_int,
+                        help="most sequences in one step, llama.cpp's slots (default 256, or the slots of the "
+                             "server a report or --step-profile came from)")
+    parser.add_argument("--max-num-batched-tokens", "--batch-size", dest="max_num_batched_tokens",
+                        type=positive_int, help="most tokens in one step, prefill chunks included (default 8192; "
+                                                "2048 with --scheduler llamacpp, as llama-server's --batch-size)")
+    parser.add_argument("--ubatch-size", type=positive_int,
+                        help="tokens per forward pass: the roofline reads the weights once per pass "
+                             "(default: one pass; 512 with --scheduler llamacpp, as llama-server's)")
+    parser.add_argument("--scheduler", choices=tuple(SCHEDULER_DEFAULTS),
+                        help="whose scheduling to replay: vllm (a paged KV cache, recompute preemption) or "
+                             "llamacpp (--parallel slots of --ctx-size / --parallel tokens each, no preemption); "
+                             "default vllm, or llamacpp when the report or --step-profile came from llama.cpp")
+    parser.add_argument("--step-profile", metavar="FILE",
+                        help="price steps from a profile measured on the server (servesim profile --out); "
+                             "the roofline prices what it does not cover")
     parser.add_argument("--no-chunked-prefill", dest="chunked_prefill", action="store_false",
                         help="admit a prompt only if all of it fits the step's token budget")
     parser.add_argument("--prefix-caching", action="store_true",

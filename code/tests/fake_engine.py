@@ -1,0 +1,177 @@
+"""A stdlib OpenAI-compatible server that batches like llama-server, on a real clock.
+
+    with FakeEngine(decode_ms={1: 9, 2: 19, 3: 31, 4: 27}, prefill_ms_per_token=0.02) as server:
+        run_cli("profile", "--url", server.url, ...)
+
+`slots` requests run at once (the rest wait, as llama.cpp defers them). One engine thread
+takes steps: a step carries one token for every slot that decodes and the whole prompt of
+every slot just admitted, and lasts decode_ms[decoding slots] + prefill_ms_per_token x
+prompt tokens (less mixed_overlap_ms when it carries both). Steps are kept on an absolute
+schedule, so a late wake-up shortens the next sleep instead of stretching every gap. A
+prompt's tokens are its words. GET /props, /slots, /health, /v1/models and /metrics
+(llama.cpp's names) answer as llama-server does.
+"""
+
+import json
+import queue
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+
+class _Stream:
+    def __init__(self, prompt_tokens, max_tokens):
+        self.prompt_tokens = prompt_tokens
+        self.max_tokens = max_tokens
+        self.generated = 0
+        self.events = queue.Queue()
+
+
+class _Handler(BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+
+    def log_message(self, format, *args):
+        pass
+
+    def do_GET(self):
+        engine = self.server.engine
+        if self.path == "/health":
+            self.send_json({"status": "ok"})
+        elif self.path == "/props":
+            self.send_json({"total_slots": engine.slots, "build_info": "b-fake",
+                            "default_generation_settings": {"n_ctx": engine.slot_context_tokens},
+                            "model_path": "fake.gguf"})
+        elif self.path == "/slots":
+            self.send_json([{"id": index, "n_ctx": engine.slot_context_tokens} for index in range(engine.slots)])
+        elif self.path == "/v1/models":
+            self.send_json({"object": "list", "data": [{"id": "fake-engine"}]})
+        elif self.path == "/metrics":
+            data = engine.metrics().encode()
+            self.send_response(200)
+            self.send_header("Content-Type", "text/plain; version=0.0.4")
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+        else:
+            self.send_json({"error": {"code": 404, "message": "File Not Found"}}, 404)
+
+    def do_POST(self):
+        body = json.loads(self.rfile.read(int(self.headers.get("Content-Length", 0))))
+        prompt_tokens = len(body["messages"][-1]["content"].split())
+        stream = self.server.engine.submit(prompt_tokens, body.get("max_tokens", 16))
+        self.send_response(200)
+        self.send_header("Content-Type", "text/event-stream")
+        self.send_header("Transfer-Encoding", "chunked")
+        self.end_headers()
+        try:
+            while True:
+                kind = stream.events.get()
+                if kind == "token":
+                    self.write_event({"choices": [{"index": 0, "delta": {"content": " w"}, "finish_reason": None}]})
+                else:
+                    self.write_event({"choices": [{"index": 0, "delta": {}, "finish_reason": "length"}]})
+                    self.write_event({"choices": [], "usage": {"prompt_tokens": prompt_tokens,
+                                                               "completion_tokens": stream.generated}})
+                    self.write_chunk(b"data: [DONE]\n\n")
+                    self.write_chunk(b"")
+                    return
+        except (BrokenPipeError, ConnectionResetError):
+            pass
+
+    def write_event(self, event):
+        self.write_chunk(f"data: {json.dumps(event)}\n\n".encode())
+
+    def write_chunk(self, data):
+        self.wfile.write(b"%x\r\n%s\r\n" % (len(data), data))
+        self.wfile.flush()
+
+    def send_json(self, payload, status=200):
+        data = json.dumps(payload).encode()
+        self.send_response(status)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+
+class FakeEngine:
+    """Context manager: the server on 127.0.0.1:0 and its engine thread."""
+
+    def __init__(self, decode_ms, prefill_ms_per_token=0.02, mixed_overlap_ms=0.0, slots=4,
+                 slot_context_tokens=4096):
+        self.decode_ms = decode_ms
+        self.prefill_ms_per_token = prefill_ms_per_token
+        self.mixed_overlap_ms = mixed_overlap_ms
+        self.slots = slots
+        self.slot_context_tokens = slot_context_tokens
+        self.waiting, self.running = [], []
+        self.lock = threading.Condition()
+        self.closing = False
+        self.num_decode_calls = 0
+        self.num_busy_slots = 0
+
+    def step_ms(self, num_decoding, num_prefill_tokens):
+        decode = self.decode_ms[num_decoding] if num_decoding else 0.0
+        prefill = self.prefill_ms_per_token * num_prefill_tokens
+        return decode + prefill - (self.mixed_overlap_ms if decode and prefill else 0.0)
+
+    def submit(self, prompt_tokens, max_tokens):
+        stream = _Stream(prompt_tokens, max_tokens)
+        with self.lock:
+            self.waiting.append(stream)
+            self.lock.notify()
+        return stream
+
+    def metrics(self):
+        with self.lock:
+            mean = self.num_busy_slots / self.num_decode_calls if self.num_decode_calls else 0.0
+            return (f"llamacpp:n_decode_total {self.num_decode_calls}\nllamacpp:n_busy_slots_per_decode {mean}\n"
+                    f"llamacpp:requests_processing {len(self.running)}\n"
+                    f"llamacpp:requests_deferred {len(self.waiting)}\n")
+
+    def _loop(self):
+        deadline = None
+        while True:
+            with self.lock:
+                while not self.closing and not (self.waiting or self.running):
+                    deadline = None
+                    self.lock.wait(0.1)
+                if self.closing:
+                    return
+                admitted = self.waiting[:self.slots - len(self.running)]
+                del self.waiting[:len(admitted)]
+                decoding = list(self.running)
+                self.running += admitted
+                self.num_decode_calls += 1
+                self.num_busy_slots += len(self.running)
+            cost_s = self.step_ms(len(decoding), sum(s.prompt_tokens for s in admitted)) / 1000
+            deadline = (deadline or time.perf_counter()) + cost_s
+            time.sleep(max(0.0, deadline - time.perf_counter()))
+            with self.lock:
+                for stream in decoding + admitted:
+                    stream.generated += 1
+                    stream.events.put("token")
+                    if stream.generated >= stream.max_tokens:
+                        stream.events.put("end")
+                        self.running.remove(stream)
+
+    def __enter__(self):
+        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), _Handler)
+        self.httpd.daemon_threads = True
+        self.httpd.engine = self
+        self.threads = [threading.Thread(target=self.httpd.serve_forever, kwargs={"poll_interval": 0.02},
+                                         daemon=True), threading.Thread(target=self._loop, daemon=True)]
+        for thread in self.threads:
+            thread.start()
+        return self
+
+    def __exit__(self, *exc):
+        with self.lock:
+            self.closing = True
+            self.lock.notify()
+        self.httpd.shutdown()
+        self.httpd.server_close()
+
+    @property
+    def url(self):
+        return f"http://127.0.0.1:{self.httpd.server_address[1]}"
