@@ -863,7 +863,7 @@ class ProfileCost:
         model, hardware = fallback.model, fallback.hardware
         self.kv_read_s_per_token = model.kv_bytes_per_token / (hardware.bandwidth_gbs * GB * hardware.mbu)
         self.num_steps = self.num_outside = 0
-        self.largest_outside = (0, 0)   # (sequences decoding, prefill tokens) of the largest step outside
+        self.largest_outside = [0, 0]   # most sequences decoding, most prefill tokens, of steps outside
 
     def step_s(self, num_tokens: int, num_context_tokens: int, num_sampled: int,
                num_decodes: int = 0, decode_context_tokens: int = 0) -> float:
@@ -873,7 +873,7 @@ class ProfileCost:
         prefill_s = _interpolate(self.profile.prefill, num_prefill) if num_prefill else 0.0
         if decode_s is None or prefill_s is None:
             self.num_outside += 1
-            self.largest_outside = max(self.largest_outside, (num_decodes, num_prefill))
+            self.largest_outside = [max(self.largest_outside[0], num_decodes), max(self.largest_outside[1], num_prefill)]
             return self.fallback.step_s(num_tokens, num_context_tokens, num_sampled)
         both_s = decode_s + prefill_s
         if decode_s and prefill_s:
@@ -3298,7 +3298,7 @@ class Profiler:
         point = dict(batch=batch, **point_summary(gaps_s), context_tokens=statistics.mean(contexts))
         seen = [value for value in windows if value is not None]
         point["server_mean_batch"] = statistics.mean(seen) if seen else None
-        if seen and point["server_mean_batch"] < 0.9 * batch:
+        if seen and point["server_mean_batch"] < 0.8 * batch:
             self.notes.append(f"decode batch {batch}: the server ran {point['server_mean_batch']:.2f} sequences "
                               f"per step on average (fewer slots than {batch}?)")
         self.decode.append(point)
@@ -3323,7 +3323,7 @@ class Profiler:
         """num_decoding requests decode; one prompt of prompt_tokens arrives among them.
         The decoders' gap that ends with its first token is the step that carried both."""
         settings = self.settings
-        output_tokens = max(settings.output_tokens, 24)
+        output_tokens = 2 * settings.output_tokens
         steps_s = []
         for _ in range(settings.repeat):
             bodies = self.bodies(num_decoding, settings.prompt_tokens, output_tokens)
@@ -3359,11 +3359,10 @@ class Profiler:
         batches = {point["batch"]: point["step_ms"] for point in self.decode}
         num_decoding = max(batches, default=1) - 1
         if self.prefill and num_decoding in batches:
-            grid = settings.prefill_tokens
-            for tokens in sorted({grid[len(grid) // 2], grid[-1]}):
-                estimate_s = settings.repeat * max(settings.output_tokens, 24) * batches[num_decoding] / 1000 * 1.5
-                if self.fits_budget(f"mixed step with {tokens:,} prompt tokens", estimate_s):
-                    self.measure_mixed(num_decoding, tokens, batches[num_decoding])
+            tokens = settings.prefill_tokens[-1]
+            estimate_s = settings.repeat * 2 * settings.output_tokens * batches[num_decoding] / 1000 * 1.2
+            if self.fits_budget(f"mixed step with {tokens:,} prompt tokens", estimate_s):
+                self.measure_mixed(num_decoding, tokens, batches[num_decoding])
 
     def result(self, server: dict, complete: bool) -> dict:
         """The profile as profile --out writes it (read back by read_step_profile)."""
@@ -3595,21 +3594,52 @@ COMPARED = (  # (label, figure of a summary)
 
 
 def compare_rows(reports: Sequence[dict], predictions: Sequence[dict]) -> List[dict]:
-    """Per run: the workload, then measured, predicted and relative error of each figure."""
-    rows = []
+    """One row per workload: measured (the median over reports of the same workload,
+    repeated runs), predicted, the relative error of each figure and the run-to-run
+    spread of the measurement, (max - min) / median, where the workload ran more than once."""
+    groups: Dict[tuple, List[Tuple[dict, dict]]] = {}
     for report, prediction in zip(reports, predictions):
-        concurrency, rate, num_requests, prompt_tokens, output_tokens = measured_workload(report)
-        window = report.get("server") or {}
-        row = {"concurrency": concurrency, "rate": rate, "num_requests": num_requests,
+        groups.setdefault(measured_workload(report), []).append((report, prediction))
+    rows = []
+    for (concurrency, rate, num_requests, prompt_tokens, output_tokens), runs in groups.items():
+        measured_runs = [dict({label: figure(report["summary"]) for label, figure in COMPARED},
+                              batch=(report.get("server") or {}).get("mean_batch")) for report, _ in runs]
+        prediction = runs[0][1]
+        row = {"concurrency": concurrency, "rate": rate, "num_requests": num_requests, "num_runs": len(runs),
                "prompt_tokens": prompt_tokens, "output_tokens": output_tokens,
-               "measured": {label: figure(report["summary"]) for label, figure in COMPARED},
-               "predicted": {label: figure(prediction["summary"]) for label, figure in COMPARED}}
-        row["measured"]["batch"] = window.get("mean_batch")
-        row["predicted"]["batch"] = prediction["engine"]["mean_batch_seqs"]
+               "measured": {label: _median_or_none([run[label] for run in measured_runs]) for label in measured_runs[0]},
+               "predicted": dict({label: figure(prediction["summary"]) for label, figure in COMPARED},
+                                 batch=prediction["engine"]["mean_batch_seqs"])}
         row["error"] = {label: relative_error(row["predicted"][label], row["measured"][label])
                         for label in row["measured"]}
+        row["spread"] = {label: _spread([run[label] for run in measured_runs]) for label, _ in COMPARED}
+        row["cost_model"] = prediction["engine"]["cost_model"]
         rows.append(row)
     return rows
+
+
+def _median_or_none(values: Sequence[Optional[float]]) -> Optional[float]:
+    known = [value for value in values if value is not None]
+    return statistics.median(known) if known else None
+
+
+def _spread(values: Sequence[Optional[float]]) -> Optional[float]:
+    """(max - min) / median of repeated measurements; None for one run."""
+    known = [value for value in values if value is not None]
+    if len(known) < 2 or not statistics.median(known):
+        return None
+    return (max(known) - min(known)) / statistics.median(known)
+
+
+def compare_totals(rows: Sequence[dict]) -> dict:
+    """Per figure: the median absolute error over the rows and the median spread of the rows measured twice or more."""
+    totals = {}
+    for label, _ in COMPARED:
+        errors = [abs(row["error"][label]) for row in rows if row["error"][label] is not None]
+        spreads = [row["spread"][label] for row in rows if row["spread"][label] is not None]
+        totals[label] = {"median_abs_error": statistics.median(errors) if errors else None,
+                         "median_spread": statistics.median(spreads) if spreads else None}
+    return totals
 
 
 # =============================================================================
@@ -4273,7 +4303,7 @@ def format_simulation(report: dict) -> List[str]:
     ]
     lines += format_summary(report["summary"])
     lines += _format_rejected(report["rejected"])
-    return lines
+    return lines + [engine["cost_model"]["text"]]
 
 
 def format_disaggregated(settings: dict, report: dict) -> List[str]:
@@ -4298,6 +4328,7 @@ def format_disaggregated(settings: dict, report: dict) -> List[str]:
         ("out tok/s", lambda s: f"{s['output_tok_per_s']:.1f}"))]
     lines.append(f"versus one colocated engine on {report['colocated']['hardware']}:")
     lines += format_table(("", "colocated", "disaggregated"), rows, label_column=True)
+    lines += list(dict.fromkeys(report[phase]["engine"]["cost_model"]["text"] for phase in ("prefill", "decode")))
     crossover = report.get("kv_link_crossover")
     if crossover is not None:
         lines.append(f"kv link crossover: {crossover['verdict']}")
@@ -4363,28 +4394,38 @@ def format_loadgen(report: dict) -> List[str]:
 
 
 def _format_compare_table(rows: Sequence[dict]) -> List[str]:
-    labels = [label for label, _ in COMPARED] + ["batch"]
-    header = ["concurrency", "prompt"] + labels + ["|"] + labels + ["|"] + labels[:3]
-
-    def cell(value: Optional[float], style: str) -> str:
-        return "-" if value is None else style.format(value)
-
+    labels = [label for label, _ in COMPARED]
+    repeated = any(row["num_runs"] > 1 for row in rows)
+    header = ["concurrency"] + (["runs"] if repeated else []) + ["prompt"] + labels + ["batch", "|"]
+    header += labels + ["batch", "|"] + labels + (["|"] + labels if repeated else [])
+    styles = {"out tok/s": "{:.1f}", "ttft p50": "{:.1f}", "tpot p50": "{:.1f}", "batch": "{:.2f}"}
     table = []
     for row in rows:
         load = str(row["concurrency"]) if row["concurrency"] else f"rate {row['rate']:g}"
-        cells = [load, f"{row['prompt_tokens']:,}"]
+        cells = [load] + ([str(row["num_runs"])] if repeated else []) + [f"{row['prompt_tokens']:,}"]
         for side in ("measured", "predicted"):
-            figures = row[side]
-            cells += [cell(figures["out tok/s"], "{:.1f}"), cell(figures["ttft p50"], "{:.1f}"),
-                      cell(figures["tpot p50"], "{:.1f}"), cell(figures["batch"], "{:.2f}"), "|"]
-        cells += [cell(row["error"][label], "{:+.0%}") for label in labels[:3]]
+            cells += [_figure(row[side][label], styles[label]) for label in labels + ["batch"]] + ["|"]
+        cells += [_figure(row["error"][label], "{:+.0%}") for label in labels]
+        if repeated:
+            cells += ["|"] + [_figure(row["spread"][label], "{:.0%}") for label in labels]
         table.append(cells)
     lines = format_table(header, table)
-    width = lines[0].index("|")
-    second = lines[0].index("|", width + 1)
-    title = ("measured".center(width) + "|" + "predicted".center(second - width - 1) + "|"
-             + "error".center(len(lines[0]) - second - 1))
+    bars = [index for index, char in enumerate(lines[0]) if char == "|"] + [len(lines[0])]
+    titles = ["measured", "predicted", "error", "noise"]
+    title, start = "", 0
+    for name, bar in zip(titles, bars):
+        title += name.center(bar - start) + ("|" if bar < len(lines[0]) else "")
+        start = bar + 1
     return [title.rstrip()] + lines
+
+
+def _format_compare_totals(totals: dict) -> str:
+    parts = []
+    for label, figures in totals.items():
+        noise = figures["median_spread"]
+        parts.append(f"{label} {_figure(figures['median_abs_error'], '{:.0%}')}"
+                     + (f" (noise {noise:.0%})" if noise is not None else ""))
+    return "median |error|: " + ", ".join(parts)
 
 
 def format_sweep(args, plan: CapacityPlan, runs: Sequence[Tuple[str, Optional[int], dict]]) -> List[str]:
@@ -4402,16 +4443,26 @@ def format_sweep(args, plan: CapacityPlan, runs: Sequence[Tuple[str, Optional[in
     lines += format_table(header + SWEEP_COLUMNS, rows)
     for _, _, run in runs:
         lines += _format_rejected(run["rejected"])
-    return lines
+    return lines + list(dict.fromkeys(run["engine"]["cost_model"]["text"] for _, _, run in runs))
 
 
 def format_compare(spec: EngineSpec, reports: Sequence[dict], rows: Sequence[dict]) -> List[str]:
     """Measured beside predicted per run, with the relative error of each figure."""
     plan = spec.plan
     servers = sorted({report["settings"]["url"] for report in reports})
-    lines = [f"compare {plan.model.name} on {plan.devices} ({plan.num_kv_tokens:,} KV tokens, "
-             f"max-num-seqs {spec.config.max_num_seqs}) with loadgen at {', '.join(servers)}; times in ms"]
-    return lines + _format_compare_table(rows)
+    lines = [f"compare {plan.model.name} on {plan.devices} ({scheduler_text(spec)}) with loadgen at "
+             f"{', '.join(servers)}; times in ms"]
+    lines += _format_compare_table(rows) + [_format_compare_totals(compare_totals(rows))]
+    return lines + list(dict.fromkeys(row["cost_model"]["text"] for row in rows))
+
+
+def scheduler_text(spec: EngineSpec) -> str:
+    """The cache and the scheduler a prediction ran, as the compare header shows them."""
+    config, plan = spec.config, spec.plan
+    if config.scheduler == "llamacpp":
+        return (f"llama.cpp slots: {config.max_num_seqs} of {plan.num_kv_tokens // config.max_num_seqs:,} tokens, "
+                f"batch {config.max_num_batched_tokens:,}")
+    return f"{plan.num_kv_tokens:,} KV tokens, max-num-seqs {config.max_num_seqs}"
 
 
 def format_calibration(hardware: Hardware, model: ModelSpec, num_reports: int, residuals: Sequence[dict],
@@ -4460,6 +4511,33 @@ def format_search(result: dict, slo: Slo, plan: CapacityPlan) -> List[str]:
     limit = result["binding_above"]
     lines.append(f"what gives way at {failing:.4g} {unit}: {limit['budget']}: {limit['symptom']}")
     return lines + ["   " + line for line in limit["evidence"]]
+
+
+def format_profile(profile: dict, out: Optional[str]) -> List[str]:
+    """The measured step table, the fixed front-end time, and what was left out."""
+    server, machine = profile["server"], profile["machine"]
+    slots = (f", {server['slots']} slots of {server['slot_context_tokens']:,} tokens"
+             if server.get("slots") and server.get("slot_context_tokens") else "")
+    lines = [f"profile {server['model']} at {server['url']} ({server.get('kind') or 'unknown server'}"
+             f"{' ' + server['build'] if server.get('build') else ''}{slots}) on {machine['cpu']} "
+             f"({machine['num_cpus']} CPUs), {profile['date'][:10]}"]
+    lines += format_table(("decode batch", "step ms", "min ms", "max ms", "server batch"), [
+        [str(p["batch"]), f"{p['step_ms']:.2f}", f"{p['min_ms']:.2f}", f"{p['max_ms']:.2f}",
+         _figure(p["server_mean_batch"], "{:.2f}")] for p in profile["decode"]])
+    lines += format_table(("prefill tokens", "step ms", "min ms", "max ms", "ttft ms"), [
+        [f"{p['prompt_tokens']:,}", f"{p['step_ms']:.2f}", f"{p['min_ms']:.2f}", f"{p['max_ms']:.2f}",
+         f"{p['ttft_ms']:.2f}"] for p in profile["prefill"]])
+    if profile["mixed"]:
+        lines += format_table(("mixed: decoding", "prompt tokens", "step ms", "min ms", "max ms"), [
+            [str(p["decode_batch"]), f"{p['prompt_tokens']:,}", f"{p['step_ms']:.2f}", f"{p['min_ms']:.2f}",
+             f"{p['max_ms']:.2f}"] for p in profile["mixed"]])
+    lines.append(f"front-end time per request {profile['request_overhead_ms']:.2f} ms; a step that carries both "
+                 f"costs {profile['mixed_overlap_ms']:.2f} ms less than its parts; decodes measured at "
+                 f"{profile['decode_context_tokens']:,.0f} tokens of context")
+    lines += [f"note: {note}" for note in profile["notes"]]
+    if out:
+        lines.append(f"wrote {out}; use it with --step-profile {out}")
+    return lines
 
 
 def format_explain(result: dict, plan: Optional[CapacityPlan]) -> List[str]:
@@ -4577,15 +4655,20 @@ def _loadgen_settings(args, endpoint: Endpoint, model: str, interrupted: bool) -
     }
 
 
-def cmd_loadgen(args) -> int:
-    sys.setswitchinterval(LOADGEN_SWITCH_INTERVAL_S)
-    endpoint = Endpoint.parse(args.url)
-    slo = slo_from_args(args)  # bad flags fail before any request is sent
+def _request_headers(args) -> Tuple[Dict[str, str], Dict[str, str]]:
+    """The headers of a streamed chat request, and the Authorization alone (for GETs)."""
     headers = {"Content-Type": "application/json", "Accept": "text/event-stream"}
     api_key = args.api_key or os.environ.get("OPENAI_API_KEY")
     if api_key:
         headers["Authorization"] = f"Bearer {api_key}"
-    auth = {key: value for key, value in headers.items() if key == "Authorization"}
+    return headers, {key: value for key, value in headers.items() if key == "Authorization"}
+
+
+def cmd_loadgen(args) -> int:
+    sys.setswitchinterval(LOADGEN_SWITCH_INTERVAL_S)
+    endpoint = Endpoint.parse(args.url)
+    slo = slo_from_args(args)  # bad flags fail before any request is sent
+    headers, auth = _request_headers(args)
     model = args.model or discover_model(endpoint, auth, args.timeout)
     server_info = discover_server(endpoint, auth, args.timeout)
     run = LoadRun(_loadgen_plan(args, endpoint, headers, model))
@@ -4618,6 +4701,57 @@ def cmd_loadgen(args) -> int:
     return 1 if report["summary"]["num_failed"] else 0
 
 
+def _write_json_file(path: str, value, flag: str) -> None:
+    try:
+        with open(path, "w", encoding="utf-8") as handle:
+            json.dump(value, handle, indent=2)
+            handle.write("\n")
+    except OSError as error:
+        raise UsageError(f"{flag} {path}: cannot write it ({error.strerror})") from None
+
+
+def _prefill_grid(server: dict) -> Tuple[int, ...]:
+    """Prompt lengths to time: powers of two from 16 to half a slot's context (llama.cpp)
+    or to 4,096 tokens, within one step's budget."""
+    limit = min((server.get("slot_context_tokens") or 8192) // 2, 2048 if server.get("kind") == "llama.cpp" else 4096)
+    return tuple(1 << power for power in range(4, 16) if 1 << power <= max(limit, 16))
+
+
+def cmd_profile(args) -> int:
+    sys.setswitchinterval(LOADGEN_SWITCH_INTERVAL_S)
+    endpoint = Endpoint.parse(args.url)
+    headers, auth = _request_headers(args)
+    model = args.model or discover_model(endpoint, auth, args.timeout)
+    server = discover_server(endpoint, auth, args.timeout)
+    num_batches = args.max_num_seqs or server.get("slots") or 8
+    settings = ProfileSettings(tuple(range(1, num_batches + 1)), tuple(args.prefill_tokens or _prefill_grid(server)),
+                               args.prompt_tokens, args.output_tokens, args.repeat, args.budget_s, args.timeout)
+    start = time.perf_counter()
+
+    def say(text: str) -> None:
+        if not args.quiet:
+            print(f"profile: {text} [{time.perf_counter() - start:.0f} s]", file=sys.stderr, flush=True)
+
+    profiler = Profiler(endpoint, headers, model, settings, say)
+    status = 0
+    try:
+        profiler.run()
+    except KeyboardInterrupt:
+        status = 130
+        profiler.notes.append("interrupted: the points above were measured, the rest were not")
+    except BadResponse as error:
+        status = 1
+        profiler.notes.append(f"stopped: {error}")
+    profile = profiler.result(server, complete=status == 0)
+    if args.out:
+        _write_json_file(args.out, profile, "--out")
+    if args.json:
+        _print_json(profile)
+    else:
+        _print_lines(format_profile(profile, args.out))
+    return status
+
+
 def cmd_compare(args) -> int:
     reports = [read_loadgen_report(path) for path in args.reports]
     spec = build_engine_spec(args, server=measured_server(reports[0]))
@@ -4628,15 +4762,6 @@ def cmd_compare(args) -> int:
     else:
         _print_lines(format_compare(spec, reports, rows))
     return 0
-
-
-def _write_json_file(path: str, value, flag: str) -> None:
-    try:
-        with open(path, "w", encoding="utf-8") as handle:
-            json.dump(value, handle, indent=2)
-            handle.write("\n")
-    except OSError as error:
-        raise UsageError(f"{flag} {path}: cannot write it ({error.strerror})") from None
 
 
 def cmd_calibrate(args) -> int:
@@ -5064,6 +5189,30 @@ def _calibrate_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--out", help="write the calibrated hardware as JSON, for --hardware-file")
 
 
+def _profile_flags(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--url", required=True, help="server base URL, e.g. http://127.0.0.1:8080")
+    parser.add_argument("--model", help="model name to request (default: the first id of GET /v1/models)")
+    parser.add_argument("--api-key", help="Bearer token (default: $OPENAI_API_KEY); never printed")
+    parser.add_argument("--max-num-seqs", "--parallel", dest="max_num_seqs", type=positive_int,
+                        help="decode batches 1..N to time (default: the server's slots from /props, else 8)")
+    parser.add_argument("--prefill-tokens", type=int_list,
+                        help="prompt lengths to time, e.g. 16,64,256 (default: powers of two from 16 to half a "
+                             "slot's context, at most 2,048 on llama.cpp and 4,096 elsewhere)")
+    parser.add_argument("--prompt-tokens", type=positive_int, default=32,
+                        help="prompt length of the decode points (default %(default)s)")
+    parser.add_argument("--output-tokens", type=positive_int, default=64,
+                        help="tokens each decode request generates, ignore_eos (default %(default)s)")
+    parser.add_argument("--repeat", type=positive_int, default=3, help="runs per point (default %(default)s)")
+    parser.add_argument("--budget-s", type=positive_float, default=600.0,
+                        help="seconds the whole profile may take; points that would pass it are skipped "
+                             "(default %(default)s)")
+    parser.add_argument("--timeout", type=positive_float, default=120.0,
+                        help="seconds one request may take (default 120)")
+    parser.add_argument("--out", help="write the profile as JSON, for --step-profile")
+    _add_output_flags(parser, "the profile")
+    parser.add_argument("--quiet", action="store_true", help="no progress lines on stderr")
+
+
 # (name, help, description, the function adding its flags, the function it runs)
 SUBCOMMANDS = (
     ("capacity", "the memory plan",
@@ -5091,6 +5240,12 @@ SUBCOMMANDS = (
      "with the flags the server runs with, and say which phase dominates latency, which budget binds, "
      "the capacity arithmetic, the knob to change first and what will not help.",
      _explain_flags, cmd_explain),
+    ("profile", "measure a server's step cost, for --step-profile",
+     "Drive a live OpenAI-compatible server with controlled load and time its steps: decode steps at "
+     "each batch size (the token gap while every request decodes), prefill steps over a grid of prompt "
+     "lengths (TTFT less the fixed front-end time) and steps that carry a prefill beside decodes. "
+     "Each point is repeated and reported with its range.",
+     _profile_flags, cmd_profile),
     ("compare", "predict loadgen runs and show both side by side",
      "Replay each loadgen --json report's workload (concurrency or rate, requests, the prompt and "
      "output lengths the server counted) in the simulator and print the measured and predicted figures "

@@ -8,7 +8,8 @@ takes steps: a step carries one token for every slot that decodes and the whole 
 every slot just admitted, and lasts decode_ms[decoding slots] + prefill_ms_per_token x
 prompt tokens (less mixed_overlap_ms when it carries both). Steps are kept on an absolute
 schedule, so a late wake-up shortens the next sleep instead of stretching every gap. A
-prompt's tokens are its words. GET /props, /slots, /health, /v1/models and /metrics
+prompt's tokens are its words; with timings, the last event carries llama.cpp's timings
+(prompt_ms: the step that prefilled it). GET /props, /slots, /health, /v1/models and /metrics
 (llama.cpp's names) answer as llama-server does.
 """
 
@@ -24,6 +25,7 @@ class _Stream:
         self.prompt_tokens = prompt_tokens
         self.max_tokens = max_tokens
         self.generated = 0
+        self.prompt_ms = 0.0   # the step that prefilled it, as llama.cpp's timings.prompt_ms
         self.events = queue.Queue()
 
 
@@ -70,8 +72,12 @@ class _Handler(BaseHTTPRequestHandler):
                     self.write_event({"choices": [{"index": 0, "delta": {"content": " w"}, "finish_reason": None}]})
                 else:
                     self.write_event({"choices": [{"index": 0, "delta": {}, "finish_reason": "length"}]})
-                    self.write_event({"choices": [], "usage": {"prompt_tokens": prompt_tokens,
-                                                               "completion_tokens": stream.generated}})
+                    event = {"choices": [], "usage": {"prompt_tokens": prompt_tokens,
+                                                      "completion_tokens": stream.generated}}
+                    if self.server.engine.timings:
+                        event["timings"] = {"prompt_n": prompt_tokens, "prompt_ms": stream.prompt_ms,
+                                            "predicted_n": stream.generated}
+                    self.write_event(event)
                     self.write_chunk(b"data: [DONE]\n\n")
                     self.write_chunk(b"")
                     return
@@ -98,7 +104,8 @@ class FakeEngine:
     """Context manager: the server on 127.0.0.1:0 and its engine thread."""
 
     def __init__(self, decode_ms, prefill_ms_per_token=0.02, mixed_overlap_ms=0.0, slots=4,
-                 slot_context_tokens=4096):
+                 slot_context_tokens=4096, timings=True):
+        self.timings = timings
         self.decode_ms = decode_ms
         self.prefill_ms_per_token = prefill_ms_per_token
         self.mixed_overlap_ms = mixed_overlap_ms
@@ -145,6 +152,8 @@ class FakeEngine:
                 self.num_decode_calls += 1
                 self.num_busy_slots += len(self.running)
             cost_s = self.step_ms(len(decoding), sum(s.prompt_tokens for s in admitted)) / 1000
+            for stream in admitted:
+                stream.prompt_ms = cost_s * 1000
             deadline = (deadline or time.perf_counter()) + cost_s
             time.sleep(max(0.0, deadline - time.perf_counter()))
             with self.lock:

@@ -1,0 +1,289 @@
+"""profile, --step-profile and --scheduler llamacpp: step costs measured on the server itself."""
+
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+import unittest
+
+from fake_engine import FakeEngine
+from support import CODE_DIR, ScratchTest, main, run_cli, run_json
+
+DECODE_MS = {1: 9.0, 2: 19.0, 3: 31.0, 4: 27.0}  # not monotone: CPU matrix kernels tile
+PREFILL_MS_PER_TOKEN = 0.02                        # 2 ms per 100 tokens
+GEMMA = ("--hardware", "cpu-2vcpu", "--model", "gemma-3-270m-q4_k_m")
+
+
+class ProfileOfAKnownServerTest(ScratchTest):
+    """One profile of a fake server whose steps cost a known, non-monotone table."""
+
+    @classmethod
+    def setUpClass(cls):
+        cls.engine = FakeEngine(DECODE_MS, PREFILL_MS_PER_TOKEN).__enter__()
+        cls.path = os.path.join(os.path.dirname(os.path.abspath(__file__)), "__pycache__", "known.profile.json")
+        os.makedirs(os.path.dirname(cls.path), exist_ok=True)
+        cls.code, cls.out, cls.err = run_cli("profile", "--url", cls.engine.url, "--output-tokens", "12",
+                                             "--repeat", "2", "--prefill-tokens", "100,200,400", "--out", cls.path)
+        with open(cls.path, encoding="utf-8") as handle:
+            cls.profile = json.load(handle)
+
+    @classmethod
+    def tearDownClass(cls):
+        cls.engine.__exit__(None, None, None)
+        os.remove(cls.path)
+
+    def test_it_exits_0_and_reports_progress_per_point_on_stderr(self):
+        self.assertEqual(self.code, 0, self.err)
+        self.assertEqual(len([line for line in self.err.splitlines() if line.startswith("profile: ")]), 8)
+        self.assertIn(f"wrote {self.path}; use it with --step-profile {self.path}", self.out)
+
+    def test_every_decode_point_is_recovered_within_3_percent(self):
+        measured = {point["batch"]: point["step_ms"] for point in self.profile["decode"]}
+        self.assertEqual(sorted(measured), [1, 2, 3, 4])  # the four slots /props reports
+        for batch, truth in DECODE_MS.items():
+            self.assertAlmostEqual(measured[batch], truth, delta=0.03 * truth)
+
+    def test_every_prefill_point_is_recovered_within_3_percent(self):
+        self.assertEqual(len(self.profile["prefill"]), 3)
+        for point in self.profile["prefill"]:
+            truth = PREFILL_MS_PER_TOKEN * point["prompt_tokens"]
+            self.assertAlmostEqual(point["step_ms"], truth, delta=0.03 * truth)
+            self.assertGreater(point["ttft_ms"], point["step_ms"])  # TTFT also pays the front end
+
+    def test_a_prefill_beside_decodes_costs_both_parts(self):
+        (point,) = self.profile["mixed"]
+        truth = DECODE_MS[point["decode_batch"]] + PREFILL_MS_PER_TOKEN * point["prompt_tokens"]
+        self.assertEqual(point["decode_batch"], 3)
+        self.assertAlmostEqual(point["step_ms"], truth, delta=0.03 * truth)
+
+    def test_each_point_carries_its_repeats_and_range(self):
+        for point in self.profile["decode"] + self.profile["prefill"]:
+            self.assertEqual(len(point["repeats_ms"]), 2)
+            self.assertLessEqual(point["min_ms"], point["step_ms"])
+            self.assertLessEqual(point["step_ms"], point["max_ms"])
+
+    def test_the_server_and_the_machine_are_named(self):
+        server = self.profile["server"]
+        self.assertEqual((server["kind"], server["slots"], server["slot_context_tokens"], server["model"]),
+                         ("llama.cpp", 4, 4096, "fake-engine"))
+        self.assertTrue(self.profile["machine"]["cpu"])
+        self.assertTrue(self.profile["complete"])
+
+    def test_simulate_with_the_profile_reproduces_the_tpot_at_each_batch_within_3_percent(self):
+        for batch, truth in DECODE_MS.items():
+            report = run_json("simulate", "--step-profile", self.path, *GEMMA, "--concurrency", str(batch),
+                              "--requests", str(2 * batch), "--prompt-tokens", "32", "--output-tokens", "16")
+            self.assertEqual(report["settings"]["scheduler"]["scheduler"], "llamacpp")  # the profile's server
+            self.assertAlmostEqual(report["summary"]["tpot_ms"]["p50"], truth, delta=0.03 * truth)
+            self.assertEqual(report["engine"]["cost_model"]["num_steps_outside"], 0)
+
+
+def write_profile(test, decode, prefill, overlap_ms=0.0, context_tokens=0.0, overhead_ms=0.0):
+    return test.write("p.json", {
+        "servesim_step_profile": 1, "server": {"kind": "vllm"}, "machine": {"cpu": "test"}, "date": "2026-12-01",
+        "decode": [{"batch": b, "step_ms": ms} for b, ms in decode],
+        "prefill": [{"prompt_tokens": n, "step_ms": ms} for n, ms in prefill],
+        "mixed_overlap_ms": overlap_ms, "decode_context_tokens": context_tokens, "request_overhead_ms": overhead_ms})
+
+
+class ProfileCostTest(ScratchTest):
+    """How a step is priced from a table, with literal numbers."""
+
+    H100, LLAMA = main.HARDWARE["h100-sxm-80gb"], main.MODELS["llama-3.1-8b"]
+
+    def cost(self, **kwargs):
+        path = write_profile(self, [(1, 10.0), (2, 14.0), (4, 30.0)], [(100, 20.0), (300, 60.0)], **kwargs)
+        return main.ProfileCost(main.read_step_profile(path), main.RooflineCost(self.H100, self.LLAMA))
+
+    def test_decode_steps_are_piecewise_linear_in_the_batch(self):
+        cost = self.cost()
+        self.assertAlmostEqual(cost.step_s(2, 0, 2, 2, 0), 0.014)
+        self.assertAlmostEqual(cost.step_s(3, 0, 3, 3, 0), 0.022)  # halfway from 14 to 30 ms
+
+    def test_prefill_steps_are_piecewise_linear_in_tokens_from_a_one_token_step(self):
+        cost = self.cost()
+        self.assertAlmostEqual(cost.step_s(200, 200, 1, 0, 0), 0.040)
+        self.assertAlmostEqual(cost.step_s(1, 1, 1, 0, 0), 0.010)   # one token: the batch-1 decode step
+        self.assertAlmostEqual(cost.step_s(50.5, 50, 1, 0, 0), 0.015)  # halfway from 1 to 100 tokens
+
+    def test_a_step_with_both_costs_their_sum_less_the_measured_overlap(self):
+        cost = self.cost(overlap_ms=5.0, context_tokens=500.0)
+        self.assertAlmostEqual(cost.step_s(102, 2000, 3, 2, 1000), 0.014 + 0.020 - 0.005)
+
+    def test_context_beyond_what_the_profile_measured_pays_the_rooflines_kv_read(self):
+        cost = self.cost(context_tokens=100.0)
+        read_s = 2 * 900 * self.LLAMA.kv_bytes_per_token / (self.H100.bandwidth_gbs * 1e9 * self.H100.mbu)
+        self.assertAlmostEqual(cost.step_s(2, 2000, 2, 2, 2000), 0.014 + read_s)
+        self.assertAlmostEqual(cost.step_s(2, 150, 2, 2, 150), 0.014)  # less than measured: no discount
+
+    def test_a_step_outside_the_table_is_priced_by_the_roofline_and_counted(self):
+        cost = self.cost()
+        self.assertEqual(cost.step_s(5, 500, 5, 5, 500), main.step_seconds(self.H100, self.LLAMA, 5, 500, 5))
+        self.assertEqual(cost.step_s(400, 400, 1, 0, 0), main.step_seconds(self.H100, self.LLAMA, 400, 400, 1))
+        report = cost.describe()
+        self.assertEqual((report["num_steps"], report["num_steps_outside"]), (2, 2))
+        self.assertIn("2 of 2 steps lay outside it (up to 5 decoding, 400 prefill tokens) and were priced by the "
+                      "roofline of h100-sxm-80gb", report["text"])
+
+    def test_the_front_end_time_delays_every_request_before_the_engine_sees_it(self):
+        path = write_profile(self, [(1, 10.0)], [(100, 20.0)], overhead_ms=3.0, context_tokens=1000.0)
+        report = run_json("simulate", "--step-profile", path, "--concurrency", "1", "--requests", "2",
+                          "--prompt-tokens", "100", "--output-tokens", "3")
+        self.assertAlmostEqual(report["summary"]["ttft_ms"]["p50"], 3.0 + 20.0)
+        self.assertAlmostEqual(report["summary"]["tpot_ms"]["p50"], 10.0)
+        self.assertAlmostEqual(report["summary"]["e2e_ms"]["p50"], 3.0 + 20.0 + 2 * 10.0)
+
+    def test_a_bad_profile_is_one_line_naming_the_field(self):
+        path = write_profile(self, [(1, -3.0)], [])
+        self.assert_usage_error(("simulate", "--step-profile", path, "--concurrency", "1"),
+                                f"--step-profile {path}: decode[0].step_ms must be a number > 0, got -3.0")
+        self.assert_usage_error(("simulate", "--step-profile", self.write("q.json", [1]), "--concurrency", "1"),
+                                "the top level must be a JSON object")
+
+
+def settle(points, timings):
+    profiler = main.Profiler(None, {}, "m", None, print)
+    profiler.prefill = [dict(prompt_tokens=n, ttft_ms=ttft, server_prompt_ms=server if timings else None,
+                             **main.point_summary([(server if timings else ttft) / 1000]))
+                        for n, ttft, server in points]
+    return profiler._settle_prefill(), [point["step_ms"] for point in profiler.prefill]
+
+
+class PrefillSplitTest(unittest.TestCase):
+    """A TTFT is the server's prefill step plus a fixed front-end time; how they are told apart."""
+
+    def test_with_the_servers_own_prompt_time_the_rest_is_front_end(self):
+        overhead, steps = settle([(100, 23.0, 20.0), (300, 64.0, 60.0)], timings=True)
+        self.assertEqual((overhead, steps), (3.5, [20.0, 60.0]))
+
+    def test_without_it_the_intercept_of_ttft_against_length_is_the_front_end(self):
+        overhead, steps = settle([(100, 23.0, None), (200, 43.0, None), (300, 63.0, None)], timings=False)
+        self.assertAlmostEqual(overhead, 3.0)
+        self.assertEqual([round(step, 6) for step in steps], [20.0, 40.0, 60.0])
+
+    def test_the_steady_gaps_are_those_while_every_request_decodes(self):
+        early, late = main.MeasuredRequest(0), main.MeasuredRequest(1)
+        early.token_times, late.token_times = [0.0, 1.0, 2.0, 3.0, 4.0], [1.5, 2.5, 3.5, 4.5]
+        # all decode from 1.5 s (the second's first token) to 4 s (the first's last): 2-3, 3-4 and 1.5-2.5, 2.5-3.5
+        self.assertEqual(main.decoding_gaps_s([early, late]), [1.0, 1.0, 1.0, 1.0])
+        late.token_times = [4.5, 5.0]
+        self.assertEqual(main.decoding_gaps_s([early, late]), [])  # they never decode together
+
+
+class SlotSchedulerTest(unittest.TestCase):
+    """llama.cpp's slots: a fixed context each, no paging, no preemption."""
+
+    def scheduler(self, slots=4, ctx_tokens=4096):
+        config = main.SchedulerConfig(max_num_seqs=slots, max_num_batched_tokens=2048, block_size=16,
+                                      scheduler="llamacpp")
+        return main.new_scheduler(config, ctx_tokens // 16)
+
+    def test_a_prompt_that_fits_the_cache_but_not_a_slot_is_refused_as_llama_cpp_refuses_it(self):
+        scheduler = self.scheduler()
+        request = main.Request(0, 1024, 8)  # a 1,024-token slot cannot hold a 1,024-token prompt
+        self.assertFalse(scheduler.add(request))
+        self.assertEqual(request.error_kind, "slot-context")
+        self.assertEqual(request.error, "prompt of 1,024 tokens does not fit a 1,024-token slot (llama.cpp: HTTP 400 "
+                                        "exceed_context_size_error)")
+        self.assertTrue(scheduler.add(main.Request(1, 1023, 8)))
+
+    def test_prompt_and_output_over_a_slot_are_cut_at_its_end(self):
+        scheduler = self.scheduler()
+        request = main.Request(0, 924, 200)
+        self.assertTrue(scheduler.add(request))
+        self.assertEqual((request.max_tokens, scheduler.num_cut), (100, 1))  # 924 + 100 = the 1,024-token slot
+
+    def test_the_fifth_request_waits_for_a_slot(self):
+        requests = [main.Request(index, 40, 4) for index in range(5)]
+        engine = main.simulate(self.scheduler(), main.HARDWARE["cpu-2vcpu"], main.MODELS["gemma-3-270m-q4_k_m"],
+                               requests)
+        self.assertEqual(engine.max_batch_seqs, 4)
+        first_done = min(r.token_times[-1] for r in requests[:4])
+        self.assertEqual(requests[4].scheduled_s, first_done)
+        self.assertTrue(all(r.scheduled_s == 0.0 for r in requests[:4]))
+
+    def test_nothing_is_ever_preempted(self):
+        for seed in range(100):
+            rng = random.Random(seed)
+            scheduler = self.scheduler(slots=rng.randint(1, 6), ctx_tokens=rng.choice((512, 1024, 1000)))
+            requests = [main.Request(index, rng.randint(1, 400), rng.randint(1, 150), rng.uniform(0, 2))
+                        for index in range(20)]
+            engine = main.simulate(scheduler, main.HARDWARE["cpu-2vcpu"], main.MODELS["gemma-3-270m-q4_k_m"],
+                                   requests)
+            self.assertEqual(engine.scheduler.num_preemptions, 0)
+            for request in requests:
+                if request.error_kind == "slot-context":
+                    self.assertGreaterEqual(request.prompt_tokens, scheduler.slot_tokens)
+                    continue
+                self.assertEqual((request.error, request.generated), (None, request.max_tokens))
+                self.assertLessEqual(request.prompt_tokens + request.generated, scheduler.slot_tokens)
+
+    def test_the_scheduler_cannot_be_combined_with_modes_llama_cpp_lacks(self):
+        code, _, err = run_cli("simulate", "--scheduler", "llamacpp", "--prefix-caching", "--concurrency", "1")
+        self.assertEqual(code, 2)
+        self.assertIn("--prefix-caching with --scheduler llamacpp", err)
+
+
+class CompareWithLlamaCppReportsTest(ScratchTest):
+
+    def report(self, concurrency, tpot_ms, server="llama.cpp"):
+        summary = {"num_requests": 8, "num_completed": 8, "prompt_tokens": 8 * 40, "output_tokens": 8 * 16,
+                   "output_tok_per_s": 100.0, "ttft_ms": {"p50": 50.0}, "tpot_ms": {"p50": tpot_ms}}
+        return {"settings": {"url": "http://h", "mode": "closed", "concurrency": concurrency, "max_tokens": 16,
+                             "ignore_eos": True}, "summary": summary, "server": {"server": server, "mean_batch": 1.0}}
+
+    def test_compare_replays_a_llama_cpp_report_with_llama_cpps_scheduling(self):
+        path = self.write("c1.json", self.report(1, 20.0))
+        code, out, err = run_cli("compare", path, *GEMMA, "--kv-tokens", "4096", "--max-num-seqs", "4")
+        self.assertEqual((code, err), (0, ""))
+        self.assertIn("(llama.cpp slots: 4 of 1,024 tokens, batch 2,048)", out.splitlines()[0])
+        vllm = self.write("v1.json", self.report(1, 20.0, server="vllm"))
+        self.assertIn("(4,096 KV tokens, max-num-seqs 4)", run_cli("compare", vllm, *GEMMA, "--kv-tokens", "4096",
+                                                                   "--max-num-seqs", "4")[1].splitlines()[0])
+
+    def test_repeated_runs_give_one_row_with_their_median_and_spread_beside_the_error(self):
+        paths = [self.write(f"r{index}.json", self.report(1, tpot)) for index, tpot in enumerate((20.0, 22.0))]
+        result = run_json("compare", *paths, *GEMMA, "--kv-tokens", "4096", "--max-num-seqs", "4")
+        (row,) = result["rows"]
+        self.assertEqual(row["num_runs"], 2)
+        self.assertEqual(row["measured"]["tpot p50"], 21.0)
+        self.assertAlmostEqual(row["spread"]["tpot p50"], 2.0 / 21.0)
+        self.assertAlmostEqual(row["error"]["tpot p50"], (row["predicted"]["tpot p50"] - 21.0) / 21.0)
+        text = run_cli("compare", *paths, *GEMMA, "--kv-tokens", "4096", "--max-num-seqs", "4")[1].splitlines()
+        self.assertEqual(text[1].split(), ["measured", "|", "predicted", "|", "error", "|", "noise"])
+        self.assertRegex(text[-2], r"^median \|error\|: out tok/s [+-]?\d+% \(noise 0%\), ttft p50 \d+% \(noise 0%\), "
+                                   r"tpot p50 \d+% \(noise 10%\)$")
+
+
+class ProfileStopsTest(ScratchTest):
+
+    def test_ctrl_c_keeps_the_points_measured_and_exits_130(self):
+        path = os.path.join(self.directory, "partial.json")
+        with FakeEngine(DECODE_MS) as engine:
+            child = subprocess.Popen([sys.executable, os.path.join(CODE_DIR, "main.py"), "profile", "--url",
+                                      engine.url, "--output-tokens", "40", "--repeat", "1", "--out", path],
+                                     stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+            first = child.stderr.readline()
+            child.send_signal(signal.SIGINT)
+            _, err = child.communicate(timeout=60)
+        self.assertTrue(first.startswith("profile: decode batch 1: "), first)
+        self.assertEqual(child.returncode, 130, err)
+        with open(path, encoding="utf-8") as handle:
+            profile = json.load(handle)
+        self.assertFalse(profile["complete"])
+        self.assertGreaterEqual(len(profile["decode"]), 1)
+        self.assertIn("interrupted: the points above were measured, the rest were not", profile["notes"])
+
+    def test_the_budget_skips_the_points_it_cannot_fit_and_says_so(self):
+        with FakeEngine(DECODE_MS) as engine:
+            result = run_json("profile", "--url", engine.url, "--output-tokens", "8", "--repeat", "1",
+                              "--prefill-tokens", "100", "--budget-s", "0.2", "--quiet")
+        self.assertEqual([point["batch"] for point in result["decode"]][:1], [1])
+        self.assertTrue(any("skipped: it would pass --budget-s 0.2" in note for note in result["notes"]))
+
+
+if __name__ == "__main__":
+    unittest.main()
