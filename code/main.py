@@ -4589,8 +4589,9 @@ def format_profile(profile: dict, out: Optional[str]) -> List[str]:
         lines += format_table(("beside decodes: decoding", "prompt tokens", "added ms", "min ms", "max ms", "steps"), [
             [str(p["decode_batch"]), f"{p['prompt_tokens']:,}", f"{p['added_ms']:.2f}", f"{p['min_ms']:.2f}",
              f"{p['max_ms']:.2f}", f"{p['num_steps']:g}"] for p in profile["mixed"]])
+    overlap = profile["mixed_overlap_ms"]
     lines.append(f"front-end time per request {profile['request_overhead_ms']:.2f} ms; a prefill beside decodes "
-                 f"costs {profile['mixed_overlap_ms']:+.2f} ms less than alone; decodes measured at "
+                 f"costs {abs(overlap):.2f} ms {'less' if overlap >= 0 else 'more'} than alone; decodes measured at "
                  f"{profile['decode_context_tokens']:,.0f} tokens of context")
     lines += [f"note: {note}" for note in profile["notes"]]
     if out:
