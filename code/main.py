@@ -3651,6 +3651,19 @@ COMPARED = (  # (label, figure of a summary)
 )
 
 
+def _spread(values: Sequence[Optional[float]]) -> Optional[float]:
+    """(max - min) / median of repeated measurements; None for one run."""
+    known = [value for value in values if value is not None]
+    if len(known) < 2 or not statistics.median(known):
+        return None
+    return (max(known) - min(known)) / statistics.median(known)
+
+
+def _median_or_none(values: Sequence[Optional[float]]) -> Optional[float]:
+    known = [value for value in values if value is not None]
+    return statistics.median(known) if known else None
+
+
 def compare_rows(reports: Sequence[dict], predictions: Sequence[dict]) -> List[dict]:
     """One row per workload: measured (the median over reports of the same workload,
     repeated runs), predicted, the relative error of each figure and the run-to-run
@@ -3674,19 +3687,6 @@ def compare_rows(reports: Sequence[dict], predictions: Sequence[dict]) -> List[d
         row["cost_model"] = prediction["engine"]["cost_model"]
         rows.append(row)
     return rows
-
-
-def _median_or_none(values: Sequence[Optional[float]]) -> Optional[float]:
-    known = [value for value in values if value is not None]
-    return statistics.median(known) if known else None
-
-
-def _spread(values: Sequence[Optional[float]]) -> Optional[float]:
-    """(max - min) / median of repeated measurements; None for one run."""
-    known = [value for value in values if value is not None]
-    if len(known) < 2 or not statistics.median(known):
-        return None
-    return (max(known) - min(known)) / statistics.median(known)
 
 
 def compare_totals(rows: Sequence[dict]) -> dict:
@@ -4504,6 +4504,15 @@ def format_sweep(args, plan: CapacityPlan, runs: Sequence[Tuple[str, Optional[in
     return lines + list(dict.fromkeys(run["engine"]["cost_model"]["text"] for _, _, run in runs))
 
 
+def scheduler_text(spec: EngineSpec) -> str:
+    """The cache and the scheduler a prediction ran, as the compare header shows them."""
+    config, plan = spec.config, spec.plan
+    if config.scheduler == "llamacpp":
+        return (f"llama.cpp slots: {config.max_num_seqs} of {plan.num_kv_tokens // config.max_num_seqs:,} tokens, "
+                f"batch {config.max_num_batched_tokens:,}")
+    return f"{plan.num_kv_tokens:,} KV tokens, max-num-seqs {config.max_num_seqs}"
+
+
 def format_compare(spec: EngineSpec, reports: Sequence[dict], rows: Sequence[dict]) -> List[str]:
     """Measured beside predicted per run, with the relative error of each figure."""
     plan = spec.plan
@@ -4512,15 +4521,6 @@ def format_compare(spec: EngineSpec, reports: Sequence[dict], rows: Sequence[dic
              f"{', '.join(servers)}; times in ms"]
     lines += _format_compare_table(rows) + [_format_compare_totals(compare_totals(rows))]
     return lines + list(dict.fromkeys(row["cost_model"]["text"] for row in rows))
-
-
-def scheduler_text(spec: EngineSpec) -> str:
-    """The cache and the scheduler a prediction ran, as the compare header shows them."""
-    config, plan = spec.config, spec.plan
-    if config.scheduler == "llamacpp":
-        return (f"llama.cpp slots: {config.max_num_seqs} of {plan.num_kv_tokens // config.max_num_seqs:,} tokens, "
-                f"batch {config.max_num_batched_tokens:,}")
-    return f"{plan.num_kv_tokens:,} KV tokens, max-num-seqs {config.max_num_seqs}"
 
 
 def format_calibration(hardware: Hardware, model: ModelSpec, num_reports: int, residuals: Sequence[dict],
