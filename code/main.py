@@ -124,6 +124,7 @@ import struct
 import sys
 import threading
 import time
+import traceback
 import urllib.parse
 from collections import OrderedDict, deque
 from dataclasses import asdict, dataclass, field
@@ -170,6 +171,22 @@ class BadResponse(ServesimError):
     exit_code = 1
 
 
+_SECRETS: List[str] = []  # what redact() hides: the API key, from the flag or the environment
+
+
+def keep_secret(secret: str) -> None:
+    """Hide secret from every message servesim shows or writes from now on."""
+    if secret and secret not in _SECRETS:
+        _SECRETS.append(secret)
+
+
+def redact(text: str) -> str:
+    """text with every kept secret replaced by [redacted]."""
+    for secret in _SECRETS:
+        text = text.replace(secret, "[redacted]")
+    return text
+
+
 def read_text_file(path: str, where: str) -> str:
     """A file's text; UsageError starting with where (the flag and the path) if unreadable."""
     try:
@@ -194,13 +211,17 @@ def _is_number(value) -> bool:
 
 def _check_number(where: str, name: str, value, least: float, what: str = "a number") -> float:
     if not _is_number(value) or value < least:
-        raise UsageError(f"{where}: {name} must be {what} >= {least:g}, got {value!r}")
+        raise UsageError(f"{where}: {name} must be {what} >= {least:g}, got {_shown(value)}")
+    if value > 1e12:
+        raise UsageError(f"{where}: {name} must be at most 1e12, got {_shown(value)}")
     return value
 
 
-def _check_int(where: str, name: str, value, least: int) -> int:
+def _check_int(where: str, name: str, value, least: int, most: int = 10_000_000) -> int:
     if not isinstance(value, int) or isinstance(value, bool) or value < least:
-        raise UsageError(f"{where}: {name} must be an integer >= {least}, got {value!r}")
+        raise UsageError(f"{where}: {name} must be an integer >= {least}, got {_shown(value)}")
+    if value > most:
+        raise UsageError(f"{where}: {name} must be at most {most:,}, got {value:,}")
     return value
 
 
@@ -237,20 +258,21 @@ class JsonObject:
         value = self.value.get(key)
         if value is None:
             if default is _MISSING:
-                raise self.error(f"{self.where}: {self._name(key)} is missing; expected {expected}")
+                got = "null" if key in self.value else "nothing"
+                raise self.error(f"{self.where}: {self._name(key)} must be {expected}, got {got}")
             return default
         if not ok(value):
             raise self.fail(key, expected, value)
         return value
 
     def number(self, key: str, least: float = -math.inf, default=_MISSING, above: Optional[float] = None):
-        expected = (f"a number > {above:g}" if above is not None else
+        expected = ("a positive number" if above == 0 else f"a number > {above:g}" if above is not None else
                     "a number" if least == -math.inf else f"a number >= {least:g}")
         return self._read(key, default, expected,
                           lambda v: _is_number(v) and v >= least and (above is None or v > above))
 
     def integer(self, key: str, least: int = 0, default=_MISSING):
-        return self._read(key, default, f"an integer >= {least}",
+        return self._read(key, default, "a positive integer" if least == 1 else f"an integer >= {least}",
                           lambda v: isinstance(v, int) and not isinstance(v, bool) and v >= least)
 
     def string(self, key: str, default=_MISSING):
@@ -271,6 +293,38 @@ class JsonObject:
             return value
         return [JsonObject(item, self.where, f"{self._name(key)}[{index}]", self.error)
                 for index, item in enumerate(value)]
+
+
+def check_shape(value: JsonObject, shape: dict) -> None:
+    """Check the fields of value that shape names, before anything indexes them. shape
+    maps a field to a nested shape (an object) or to a kind: "number" (finite, >= 0),
+    "real" (finite), "int" (>= 0), "str" or "bool"; a trailing "?" on a kind, or on the key of a
+    nested shape, lets the field be null or absent;
+    "[shape]" in a one-element list is a list of objects of that shape."""
+    for key, kind in shape.items():
+        optional = isinstance(kind, str) and kind.endswith("?")
+        default = None if optional else _MISSING
+        if isinstance(kind, dict) and key.endswith("?"):  # an object that may be absent
+            nested = value.object(key[:-1], None)
+            if nested is not None:
+                check_shape(nested, kind)
+        elif isinstance(kind, dict):
+            check_shape(value.object(key), kind)
+        elif isinstance(kind, list):
+            for item in value.objects(key):
+                check_shape(item, kind[0])
+        elif kind.startswith("number"):
+            value.number(key, 0, default)
+        elif kind.startswith("real"):
+            value.number(key, -math.inf, default)
+        elif kind.startswith("int"):
+            value.integer(key, 0, default)
+        elif kind.startswith("str"):
+            value.string(key, default)
+        elif kind.startswith("bool"):
+            value.boolean(key, default)
+        elif kind.startswith("object"):
+            value.object(key, default)
 
 
 # =============================================================================
@@ -407,15 +461,14 @@ HARDWARE_FIELDS = ("memory_gib", "bandwidth_gbs", "tflops", "mfu", "mbu", "step_
 
 def read_hardware_file(path: str) -> Hardware:
     """A Hardware from a JSON file (what calibrate --out writes)."""
-    data = read_json_file(path, f"--hardware-file {path}")
-    if not isinstance(data, dict):
-        raise UsageError(f"--hardware-file {path}: expected a JSON object with {', '.join(HARDWARE_FIELDS)}")
-    for name in HARDWARE_FIELDS:
-        value = data.get(name)
-        if not _is_number(value) or value <= 0:
-            raise UsageError(f"--hardware-file {path}: {name} must be a positive number, got {value!r}")
-    return Hardware(str(data.get("name") or os.path.splitext(os.path.basename(path))[0]),
-                    **{name: float(data[name]) for name in HARDWARE_FIELDS})
+    where = f"--hardware-file {path}"
+    data = JsonObject(read_json_file(path, where), where)
+    figures = {name: float(data.number(name, above=0)) for name in HARDWARE_FIELDS}
+    for name, most in (("memory_gib", 1e6), ("mfu", 1.0), ("mbu", 1.0)):
+        if figures[name] > most:
+            raise data.fail(name, f"at most {most:g}", figures[name])
+    return Hardware(data.string("name", "") or os.path.splitext(os.path.basename(path))[0], **figures,
+                    interconnect_gbs=float(data.number("interconnect_gbs", 0, 0.0)))
 
 
 # =============================================================================
@@ -448,6 +501,7 @@ class _GgufReader:
     def __init__(self, handle, path: str):
         self.handle = handle
         self.path = path
+        self.num_read = 0
 
     def bad(self, message: str) -> UsageError:
         return UsageError(f"--model-file {self.path}: {message}")
@@ -456,7 +510,12 @@ class _GgufReader:
         data = self.handle.read(size)
         if len(data) != size:
             raise self.bad(f"truncated while reading {what} (at byte {self.handle.tell()})")
+        self.num_read += size
         return data
+
+    def position(self) -> int:
+        """Bytes of the header read so far."""
+        return self.num_read
 
     def scalar(self, fmt: str, what: str):
         return struct.unpack(fmt, self.read(struct.calcsize(fmt), what))[0]
@@ -467,20 +526,23 @@ class _GgufReader:
             raise self.bad(f"a {length:,}-byte string for {what}: not a GGUF file, or a damaged one")
         return self.read(length, what).decode("utf-8", "replace")
 
-    def value(self, kind: int, what: str):
+    def value(self, kind: int, what: str, depth: int = 0):
         if kind in _GGUF_SCALARS:
             return self.scalar(_GGUF_SCALARS[kind], what)
         if kind == 8:
             return self.string(what)
-        if kind == 9:
+        if kind == 9 and depth < 3:
             item_kind, count = self.scalar("<I", what), self.scalar("<Q", what)
-            items = [self.value(item_kind, what) for _ in range(count)]
+            items = [self.value(item_kind, what, depth + 1) for _ in range(count)]
             return items if count <= 4096 else None  # vocabularies: read past, not kept
+        if kind == 9:
+            raise self.bad(f"arrays nested more than three deep in {what}")
         raise self.bad(f"unknown metadata value type {kind} for {what}")
 
 
-def read_gguf(path: str) -> Tuple[Dict[str, object], List[Tuple[str, List[int], int]]]:
-    """The metadata and tensor infos (name, shape, ggml type) of a GGUF file's header."""
+def read_gguf(path: str) -> Tuple[Dict[str, object], List[Tuple[str, List[int], int, int]], int]:
+    """The metadata, the tensor infos (name, shape, ggml type, data offset) of a GGUF
+    file's header, and how many bytes of tensor data follow the header."""
     try:
         handle = open(path, "rb")
     except OSError as error:
@@ -506,39 +568,35 @@ def read_gguf(path: str) -> Tuple[Dict[str, object], List[Tuple[str, List[int], 
                 raise reader.bad(f"tensor {name} has {num_dims} dimensions")
             shape = [reader.scalar("<Q", name) for _ in range(num_dims)]
             kind = reader.scalar("<I", name)
-            reader.scalar("<Q", name)  # the data offset
-            tensors.append((name, shape, kind))
-    return metadata, tensors
+            tensors.append((name, shape, kind, reader.scalar("<Q", name)))
+        header_bytes = reader.position()
+        file_bytes = os.fstat(handle.fileno()).st_size
+    alignment = metadata.get("general.alignment", 32)
+    if not isinstance(alignment, int) or isinstance(alignment, bool) or not 1 <= alignment <= 1 << 20:
+        raise UsageError(f"--model-file {path}: general.alignment must be a whole number of bytes, got {_shown(alignment)}")
+    data_start = -(-header_bytes // alignment) * alignment
+    return metadata, tensors, file_bytes - data_start
 
 
-def _per_layer_max(value) -> int:
-    """Some GGUF files give head counts per layer; the cache is sized by the largest."""
-    return int(max(value)) if isinstance(value, list) else int(value)
+def _gguf_count(metadata: Dict[str, object], key: str, path: str, default=_MISSING, least: int = 1) -> int:
+    """A whole-number field of GGUF metadata; per-layer lists (some files give head
+    counts per layer) count as their largest, which is what sizes the cache."""
+    value = metadata.get(key, default)
+    if value is _MISSING:
+        raise UsageError(f"--model-file {path}: the GGUF metadata has no {key}")
+    number = max(value) if isinstance(value, list) and value else value
+    if not isinstance(number, int) or isinstance(number, bool) or number < least or number > 1 << 40:
+        raise UsageError(f"--model-file {path}: {key} must be a whole number >= {least} (or a list of them), "
+                         f"got {_shown(value)}")
+    return number
 
 
-def model_from_gguf(path: str) -> ModelSpec:
-    """Layers, KV heads and head size from the metadata; parameters and the real bytes
-    of the weights, whatever their quant types, from the tensor infos. The KV cache is
-    taken as F16, llama.cpp's default (--cache-type-k/-v)."""
-    metadata, tensors = read_gguf(path)
-
-    def field(key: str):
-        if key not in metadata:
-            raise UsageError(f"--model-file {path}: the GGUF metadata has no {key}")
-        return metadata[key]
-
-    arch = field("general.architecture")
-    layers = int(field(f"{arch}.block_count"))
-    head_count = _per_layer_max(field(f"{arch}.attention.head_count"))
-    kv_heads = _per_layer_max(metadata.get(f"{arch}.attention.head_count_kv", head_count))
-    key_length = metadata.get(f"{arch}.attention.key_length")
-    value_length = metadata.get(f"{arch}.attention.value_length", key_length)
-    if key_length is None:
-        key_length = value_length = int(field(f"{arch}.embedding_length")) // head_count
-    params = 0
-    weight_bytes = 0
+def _gguf_tensor_sizes(tensors, data_bytes: int, path: str) -> Tuple[Dict[str, int], int, int]:
+    """(elements by tensor name, parameters, bytes of weights), each tensor checked to lie
+    inside the file: a truncated or damaged file is refused, not half read."""
+    params = weight_bytes = 0
     sizes: Dict[str, int] = {}
-    for name, shape, kind in tensors:
+    for name, shape, kind, offset in tensors:
         if kind not in GGML_TYPES:
             raise UsageError(f"--model-file {path}: tensor {name} has unknown ggml type {kind}")
         _, block, block_bytes = GGML_TYPES[kind]
@@ -546,11 +604,32 @@ def model_from_gguf(path: str) -> ModelSpec:
         if elements % block:
             raise UsageError(f"--model-file {path}: tensor {name} has {elements} elements, "
                              f"not a multiple of its {block}-element blocks")
+        if offset + elements // block * block_bytes > data_bytes:
+            raise UsageError(f"--model-file {path}: tensor {name} ends past the end of the file (truncated or "
+                             f"damaged: {data_bytes:,} bytes of tensor data)")
         params += elements
         weight_bytes += elements // block * block_bytes
         sizes[name] = elements
     if not params:
         raise UsageError(f"--model-file {path}: no tensors in the file")
+    return sizes, params, weight_bytes
+
+
+def model_from_gguf(path: str) -> ModelSpec:
+    """Layers, KV heads and head size from the metadata; parameters and the real bytes
+    of the weights, whatever their quant types, from the tensor infos. The KV cache is
+    taken as F16, llama.cpp's default (--cache-type-k/-v)."""
+    metadata, tensors, data_bytes = read_gguf(path)
+    arch = metadata.get("general.architecture")
+    if not isinstance(arch, str):
+        raise UsageError(f"--model-file {path}: general.architecture must be a string, got {_shown(arch)}")
+    layers = _gguf_count(metadata, f"{arch}.block_count", path)
+    head_count = _gguf_count(metadata, f"{arch}.attention.head_count", path)
+    kv_heads = _gguf_count(metadata, f"{arch}.attention.head_count_kv", path, head_count)
+    width = _gguf_count(metadata, f"{arch}.embedding_length", path, 0, least=0)
+    key_length = _gguf_count(metadata, f"{arch}.attention.key_length", path, width // head_count)
+    value_length = _gguf_count(metadata, f"{arch}.attention.value_length", path, key_length)
+    sizes, params, weight_bytes = _gguf_tensor_sizes(tensors, data_bytes, path)
     # An output.weight tensor is a separate LM head; without one, the embedding is tied to it.
     embedding = sizes.get("token_embd.weight", 0)
     head = sizes.get("output.weight", 0)
@@ -558,10 +637,9 @@ def model_from_gguf(path: str) -> ModelSpec:
         head, embedding = embedding, 0
     name = os.path.splitext(os.path.basename(path))[0].lower()
     return ModelSpec(name, params=params, layers=layers, kv_heads=kv_heads,
-                     head_dim=(int(key_length) + int(value_length)) // 2,
+                     head_dim=(key_length + value_length) // 2,
                      bytes_per_param=weight_bytes / params, kv_dtype_bytes=2,
-                     head_params=head, embedding_params=embedding,
-                     hidden_size=int(metadata.get(f"{arch}.embedding_length") or 0))
+                     head_params=head, embedding_params=embedding, hidden_size=width)
 
 
 HF_DTYPE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2, "float8_e4m3fn": 1, "float8_e5m2": 1}
@@ -570,35 +648,29 @@ HF_DTYPE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2, "float8_e4m3fn": 1,
 def model_from_config(path: str) -> ModelSpec:
     """A dense decoder from a Hugging Face config.json: parameters counted from the
     dimensions (embeddings, attention, gated MLP, norms), bytes from torch_dtype."""
-    config = read_json_file(path, f"--model-file {path}")
-    if not isinstance(config, dict):
-        raise UsageError(f"--model-file {path}: expected a JSON object")
-    text = dict(config, **config.get("text_config", {}))  # multimodal configs nest the decoder
-
-    def field(key: str) -> int:
-        value = text.get(key)
-        if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
-            raise UsageError(f"--model-file {path}: {key} must be a positive integer, got {value!r}")
-        return value
-
+    where = f"--model-file {path}"
+    config = JsonObject(read_json_file(path, where), where)
+    nested = config.object("text_config", None)  # multimodal configs nest the decoder
+    text = JsonObject(dict(config.value, **nested.value), where) if nested else config
     for moe_key in ("num_local_experts", "n_routed_experts", "num_experts"):
-        if text.get(moe_key):
-            raise UsageError(f"--model-file {path}: mixture-of-experts configs ({moe_key}={text[moe_key]}) "
+        if text.value.get(moe_key):
+            raise UsageError(f"{where}: mixture-of-experts configs ({moe_key}={_shown(text.value[moe_key])}) "
                              f"are not modelled")
-    hidden, layers, heads = field("hidden_size"), field("num_hidden_layers"), field("num_attention_heads")
-    kv_heads = text.get("num_key_value_heads") or heads
-    head_dim = text.get("head_dim") or hidden // heads
-    vocab, intermediate = field("vocab_size"), field("intermediate_size")
-    tied = bool(text.get("tie_word_embeddings", config.get("tie_word_embeddings")))
+    hidden, layers = text.integer("hidden_size", 1), text.integer("num_hidden_layers", 1)
+    heads = text.integer("num_attention_heads", 1)
+    kv_heads = text.integer("num_key_value_heads", 1, heads)
+    head_dim = text.integer("head_dim", 1, hidden // heads)
+    vocab, intermediate = text.integer("vocab_size", 1), text.integer("intermediate_size", 1)
+    tied = text.boolean("tie_word_embeddings", config.boolean("tie_word_embeddings", False))
     embeddings = vocab * hidden * (1 if tied else 2)
     attention = hidden * heads * head_dim * 2 + hidden * kv_heads * head_dim * 2
     per_layer = attention + 3 * hidden * intermediate + 2 * hidden
-    dtype = text.get("torch_dtype") or text.get("dtype") or "bfloat16"
+    dtype = text.string("torch_dtype", None) or text.string("dtype", "bfloat16")
     if dtype not in HF_DTYPE_BYTES:
-        raise UsageError(f"--model-file {path}: torch_dtype {dtype!r}; expected one of {', '.join(HF_DTYPE_BYTES)}")
-    name = str(config.get("_name_or_path") or os.path.basename(os.path.dirname(os.path.abspath(path))))
+        raise UsageError(f"{where}: torch_dtype {_shown(dtype)}; expected one of {', '.join(HF_DTYPE_BYTES)}")
+    name = config.string("_name_or_path", "") or os.path.basename(os.path.dirname(os.path.abspath(path)))
     return ModelSpec(name.lower(), params=embeddings + layers * per_layer + hidden, layers=layers,
-                     kv_heads=int(kv_heads), head_dim=int(head_dim),
+                     kv_heads=kv_heads, head_dim=head_dim,
                      bytes_per_param=HF_DTYPE_BYTES[dtype], kv_dtype_bytes=2,
                      head_params=vocab * hidden, embedding_params=0 if tied else vocab * hidden,
                      hidden_size=hidden)
@@ -617,6 +689,9 @@ def model_from_file(path: str) -> ModelSpec:
 # =============================================================================
 # Capacity: the memory plan
 # =============================================================================
+
+MAX_NUM_BLOCKS = 50_000_000  # each block is a Python object in the pool: beyond this, memory runs out
+
 
 @dataclass(frozen=True)
 class CapacityPlan:
@@ -712,6 +787,9 @@ def plan_capacity(hardware: Hardware, model: ModelSpec, gpu_memory_utilization: 
                 f"fit in the {free / GIB:.2f} GiB left after {model.name}'s weights on {hardware.name}")
     else:
         num_blocks = int(free // block_bytes)
+    if num_blocks > MAX_NUM_BLOCKS:
+        raise UsageError(f"a cache of {num_blocks:,} blocks of {block_size} tokens: servesim keeps at most "
+                         f"{MAX_NUM_BLOCKS:,}; raise --block-size or set --kv-tokens")
     return CapacityPlan(hardware, model, gpu_memory_utilization, block_size, max_model_len,
                         budget, num_blocks * block_bytes, num_blocks, kv_tokens is not None)
 
@@ -1928,6 +2006,7 @@ def find_kv_link_crossover(ttft_p95_at: Callable[[float], Optional[float]], colo
 # =============================================================================
 
 TRACE_FIELDS = ("arrival_s", "prompt_tokens", "output_tokens")
+MAX_TRACE_S = 1e9  # about 30 years: anything longer is a unit mistake
 AZURE_COLUMNS = ("TIMESTAMP", "ContextTokens", "GeneratedTokens")
 MOONCAKE_FIELDS = ("timestamp", "input_length", "output_length", "hash_ids")
 MOONCAKE_BLOCK_TOKENS = 512
@@ -2004,7 +2083,7 @@ def _azure_rows(lines: List[str], path: str) -> Iterator[TraceRow]:
             raise UsageError(f"{where}: expected {len(AZURE_COLUMNS)} columns ({','.join(AZURE_COLUMNS)}), got {row!r}")
         whole_s, fraction_s = _wall_clock(row[0], where)
         origin = whole_s if origin is None else origin
-        counts = [int(cell) if cell.strip().isdigit() else cell for cell in row[1:3]]
+        counts = [int(cell) if cell.strip().isascii() and cell.strip().isdigit() else cell for cell in row[1:3]]
         yield TraceRow(lineno, (whole_s - origin) + fraction_s, _check_int(where, "ContextTokens", counts[0], 1),
                        _check_int(where, "GeneratedTokens", counts[1], 1))
 
@@ -2068,6 +2147,9 @@ def read_trace(path: str, trace_format: Optional[str] = None, time_scale: float 
     if not rows:
         raise UsageError(f"--trace {path}: no requests at or after --start {start_s:g} s")
     first = rows[0].arrival_s
+    if (rows[-1].arrival_s - first) * time_scale > MAX_TRACE_S:
+        raise UsageError(f"--trace {path}: its arrivals span more than {MAX_TRACE_S:.0e} s (with --time-scale "
+                         f"{time_scale:g}); expected seconds from the first request")
     return [Request(index, row.prompt_tokens, row.output_tokens, (row.arrival_s - first) * time_scale, row.prefix,
                     row.prefix_tokens, row.prefix_blocks, row.prefix_block_tokens)
             for index, row in enumerate(rows)]
@@ -2136,10 +2218,11 @@ class MeasuredRequest:
 
     def fail(self, kind: str, message: str) -> None:
         if self.error is None:
-            self.error_kind, self.error = kind, message
+            self.error_kind, self.error = kind, redact(message)
 
 
 OUTPUT_DELTA_FIELDS = ("content", "reasoning_content", "reasoning", "tool_calls")
+MAX_TOKENS_PER_REQUEST = 10_000_000  # a usage count above it is a broken stream, not a request
 TIMINGS_KEPT = ("prompt_n", "prompt_ms", "cache_n", "predicted_n", "predicted_ms", "predicted_per_token_ms")
 DONE = "[DONE]"
 
@@ -2275,25 +2358,34 @@ class StreamParser:
             record.fail("stream-error", _error_text(event["error"]))
             self.over = True
             return
+        try:
+            self._read_event(JsonObject(event, "the stream", error=BadResponse), at)
+        except BadResponse as error:
+            record.fail("bad-stream", str(error))
+            self.over = True
+
+    def _read_event(self, event: "JsonObject", at: float) -> None:
+        """The parts of one chat.completion.chunk that matter, each checked before use."""
+        record = self.record
         carried = False
-        for choice in event.get("choices") or []:
-            if not isinstance(choice, dict):
-                continue
-            delta = choice.get("delta") or {}
-            if any(delta.get(name) for name in OUTPUT_DELTA_FIELDS):
+        for choice in event.objects("choices", []):
+            delta = choice.object("delta", {}) or JsonObject({}, "the stream")
+            if any(delta.value.get(name) for name in OUTPUT_DELTA_FIELDS):
                 carried = True
-            if choice.get("finish_reason"):
-                record.finish_reason = choice["finish_reason"]
-        usage = event.get("usage")
-        if isinstance(usage, dict):
-            record.prompt_tokens = int(usage.get("prompt_tokens") or 0)
-            record.output_tokens = int(usage.get("completion_tokens") or 0)
+            record.finish_reason = choice.string("finish_reason", record.finish_reason)
+        usage = event.object("usage", None)
+        if usage is not None:
+            record.prompt_tokens = usage.integer("prompt_tokens", 0, 0)
+            record.output_tokens = usage.integer("completion_tokens", 0, 0)
+            if max(record.prompt_tokens, record.output_tokens) > MAX_TOKENS_PER_REQUEST:
+                raise BadResponse(f"the stream: usage counts {max(record.prompt_tokens, record.output_tokens):,} "
+                                  f"tokens, more than any request holds ({MAX_TOKENS_PER_REQUEST:,})")
         if carried:
             record.chunk_times.append(at)
-            record.chunk_usage.append(record.output_tokens if isinstance(usage, dict) else None)
-        timings = event.get("timings")
-        if isinstance(timings, dict):
-            record.timings = {key: timings[key] for key in TIMINGS_KEPT if key in timings}
+            record.chunk_usage.append(record.output_tokens if usage is not None else None)
+        timings = event.object("timings", None)
+        if timings is not None:
+            record.timings = {key: timings.number(key, 0) for key in TIMINGS_KEPT if key in timings.value}
 
 
 @dataclass(frozen=True)
@@ -2311,13 +2403,16 @@ class Endpoint:
 
     @classmethod
     def parse(cls, url: str) -> "Endpoint":
-        parts = urllib.parse.urlsplit(url)
+        try:
+            parts = urllib.parse.urlsplit(url)
+            parts.hostname, parts.port  # both parse lazily; a bad one raises ValueError here
+        except ValueError as error:
+            raise UsageError(f"--url: {error} in {url!r}; expected http://HOST:PORT or https://HOST") from None
+        if any(ord(char) < 33 or ord(char) > 126 for char in url):
+            raise UsageError(f"--url: {url!r} has spaces, control or non-ASCII characters")
         if parts.scheme not in ("http", "https") or not parts.hostname:
             raise UsageError(f"--url: expected http://HOST:PORT or https://HOST, got {url!r}")
-        try:
-            port = parts.port or (443 if parts.scheme == "https" else 80)
-        except ValueError:
-            raise UsageError(f"--url: the port of {url!r} is not a number") from None
+        port = parts.port or (443 if parts.scheme == "https" else 80)
         base_path = parts.path.rstrip("/")
         if base_path.endswith("/v1"):
             base_path = base_path[:-3]  # accept the OpenAI base URL form
@@ -2336,6 +2431,9 @@ class Endpoint:
             connection.close()
             reason = "connection refused" if isinstance(error, ConnectionRefusedError) else "unknown host"
             raise ServerUnreachable(f"cannot connect to {self}: {reason}") from None
+        except OSError as error:  # a timeout, a reset, a TLS failure
+            connection.close()
+            raise BadResponse(f"cannot connect to {self}: {type(error).__name__}: {error}") from None
         return connection
 
     def open_socket(self, timeout_s: float) -> socket.socket:
@@ -2389,6 +2487,8 @@ class HttpBody:
     def __init__(self, headers: Dict[str, str]):
         self.chunked = "chunked" in headers.get("transfer-encoding", "").lower()
         length = headers.get("content-length")
+        if length and not self.chunked and not length.isdigit():
+            raise ValueError(f"Content-Length {length[:40]!r} is not a number")
         self.remaining = int(length) if length and not self.chunked else None
         self.complete = self.remaining == 0
         self.buffer = b""
@@ -2429,7 +2529,9 @@ class HttpBody:
                 break
             line, self.buffer = self.buffer[:end], self.buffer[end + 2:]
             if self.state == "size":
-                size = int(line.split(b";")[0], 16)
+                size = int(line.split(b";")[0].strip() or b"x", 16)
+                if size < 0:
+                    raise ValueError(f"a negative chunk size {line[:20]!r}")
                 self.state, self.chunk_left = ("data", size) if size else ("trailer", 0)
             elif not line:  # the blank line that ends the trailer
                 self.complete = True
@@ -2554,6 +2656,9 @@ class StreamReader:
                 except ValueError as error:
                     stream.parser.record.fail("bad-response", f"malformed chunked body: {error}")
                     going = False
+                except Exception as error:  # NOTE: one stream's surprise must not stop the others
+                    stream.parser.record.fail("bad-stream", f"{type(error).__name__}: {error}")
+                    going = False
                 if not going:
                     self._finish(stream)
             self._expire()
@@ -2612,39 +2717,44 @@ def stream_chat(endpoint: Endpoint, body: bytes, headers: Dict[str, str], record
     refused connection raises (ServerUnreachable), because then nothing else can work.
     """
     deadline = time.monotonic() + timeout_s
-    sock = endpoint.open_socket(timeout_s)
     parser = StreamParser(record, on_event)
+    try:
+        sock = endpoint.open_socket(timeout_s)
+    except OSError as error:  # ServerUnreachable (refused, unknown host) goes up: nothing else can work
+        record.fail("timeout" if isinstance(error, socket.timeout) else "connection", f"{type(error).__name__}: {error}")
+        parser.end()
+        return
     try:
         sock.sendall(endpoint.request_bytes("POST", "/v1/chat/completions", headers, body))
         record.status, response_headers, rest = read_response_head(sock)
         body_reader = HttpBody(response_headers)
         if record.status != 200:
-            sock.settimeout(max(0.1, deadline - time.monotonic()))
-            payload = body_reader.feed(rest)
-            while not body_reader.complete and len(payload) < 65536:
-                received = sock.recv(1 << 16)
-                if not received:
-                    break
-                payload += body_reader.feed(received)
-            record.fail(f"http {record.status}", _http_error_message(payload))
-            sock.close()
-            parser.end()
-            return
+            record.fail(f"http {record.status}", _http_error_message(_error_body(sock, body_reader, rest, deadline)))
+        else:
+            stream = _OpenStream(sock, body_reader, parser, deadline, timeout_s)
+            if not rest or stream.receive(rest, reader.clock()):
+                reader.add(stream)  # from here the reader owns the socket and ends the parser
+                if not stream.done.wait(timeout_s + 5.0):
+                    record.fail("timeout", f"no complete answer within --timeout {timeout_s:g} s")
+                return
     except socket.timeout:
         record.fail("timeout", f"no answer within --timeout {timeout_s:g} s")
     except (OSError, ValueError, http.client.HTTPException) as error:
         record.fail("connection", f"{type(error).__name__}: {error}")
-    if record.error is not None:
-        sock.close()
-        parser.end()
-        return
-    stream = _OpenStream(sock, body_reader, parser, deadline, timeout_s)
-    if rest and not stream.receive(rest, reader.clock()):
-        sock.close()
-        parser.end()
-        return
-    reader.add(stream)
-    stream.done.wait()
+    sock.close()
+    parser.end()
+
+
+def _error_body(sock: socket.socket, body_reader: "HttpBody", rest: bytes, deadline: float) -> bytes:
+    """The first 64 KiB of an error answer's body, read until the deadline."""
+    sock.settimeout(max(0.1, deadline - time.monotonic()))
+    payload = body_reader.feed(rest)
+    while not body_reader.complete and len(payload) < 65536:
+        received = sock.recv(1 << 16)
+        if not received:
+            break
+        payload += body_reader.feed(received)
+    return payload
 
 
 def chat_body(model: str, prompt: str, max_tokens: int, ignore_eos: bool, temperature: float) -> bytes:
@@ -2979,14 +3089,31 @@ class LoadRun:
             self._dispatch_open(indices)
 
     def wait(self, poll: Optional[Callable[[], None]] = None, interval_s: float = 0.2) -> None:
-        """Block until every worker is done; poll() runs every interval_s meanwhile."""
+        """Block until every worker is done; poll() runs every interval_s meanwhile.
+
+        A watchdog ends a run in which no request ended for --timeout plus 10 s: the
+        requests still open fail as stalled and the partial run is what is reported.
+        """
+        patience_s, last_ended, last_change = self.plan.timeout_s + 10.0, -1, time.monotonic()
         for thread in list(self.threads):
             while thread.is_alive():
                 thread.join(interval_s)
                 if poll is not None:
                     poll()
+                ended = sum(1 for r in self.records if r.error is not None or r.finish_reason or r.saw_done)
+                if ended != last_ended:
+                    last_ended, last_change = ended, time.monotonic()
+                elif time.monotonic() - last_change > patience_s:
+                    self._give_up(patience_s)
+                    return
         if self.unreachable is not None:
             raise self.unreachable
+
+    def _give_up(self, patience_s: float) -> None:
+        self.stop()
+        for record in self.records:
+            if record.sent_s is not None and record.error is None and not (record.finish_reason or record.saw_done):
+                record.fail("stalled", f"no request ended for {patience_s:g} s; the run was stopped (watchdog)")
 
     def _start_closed(self, indices: Iterable[int], num_clients: int) -> None:
         pending = iter(indices)
@@ -3035,6 +3162,8 @@ class LoadRun:
             record.fail("unreachable", str(error))
             self.unreachable = error
             self.stop()
+        except Exception as error:  # NOTE: a worker must end its request, whatever happened
+            record.fail("bad-response", f"{type(error).__name__}: {error}")
         finally:
             if slots is not None:
                 slots.release()
@@ -3481,6 +3610,9 @@ def build_plan(args, hardware: Optional[Hardware] = None, kv_tokens: Optional[in
     hardware = hardware or default_hardware
     if getattr(args, "interconnect_gbs", None):
         hardware = dataclasses.replace(hardware, interconnect_gbs=args.interconnect_gbs)
+    if getattr(args, "tensor_parallel_size", 1) > 1 and not hardware.interconnect_gbs:
+        raise UsageError(f"--tensor-parallel-size {args.tensor_parallel_size}: {hardware.name} names no link "
+                         f"between devices; give --interconnect-gbs")
     return plan_capacity(hardware, model, args.gpu_memory_utilization, args.block_size, args.kv_tokens or kv_tokens,
                          getattr(args, "max_model_len", None) or 4096, getattr(args, "tensor_parallel_size", 1))
 
@@ -3591,13 +3723,42 @@ def run_disaggregated(args, kv_link_gbs: float) -> dict:
 # Compare: a prediction beside a measurement
 # =============================================================================
 
+SUMMARY_SHAPE = {"num_requests": "int", "num_completed": "int", "prompt_tokens": "number",
+                 "output_tokens": "number", "output_tok_per_s": "number", "ttft_ms": {"p50": "number?"},
+                 "tpot_ms": {"p50": "number?"}}
+LOADGEN_REPORT_SHAPE = {
+    "settings": {"url": "str", "mode": "str?", "concurrency": "int?", "rate": "number?", "burstiness": "number?",
+                 "seed": "int?", "max_tokens": "int", "ignore_eos": "bool?", "shared_prefix_tokens": "int?",
+                 "server_info": "object?"},
+    "summary": SUMMARY_SHAPE, "server": "object?"}
+SERVER_INFO_SHAPE = {"kind": "str?", "slots": "int?", "slot_context_tokens": "int?"}
+WINDOW_SHAPE = dict({spec.name: "real?" for spec in SERVER_METRICS}, mean_batch="real?", server="str?")
+LENIENT_SUMMARY_SHAPE = dict({name: "number?" for name in ("num_completed", "prompt_tokens", "output_tokens")},
+                             **{f"{name}_ms?": {"count": "int?", "p50": "number?", "p95": "number?", "p99": "number?"}
+                                for name in ("ttft", "tpot", "itl", "queue", "e2e")})
+
+
+def check_loadgen_report(report, where: str) -> dict:
+    """report when it has every field a loadgen --json report has that servesim reads;
+    UsageError naming the first that does not fit."""
+    data = JsonObject(report, where)
+    check_shape(data, LOADGEN_REPORT_SHAPE)
+    settings = data.object("settings")
+    check_shape(settings.object("server_info", None) or JsonObject({}, where), SERVER_INFO_SHAPE)
+    check_shape(data, {"server?": WINDOW_SHAPE})
+    if report["settings"].get("concurrency") == 0 or report["settings"]["max_tokens"] == 0:
+        raise UsageError(f"{where}: settings.concurrency and settings.max_tokens must be at least 1")
+    return report
+
+
 def read_loadgen_report(path: str) -> dict:
-    """A loadgen --json report; UsageError naming the file when it is not one."""
+    """A loadgen --json report; UsageError naming the file and the field when it is not one."""
     report = read_json_file(path, path)
     if not (isinstance(report, dict) and isinstance(report.get("settings"), dict)
             and isinstance(report.get("summary"), dict) and "max_tokens" in report["settings"]):
         raise UsageError(f"{path}: not a loadgen --json report (no settings and summary)")
-    if not report["summary"].get("num_completed"):
+    check_loadgen_report(report, path)
+    if not report["summary"]["num_completed"]:
         raise UsageError(f"{path}: no request completed in this run, so it measured nothing")
     return report
 
@@ -3735,7 +3896,8 @@ def calibration_points(reports: Sequence[Tuple[str, dict]]) -> List[Tuple[int, s
 def calibrated_hardware(base: Hardware, name: str, figures: Sequence[float]) -> Hardware:
     """base with (bandwidth GB/s, TFLOPS, overhead ms) replaced; mfu and mbu folded in (1)."""
     bandwidth_gbs, tflops, overhead_ms = figures
-    return Hardware(name, base.memory_gib, bandwidth_gbs, tflops, 1.0, 1.0, overhead_ms, base.reserve_gib)
+    return Hardware(name, base.memory_gib, bandwidth_gbs, tflops, 1.0, 1.0, overhead_ms, base.reserve_gib,
+                    base.interconnect_gbs)
 
 
 def _calibration_start(reports, points, model: ModelSpec) -> List[float]:
@@ -3915,12 +4077,21 @@ def evidence_from_summary(evidence: Evidence, summary: dict, label: str) -> None
         evidence.put("queued_ms", queue["p95"], f"{label} queue p95 ms")
 
 
+SIMULATE_REPORT_SHAPE = {
+    "settings": {"hardware": "str", "model": "str",
+                 "scheduler": {"max_num_seqs": "int", "max_num_batched_tokens": "int", "prefix_caching": "bool"}},
+    "engine": {"kv_peak": "number", "num_preemptions": "int", "max_batch_seqs": "int", "mean_batch_seqs": "number",
+               "mean_batch_tokens": "number", "prefix_hit_rate": "number"},
+    "summary": LENIENT_SUMMARY_SHAPE}
+
+
 def evidence_from_report(report: dict, path: str) -> Tuple[Evidence, dict]:
     """Evidence from a loadgen, simulate or sweep --json report, and the settings it
     names (hardware, model, scheduler flags) for the capacity check."""
     evidence = Evidence()
     settings: Dict[str, object] = {}
     if "runs" in report:  # a sweep: explain its heaviest run, and see how TPOT moved with the batch
+        check_shape(JsonObject(report, path), {"runs": [SIMULATE_REPORT_SHAPE]})
         runs = report["runs"]
         if not runs:
             raise UsageError(f"{path}: a sweep report without runs")
@@ -3934,6 +4105,7 @@ def evidence_from_report(report: dict, path: str) -> Tuple[Evidence, dict]:
                          f"{trend[-1][1]:.1f} ms at batch {trend[-1][0]:.0f}")
         report = runs[-1]
     if "engine" in report:  # simulate (or the heaviest sweep run)
+        check_shape(JsonObject(report, path), SIMULATE_REPORT_SHAPE)
         engine, scheduler = report["engine"], report["settings"]["scheduler"]
         evidence.put("kv_usage_peak", engine["kv_peak"], "simulated kv peak")
         evidence.put("preemptions", engine["num_preemptions"], "simulated preemptions")
@@ -3947,6 +4119,8 @@ def evidence_from_report(report: dict, path: str) -> Tuple[Evidence, dict]:
         evidence_from_summary(evidence, report["summary"], "simulated")
         settings = {"hardware": report["settings"]["hardware"], "model": report["settings"]["model"]}
     elif "summary" in report and isinstance(report.get("settings"), dict) and "url" in report["settings"]:
+        check_shape(JsonObject(report, path), {"settings": {"shared_prefix_tokens": "int?"},
+                                               "summary": LENIENT_SUMMARY_SHAPE, "server?": WINDOW_SHAPE})
         evidence_from_summary(evidence, report["summary"], "loadgen")
         window = report.get("server") or {}
         for name in (spec.name for spec in SERVER_METRICS if spec.kind != "histogram"):
@@ -4714,10 +4888,23 @@ def _loadgen_settings(args, endpoint: Endpoint, model: str, interrupted: bool) -
     }
 
 
+def _api_key(args) -> Optional[str]:
+    """--api-key, else $OPENAI_API_KEY; refused, unshown, when an HTTP header cannot carry it."""
+    source, key = ("--api-key", args.api_key) if args.api_key is not None else (
+        "OPENAI_API_KEY", os.environ.get("OPENAI_API_KEY"))
+    if not key:
+        return None
+    keep_secret(key)
+    if any(ord(char) < 0x20 or 0x7f <= ord(char) <= 0x9f or ord(char) > 0xff for char in key):
+        raise UsageError(f"{source}: the key has control characters or characters outside Latin-1, which an "
+                         f"HTTP header cannot carry; it was not sent (and is not shown)")
+    return key
+
+
 def _request_headers(args) -> Tuple[Dict[str, str], Dict[str, str]]:
     """The headers of a streamed chat request, and the Authorization alone (for GETs)."""
     headers = {"Content-Type": "application/json", "Accept": "text/event-stream"}
-    api_key = args.api_key or os.environ.get("OPENAI_API_KEY")
+    api_key = _api_key(args)
     if api_key:
         headers["Authorization"] = f"Bearer {api_key}"
     return headers, {key: value for key, value in headers.items() if key == "Authorization"}
@@ -4957,25 +5144,37 @@ class _Parser(argparse.ArgumentParser):
     def error(self, message: str):
         raise UsageError(message)
 
+    def _get_values(self, action, arg_strings):
+        # NOTE: argparse drops a "--" given as a flag's value (--max-model-len=--) and
+        # then skips the type check, leaving an empty list where a number belongs.
+        if action.option_strings and action.nargs is None and list(arg_strings) == ["--"]:
+            raise UsageError(f"argument {'/'.join(action.option_strings)}: expected one value, got '--'")
+        return super()._get_values(action, arg_strings)
 
-def _flag_type(name: str, convert, check, expected: str):
-    """An argparse type: convert the text, check it, or explain what was expected."""
+
+def _flag_type(name: str, convert, check, expected: str, most: Optional[float] = None):
+    """An argparse type: convert the text, check it (and that it is at most most), or
+    explain what was expected."""
     def parse(text: str):
         try:
             value = convert(text)
-        except (ValueError, TypeError):
+        except (ValueError, TypeError, OverflowError):
             value = None
         if value is None or not check(value):
             raise argparse.ArgumentTypeError(f"expected {expected}, got {text!r}")
+        if most is not None and value > most:
+            raise argparse.ArgumentTypeError(f"expected at most {most:,}, got {text!r}")
         return value
     parse.__name__ = name
     return parse
 
 
-positive_int = _flag_type("positive_int", int, lambda v: v > 0, "a positive integer")
-non_negative_int = _flag_type("non_negative_int", int, lambda v: v >= 0, "an integer >= 0")
-positive_float = _flag_type("positive_float", float, lambda v: v > 0 and math.isfinite(v),
-                            "a positive number")
+MAX_COUNT = 10_000_000  # the most requests, tokens or sequences any flag may ask for
+positive_int = _flag_type("positive_int", int, lambda v: v > 0, "a positive integer", MAX_COUNT)
+non_negative_int = _flag_type("non_negative_int", int, lambda v: v >= 0, "an integer >= 0", MAX_COUNT)
+positive_float = _flag_type("positive_float", float, lambda v: v >= 1e-9 and math.isfinite(v),
+                            "a positive number", 1e12)
+thread_count = _flag_type("thread_count", int, lambda v: v > 0, "a positive integer", 4096)
 fraction = _flag_type("fraction", float, lambda v: 0 < v <= 1, "a number in (0, 1]")
 
 
@@ -4983,29 +5182,29 @@ def _parse_range(text: str) -> Optional[Tuple[int, int]]:
     low, sep, high = text.partition("-")
     low_value = int(low)
     high_value = int(high) if sep else low_value
-    return (low_value, high_value) if 0 < low_value <= high_value else None
+    return (low_value, high_value) if 0 < low_value <= high_value <= MAX_COUNT else None
 
 
 def _parse_int_list(text: str) -> Optional[List[int]]:
     values = [int(part) for part in text.split(",")]
-    return values if all(value > 0 for value in values) else None
+    return values if len(values) <= 1000 and all(0 < value <= MAX_COUNT for value in values) else None
 
 
 def _parse_float_list(text: str) -> Optional[List[float]]:
     values = [float(part) for part in text.split(",")]
-    return values if all(value > 0 and math.isfinite(value) for value in values) else None
+    return values if len(values) <= 1000 and all(1e-9 <= value <= 1e12 for value in values) else None
 
 
 float_list = _flag_type("float_list", _parse_float_list, lambda v: True,
                         "positive numbers separated by commas (e.g. 1,2,4)")
 token_range = _flag_type("token_range", _parse_range, lambda v: True,
-                         "N or LO-HI with 0 < LO <= HI (e.g. 256-1024)")
+                         f"N or LO-HI with 0 < LO <= HI <= {MAX_COUNT:,} (e.g. 256-1024)")
 int_list = _flag_type("int_list", _parse_int_list, lambda v: True,
                       "positive integers separated by commas (e.g. 1,8,32)")
 seconds = _flag_type("seconds", float, lambda v: v >= 0 and math.isfinite(v), "seconds >= 0")
 percentile_flag = _flag_type("percentile", float, lambda v: 0 < v <= 100, "a percentile in (0, 100]")
 attainment_flag = _flag_type("attainment", float, lambda v: 0 < v <= 100, "a share in (0, 100]")
-temperature_flag = _flag_type("temperature", float, lambda v: v >= 0, "a number >= 0")
+temperature_flag = _flag_type("temperature", float, lambda v: 0 <= v <= 100, "a number from 0 to 100")
 
 
 def _add_hardware_flags(parser: argparse.ArgumentParser, of_server: bool = False) -> None:
@@ -5180,7 +5379,7 @@ def _loadgen_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--url", required=True, help="server base URL, e.g. http://127.0.0.1:8080")
     parser.add_argument("--model", help="model name to request (default: the first id of GET /v1/models)")
     parser.add_argument("--api-key", help="Bearer token (default: $OPENAI_API_KEY); never printed")
-    parser.add_argument("--concurrency", type=positive_int,
+    parser.add_argument("--concurrency", type=thread_count,
                         help="closed loop: N clients (default 1); with --rate: most requests in flight")
     parser.add_argument("--rate", type=positive_float, help="open loop: requests per second")
     parser.add_argument("--burstiness", type=positive_float, default=1.0,
@@ -5330,17 +5529,39 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _keep_secrets_of(argv: Sequence[str]) -> None:
+    """The API key as given (flag or environment), kept secret before anything can echo it."""
+    keep_secret(os.environ.get("OPENAI_API_KEY", ""))
+    for index, arg in enumerate(argv):
+        if arg == "--api-key" and index + 1 < len(argv):
+            keep_secret(argv[index + 1])
+        elif arg.startswith("--api-key="):
+            keep_secret(arg.split("=", 1)[1])
+
+
 def main(argv: Optional[Sequence[str]] = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    _SECRETS.clear()
+    _keep_secrets_of(argv)
     try:
         args = build_parser().parse_args(argv)
         return args.run(args)
     except ServesimError as error:
         prefix = "servesim: error: " if isinstance(error, UsageError) else "servesim: "
-        print(prefix + str(error), file=sys.stderr)
+        print(redact(prefix + str(error)), file=sys.stderr)
         return error.exit_code
     except KeyboardInterrupt:
         print("servesim: interrupted", file=sys.stderr)
         return 130
+    except BrokenPipeError:  # the reader of stdout went away (| head): nothing more to say
+        sys.stdout = open(os.devnull, "w")
+        return 1
+    except Exception as error:  # NOTE: a net, not a handler: every expected failure is a ServesimError
+        if os.environ.get("SERVESIM_DEBUG") == "1":
+            print(redact(traceback.format_exc()), file=sys.stderr, end="")
+        print(redact(f"servesim: internal error: {type(error).__name__}: {error}; please report it "
+                     f"(SERVESIM_DEBUG=1 shows where)"), file=sys.stderr)
+        return 1
 
 
 if __name__ == "__main__":

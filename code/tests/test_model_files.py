@@ -26,8 +26,17 @@ def gguf_value(kind, value):
     return struct.pack({UINT32: "<I", FLOAT32: "<f"}[kind], value)
 
 
-def gguf_bytes(metadata, tensors, version=3):
-    """A GGUF header: metadata [(key, kind, value)], tensors [(name, shape, ggml type)]; no data."""
+def tensor_bytes(shape, kind):
+    _, block, block_bytes = main.GGML_TYPES[kind]
+    elements = 1
+    for size in shape:
+        elements *= size
+    return elements // block * block_bytes
+
+
+def gguf_bytes(metadata, tensors, version=3, data=True):
+    """A GGUF file: metadata [(key, kind, value)], tensors [(name, shape, ggml type)], then
+    zeroed tensor data at 32-byte aligned offsets (data=False: the header alone)."""
     out = b"GGUF" + struct.pack("<IQQ", version, len(tensors), len(metadata))
     for key, kind, value in metadata:
         out += gguf_string(key) + struct.pack("<I", kind) + gguf_value(kind, value)
@@ -35,11 +44,14 @@ def gguf_bytes(metadata, tensors, version=3):
     for name, shape, kind in tensors:
         out += gguf_string(name) + struct.pack("<I", len(shape)) + struct.pack(f"<{len(shape)}Q", *shape)
         out += struct.pack("<IQ", kind, offset)
-        offset += 1024
-    return out
+        if kind in main.GGML_TYPES:
+            offset += -(-tensor_bytes(shape, kind) // 32) * 32
+    if not data:
+        return out
+    return out + bytes(-len(out) % 32) + bytes(offset)
 
 
-def llama_like(head_count_kv=2, extra=(), tensors=None):
+def llama_like(head_count_kv=2, extra=(), tensors=None, data=True):
     metadata = [("general.architecture", STRING, "llama"), ("llama.block_count", UINT32, 2),
                 ("llama.embedding_length", UINT32, 256), ("llama.attention.head_count", UINT32, 8),
                 ("tokenizer.ggml.tokens", ARRAY, (STRING, [f"t{i}" for i in range(5000)]))]
@@ -53,7 +65,7 @@ def llama_like(head_count_kv=2, extra=(), tensors=None):
                    ("blk.1.attn_q.weight", [256, 256], F16),    # 65,536 params x 2
                    ("blk.1.ffn_up.weight", [256, 512], Q4_0),   # 131,072 params, 4,096 blocks x 18
                    ("output_norm.weight", [256], F32)]          # 256 params x 4
-    return gguf_bytes(metadata, tensors)
+    return gguf_bytes(metadata, tensors, data=data)
 
 
 class ModelFileTest(ScratchTest):
@@ -107,9 +119,15 @@ class ModelFileTest(ScratchTest):
                                  "--concurrency", "1,2", "--requests", "2", "--output-tokens", "4")[0], 0)
 
     def test_a_truncated_gguf_exits_2_saying_where(self):
-        data = llama_like()
+        data = llama_like(data=False)
         self.assert_file_error(self.write("cut.gguf", data[: len(data) - 30]), "truncated while reading")
         self.assert_file_error(self.write("cut2.gguf", data[:10]), "truncated while reading the tensor count")
+
+    def test_a_gguf_whose_tensor_data_is_cut_short_exits_2(self):
+        data = llama_like()
+        self.assert_file_error(self.write("short.gguf", data[:-100]), "tensor output_norm.weight ends past the end "
+                                                                     "of the file (truncated or damaged")
+        self.assertEqual(main.model_from_file(self.write("whole.gguf", data)).params, 649_472)
 
     def test_an_unknown_tensor_type_exits_2(self):
         data = llama_like(tensors=[("blk.0.attn_q.weight", [256, 256], 99)])

@@ -161,7 +161,7 @@ class ProfileCostTest(ScratchTest):
     def test_a_bad_profile_is_one_line_naming_the_field(self):
         path = write_profile(self, [(1, -3.0)], [])
         self.assert_usage_error(("simulate", "--step-profile", path, "--concurrency", "1"),
-                                f"--step-profile {path}: decode[0].step_ms must be a number > 0, got -3.0")
+                                f"--step-profile {path}: decode[0].step_ms must be a positive number, got -3.0")
         self.assert_usage_error(("simulate", "--step-profile", self.write("q.json", [1]), "--concurrency", "1"),
                                 "the top level must be a JSON object")
 
