@@ -14,6 +14,8 @@ traces   the two production traces of ../shared/data, whole: Azure 2023 conversa
          (19,366 requests) on Llama 3.1 8B / H100, and Mooncake conversations (12,031
          requests, prompts of 12,000 tokens on average) with prefix caching at a third
          of its speed; wall time and peak memory of each run, in its own process
+fuzz     (only when named) --cases N seeded fuzz cases (--seed S) of the fuzz test's families:
+         tracebacks, hangs, wrong exit codes, the API key shown; exits 1 if any
 loadgen  loadgen's timing accuracy against a stub server in its own process that
          streams 256 tokens, one every 5 ms, and stamps its send time in each event
          (perf_counter is CLOCK_MONOTONIC on Linux, so comparable across processes);
@@ -186,6 +188,29 @@ def bench_traces(repeat):
               f"{engine['prefix_hit_rate']:.1%}")
 
 
+def bench_fuzz(num_cases, seed):
+    """The fuzz test's families, as many cases as asked: what went wrong, by kind."""
+    import tempfile
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "tests"))
+    import fuzz_cases
+    import test_fuzz
+    counts = {"traceback": 0, "hung": 0, "exit": 0, "stderr": 0, "key": 0}
+    start = time.perf_counter()
+    cases = fuzz_cases.generate(seed, num_cases, *test_fuzz.reference_reports())
+    with tempfile.TemporaryDirectory() as directory:
+        for case in cases:
+            for problem in fuzz_cases.run_case(main, case, directory)[0]:
+                kind = next((kind for kind, words in (("traceback", "traceback"), ("hung", "hung"),
+                                                      ("stderr", "stderr lines"), ("key", "API key"))
+                             if words in problem), "exit")
+                counts[kind] += 1
+                print(f"fuzz     {case.describe()[:160]}: {problem[:200]}")
+    print(f"fuzz     seed {seed}: {len(cases):,} cases in {time.perf_counter() - start:.1f} s: "
+          f"{counts['traceback']} tracebacks, {counts['hung']} hangs, {counts['exit']} wrong exits, "
+          f"{counts['stderr']} exit-2 with more than one stderr line, {counts['key']} with the API key shown")
+    return 1 if any(counts.values()) else 0
+
+
 BENCHMARKS = {"sweep": bench_sweep, "poisson": bench_poisson, "traces": bench_traces, "loadgen": bench_loadgen}
 
 
@@ -195,7 +220,11 @@ def main_bench(argv=None) -> int:
     parser = argparse.ArgumentParser(description="servesim benchmarks")
     parser.add_argument("names", nargs="*", help=f"any of {', '.join(BENCHMARKS)} (default: all)")
     parser.add_argument("--repeat", type=int, default=5, help="runs per benchmark (default 5)")
+    parser.add_argument("--cases", type=int, default=1000, help="fuzz: cases to run (default 1000)")
+    parser.add_argument("--seed", type=int, default=1, help="fuzz: the seed of the cases (default 1)")
     args = parser.parse_args(argv)
+    if args.names == ["fuzz"]:
+        return bench_fuzz(args.cases, args.seed)
     unknown = [name for name in args.names if name not in BENCHMARKS]
     if unknown:
         parser.error(f"unknown benchmark {unknown[0]!r}; expected {', '.join(BENCHMARKS)}")

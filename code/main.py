@@ -187,14 +187,18 @@ def redact(text: str) -> str:
     return text
 
 
+def _reason(error: Exception) -> str:
+    """Why a file could not be opened, read or written, in a few words."""
+    return error.strerror if isinstance(error, OSError) and error.strerror else str(error)
+
+
 def read_text_file(path: str, where: str) -> str:
     """A file's text; UsageError starting with where (the flag and the path) if unreadable."""
     try:
         with open(path, encoding="utf-8") as handle:
             return handle.read()
-    except (OSError, UnicodeDecodeError) as error:
-        reason = error.strerror if isinstance(error, OSError) and error.strerror else str(error)
-        raise UsageError(f"{where}: cannot read it ({reason})") from None
+    except (OSError, UnicodeDecodeError, ValueError) as error:  # ValueError: a NUL byte in the path
+        raise UsageError(f"{where}: cannot read it ({_reason(error)})") from None
 
 
 def read_json_file(path: str, where: str):
@@ -464,11 +468,15 @@ def read_hardware_file(path: str) -> Hardware:
     where = f"--hardware-file {path}"
     data = JsonObject(read_json_file(path, where), where)
     figures = {name: float(data.number(name, above=0)) for name in HARDWARE_FIELDS}
-    for name, most in (("memory_gib", 1e6), ("mfu", 1.0), ("mbu", 1.0)):
+    figures["interconnect_gbs"] = float(data.number("interconnect_gbs", 0, 0.0))
+    for name, most in (("memory_gib", 1e6), ("mfu", 1.0), ("mbu", 1.0), ("bandwidth_gbs", 1e9), ("tflops", 1e9),
+                       ("step_overhead_ms", 1e9), ("reserve_gib", 1e6), ("interconnect_gbs", 1e9)):
         if figures[name] > most:
             raise data.fail(name, f"at most {most:g}", figures[name])
-    return Hardware(data.string("name", "") or os.path.splitext(os.path.basename(path))[0], **figures,
-                    interconnect_gbs=float(data.number("interconnect_gbs", 0, 0.0)))
+    for name in ("bandwidth_gbs", "tflops", "mfu", "mbu", "interconnect_gbs"):  # divisors: no vanishing ones
+        if 0 < figures[name] < 1e-6:
+            raise data.fail(name, "at least 1e-6 (or 0 for interconnect_gbs: none)", figures[name])
+    return Hardware(data.string("name", "") or os.path.splitext(os.path.basename(path))[0], **figures)
 
 
 # =============================================================================
@@ -545,8 +553,8 @@ def read_gguf(path: str) -> Tuple[Dict[str, object], List[Tuple[str, List[int], 
     file's header, and how many bytes of tensor data follow the header."""
     try:
         handle = open(path, "rb")
-    except OSError as error:
-        raise UsageError(f"--model-file {path}: cannot read it ({error.strerror})") from None
+    except (OSError, ValueError) as error:
+        raise UsageError(f"--model-file {path}: cannot read it ({_reason(error)})") from None
     with handle:
         reader = _GgufReader(io.BufferedReader(handle, 1 << 20), path)
         if reader.read(4, "the magic number") != b"GGUF":
@@ -681,8 +689,8 @@ def model_from_file(path: str) -> ModelSpec:
     try:
         with open(path, "rb") as handle:
             magic = handle.read(4)
-    except OSError as error:
-        raise UsageError(f"--model-file {path}: cannot read it ({error.strerror})") from None
+    except (OSError, ValueError) as error:
+        raise UsageError(f"--model-file {path}: cannot read it ({_reason(error)})") from None
     return model_from_gguf(path) if magic == b"GGUF" else model_from_config(path)
 
 
@@ -979,8 +987,9 @@ class ProfileCost:
 
     def describe(self) -> dict:
         profile = self.profile
+        prefill = f"prefill up to {profile.prefill[-1][0]:,} tokens" if profile.prefill else "no prefill measured"
         text = (f"steps priced by the step profile {profile.path} ({profile.measured}; decode batch "
-                f"{profile.decode[0][0]}-{profile.decode[-1][0]}, prefill up to {profile.prefill[-1][0]:,} tokens)")
+                f"{profile.decode[0][0]}-{profile.decode[-1][0]}, {prefill})")
         if self.num_outside:
             decodes, tokens = self.largest_outside
             text += (f"; {self.num_outside:,} of {self.num_steps:,} steps lay outside it (up to {decodes} "
@@ -2904,9 +2913,9 @@ def read_server_metrics(scrapes: Sequence[Dict[str, list]]) -> Dict[str, Reading
             if reading is not None and not math.isnan(reading.value):
                 readings[spec.name] = reading
                 break
-    queries = readings.get("prefix_cache_queries")
-    if queries is not None and queries.value:
-        readings["prefix_hit_rate"] = Reading(readings["prefix_cache_hits"].value / queries.value,
+    queries, hits = readings.get("prefix_cache_queries"), readings.get("prefix_cache_hits")
+    if queries is not None and hits is not None and queries.value:
+        readings["prefix_hit_rate"] = Reading(hits.value / queries.value,
                                               "vllm:prefix_cache_hits_total / vllm:prefix_cache_queries_total")
     first, last = scrapes[0], scrapes[-1]
     figures = [metric_total(scrape, name) for scrape in (first, last)
@@ -3966,6 +3975,10 @@ def fit_hardware(reports: Sequence[Tuple[str, dict]], spec: EngineSpec, name: st
     def predictions(figures: Sequence[float]) -> List[float]:
         trial = dataclasses.replace(spec, plan=spec.plan.on(calibrated_hardware(spec.plan.hardware, name, figures)))
         runs = [predict_loadgen_run(report, trial) for _, report in reports]
+        for (path, _), run in zip(reports, runs):
+            if run["rejected"]:
+                raise UsageError(f"{path}: the simulated replay rejects its requests ({run['rejected'][0]['error']}); "
+                                 f"check --kv-tokens, --max-model-len and the slots")
         return [runs[index]["summary"][f"{what}_ms"]["p50"] for index, what, _ in points]
 
     def cost(logs: Sequence[float]) -> float:
@@ -4062,9 +4075,9 @@ def evidence_from_scrapes(scrapes: Sequence[Dict[str, list]]) -> Evidence:
 def evidence_from_summary(evidence: Evidence, summary: dict, label: str) -> None:
     """Latency and length figures of a simulate or loadgen summary."""
     completed = summary.get("num_completed") or 0
-    if completed:
-        evidence.put("mean_prompt_tokens", summary["prompt_tokens"] / completed, f"{label} mean prompt tokens")
-        evidence.put("mean_output_tokens", summary["output_tokens"] / completed, f"{label} mean output tokens")
+    for name, key in (("mean_prompt_tokens", "prompt_tokens"), ("mean_output_tokens", "output_tokens")):
+        if completed and summary.get(key) is not None:
+            evidence.put(name, summary[key] / completed, f"{label} mean {key.replace('_', ' ')}")
     for name, key in (("ttft_ms", "ttft_ms"), ("tpot_ms", "tpot_ms"), ("e2e_ms", "e2e_ms"), ("queue_ms", "queue_ms")):
         stats = summary.get(key) or {}
         if stats.get("count"):
@@ -4095,8 +4108,8 @@ def evidence_from_report(report: dict, path: str) -> Tuple[Evidence, dict]:
         runs = report["runs"]
         if not runs:
             raise UsageError(f"{path}: a sweep report without runs")
-        trend = [(run["engine"]["mean_batch_seqs"], run["summary"]["tpot_ms"]["p50"]) for run in runs
-                 if run["summary"]["tpot_ms"]["p50"] is not None]
+        trend = [(run["engine"]["mean_batch_seqs"], (run["summary"].get("tpot_ms") or {}).get("p50")) for run in runs]
+        trend = [(batch, tpot) for batch, tpot in trend if tpot is not None]
         trend.sort()
         if len(trend) > 1:
             rising = trend[-1][1] > 1.5 * trend[0][1]
@@ -4952,8 +4965,8 @@ def _write_json_file(path: str, value, flag: str) -> None:
         with open(path, "w", encoding="utf-8") as handle:
             json.dump(value, handle, indent=2)
             handle.write("\n")
-    except OSError as error:
-        raise UsageError(f"{flag} {path}: cannot write it ({error.strerror})") from None
+    except (OSError, ValueError) as error:
+        raise UsageError(f"{flag} {path}: cannot write it ({_reason(error)})") from None
 
 
 def _prefill_grid(server: dict) -> Tuple[int, ...]:
@@ -5529,6 +5542,11 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _one_line(text: str) -> str:
+    """text with its line breaks and other control characters shown as escapes."""
+    return "".join(char if char.isprintable() else repr(char)[1:-1] for char in text)
+
+
 def _keep_secrets_of(argv: Sequence[str]) -> None:
     """The API key as given (flag or environment), kept secret before anything can echo it."""
     keep_secret(os.environ.get("OPENAI_API_KEY", ""))
@@ -5548,7 +5566,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         return args.run(args)
     except ServesimError as error:
         prefix = "servesim: error: " if isinstance(error, UsageError) else "servesim: "
-        print(redact(prefix + str(error)), file=sys.stderr)
+        print(_one_line(redact(prefix + str(error))), file=sys.stderr)
         return error.exit_code
     except KeyboardInterrupt:
         print("servesim: interrupted", file=sys.stderr)
