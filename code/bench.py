@@ -8,12 +8,19 @@ spread (min-max) so the noise is visible.
     python3 code/bench.py            # all benchmarks
     python3 code/bench.py sweep      # one of: sweep, poisson
 
-sweep    the lesson's Step 9 sweep: H100, 256 requests, concurrency 1,8,32,128,256
+Every simulation benchmark runs both engines, the step engine (the reference) and the
+fast one, and prints their figures side by side with the ratio.
+
+sweep    the Step 9 sweep in process: H100, 256 requests, concurrency 1,8,32,128,256
 poisson  20,000 Poisson requests on H100 at 30 req/s (about 100 running at a time)
-traces   the two production traces of ../shared/data, whole: Azure 2023 conversations
-         (19,366 requests) on Llama 3.1 8B / H100, and Mooncake conversations (12,031
-         requests, prompts of 12,000 tokens on average) with prefix caching at a third
-         of its speed; wall time and peak memory of each run, in its own process
+traces   the production traces (SERVESIM_TRACES or ../shared/data; else the slices in
+         code/fixtures): Azure 2023 conversations (19,366 requests) on Llama 3.1 8B / H100,
+         Mooncake conversations (12,031 requests, prompts of 12,000 tokens on average)
+         with prefix caching at real speed and at a third of it; wall time and peak
+         memory of each run, in its own process
+jobs     sweep --jobs 1 against --jobs 2 over 8 points
+million  (only when named) 1,000,000 Poisson requests at 30 req/s with the fast engine
+         (--repeat 2 or more: both engines)
 fuzz     (only when named) --cases N seeded fuzz cases (--seed S) of the fuzz test's families:
          tracebacks, hangs, wrong exit codes, the API key shown; exits 1 if any
 loadgen  loadgen's timing accuracy against a stub server in its own process that
@@ -23,6 +30,8 @@ loadgen  loadgen's timing accuracy against a stub server in its own process that
 """
 
 import argparse
+import contextlib
+import io
 import json
 import os
 import statistics
@@ -47,30 +56,73 @@ def timed(run, repeat):
     return statistics.median(times), min(times), max(times), result
 
 
-def simulate_once(concurrency, rate, num_requests):
+ENGINES = ("step", "fast")
+
+
+def simulate_once(concurrency, rate, num_requests, engine="fast"):
     plan = main.plan_capacity(main.HARDWARE["h100-sxm-80gb"], main.MODELS["llama-3.1-8b"])
-    scheduler = main.Scheduler(main.SchedulerConfig(), plan.num_blocks)
+    spec = main.EngineSpec(plan, main.SchedulerConfig(), fast=engine == "fast")
     requests = main.synthetic_requests(num_requests, (256, 1024), (64, 256), seed=0, rate=rate)
-    return requests, main.simulate(scheduler, plan.hardware, plan.model, requests, concurrency)
+    return requests, main.run_engine(spec.engine(), requests, concurrency)
+
+
+def side_by_side(name, medians, detail=""):
+    """One line: each engine's median wall (and spread) and the ratio step / fast."""
+    parts = [f"{engine} {median:.3f} s (min {low:.3f}, max {high:.3f})" for engine, (median, low, high) in medians.items()]
+    ratio = medians["step"][0] / medians["fast"][0]
+    print(f"{name:<8} {'; '.join(parts)}; fast is {ratio:.1f}x{detail}")
 
 
 def bench_sweep(repeat):
-    def run():
-        return [simulate_once(concurrency, None, 256) for concurrency in (1, 8, 32, 128, 256)]
-    median, low, high, results = timed(run, repeat)
-    tokens = sum(sum(r.generated for r in requests) for requests, _ in results)
+    medians = {}
+    for engine in ENGINES:
+        def run():
+            return [simulate_once(concurrency, None, 256, engine) for concurrency in (1, 8, 32, 128, 256)]
+        median, low, high, results = timed(run, repeat)
+        medians[engine] = (median, low, high)
     steps = sum(engine.num_steps for _, engine in results)
-    print(f"sweep    {median:.3f} s wall (min {low:.3f}, max {high:.3f}, {repeat} runs); "
-          f"{steps:,} steps, {tokens / median:,.0f} simulated output tok per wall s")
+    side_by_side("sweep", medians, f" (the Step 9 sweep in process, {steps:,} steps)")
 
 
 def bench_poisson(repeat):
-    median, low, high, (requests, engine) = timed(lambda: simulate_once(None, 30.0, 20_000), repeat)
-    tokens = sum(r.generated for r in requests)
-    report = engine.report()
-    print(f"poisson  {median:.3f} s wall (min {low:.3f}, max {high:.3f}, {repeat} runs); "
-          f"{engine.num_steps:,} steps, mean batch {report['mean_batch_seqs']:.1f}, "
-          f"{tokens / median:,.0f} simulated output tok per wall s")
+    medians = {}
+    for engine in ENGINES:
+        median, low, high, (requests, result) = timed(lambda: simulate_once(None, 30.0, 20_000, engine), repeat)
+        medians[engine] = (median, low, high)
+    side_by_side("poisson", medians, f" (20,000 requests at 30 req/s, mean batch "
+                                     f"{result.report()['mean_batch_seqs']:.1f}, {result.num_steps:,} steps)")
+
+
+def run_child(argv):
+    """main(argv) in a process of its own: (wall seconds, peak RSS MiB, its stdout)."""
+    command = [sys.executable, os.path.abspath(__file__), "_child", json.dumps(argv)]
+    done = subprocess.run(command, capture_output=True, text=True, check=True)
+    *output, figures = done.stdout.rstrip("\n").split("\n")
+    wall, peak = json.loads(figures)
+    return wall, peak, "\n".join(output)
+
+
+def child_main(argv):
+    import resource
+    out = io.StringIO()
+    start = time.perf_counter()
+    with contextlib.redirect_stdout(out):
+        main.main(argv)
+    wall = time.perf_counter() - start
+    print(out.getvalue().rstrip("\n"))
+    print(json.dumps([wall, resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024]))
+    return 0
+
+
+def bench_process(name, argv, repeat, detail=""):
+    """Both engines on argv, each run in its own process repeat times."""
+    medians, peaks = {}, {}
+    for engine in ENGINES:
+        results = [run_child(argv + ["--engine", engine]) for _ in range(repeat)]
+        walls = [wall for wall, _, _ in results]
+        medians[engine] = (statistics.median(walls), min(walls), max(walls))
+        peaks[engine] = max(peak for _, peak, _ in results)
+    side_by_side(name, medians, f"; peak RSS step {peaks['step']:.0f} MiB, fast {peaks['fast']:.0f} MiB{detail}")
 
 
 STUB_TOKENS = 256
@@ -160,32 +212,41 @@ def bench_loadgen(repeat):
 
 
 DATA_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "..", "shared", "data")
-TRACE_RUNS = (
-    ("azure", ["--trace", os.path.join(DATA_DIR, "azure_conv_2023.csv")]),
-    ("mooncake", ["--trace", os.path.join(DATA_DIR, "mooncake_conversation.jsonl"), "--prefix-caching",
-                  "--time-scale", "3"]),
-)
+def trace_runs():
+    """The production traces, whole when they are beside the repository (SERVESIM_TRACES or
+    ../shared/data), else the slices in code/fixtures."""
+    folder = os.environ.get("SERVESIM_TRACES") or DATA_DIR
+    azure, mooncake = (os.path.join(folder, "azure_conv_2023.csv"), os.path.join(folder, "mooncake_conversation.jsonl"))
+    if not (os.path.exists(azure) and os.path.exists(mooncake)):
+        fixtures = os.path.join(os.path.dirname(os.path.abspath(__file__)), "fixtures")
+        print(f"traces   the whole traces are not in {folder}; timing the slices in code/fixtures")
+        azure = os.path.join(fixtures, "azure_conv_2023_first2000.csv")
+        mooncake = os.path.join(fixtures, "mooncake_conversation_first500.jsonl")
+    return (("azure", ["simulate", "--trace", azure]),
+            ("mooncake", ["simulate", "--trace", mooncake, "--prefix-caching"]),
+            ("mooncake", ["simulate", "--trace", mooncake, "--prefix-caching", "--time-scale", "3"]))
 
 
 def bench_traces(repeat):
-    import resource
-    for name, argv in TRACE_RUNS:
-        if not os.path.exists(argv[1]):
-            print(f"traces   {name}: {argv[1]} not found, skipped")
-            continue
-        command = [sys.executable, os.path.abspath(main.__file__), "simulate", *argv, "--json"]
-        start = time.perf_counter()
-        out = subprocess.run(command, capture_output=True, text=True, check=True).stdout
-        wall = time.perf_counter() - start
-        peak_mib = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024  # largest child so far
-        report = json.loads(out)
-        summary, engine = report["summary"], report["engine"]
-        print(f"traces   {name}: {summary['num_requests']:,} requests in {wall:.1f} s wall, peak RSS <= "
-              f"{peak_mib:.0f} MiB; {engine['num_steps']:,} steps, {summary['output_tokens'] / wall:,.0f} simulated "
-              f"output tok per wall s; TTFT p50 {summary['ttft_ms']['p50']:.1f} ms p99 {summary['ttft_ms']['p99']:.1f} "
-              f"ms, TPOT p50 {summary['tpot_ms']['p50']:.1f} ms, {summary['output_tok_per_s']:.1f} output tok/s, "
-              f"kv peak {engine['kv_peak']:.1%}, preemptions {engine['num_preemptions']}, prefix hits "
-              f"{engine['prefix_hit_rate']:.1%}")
+    for name, argv in trace_runs():
+        bench_process(name, argv, repeat, f" ({' '.join(argv[3:]) or 'real speed'})")
+
+
+def bench_million(repeat):
+    """1,000,000 Poisson requests at 30 req/s (about 100 running), each engine in its own process."""
+    argv = ["simulate", "--rate", "30", "--requests", "1000000"]
+    for engine in ("fast",) if repeat < 2 else ENGINES:
+        wall, peak, _ = run_child(argv + ["--engine", engine])
+        print(f"million  {engine}: {wall:.1f} s wall, peak RSS {peak:.0f} MiB")
+
+
+def bench_jobs(repeat):
+    """sweep --jobs 1 against --jobs 2 over 8 points, in processes of their own."""
+    argv = ["sweep", "--requests", "512", "--concurrency", "1,2,4,8,16,32,64,128"]
+    walls = {jobs: statistics.median(run_child(argv + ["--jobs", str(jobs)])[0] for _ in range(repeat))
+             for jobs in (1, 2)}
+    print(f"jobs     sweep of 8 points: --jobs 1 {walls[1]:.2f} s, --jobs 2 {walls[2]:.2f} s: "
+          f"{walls[1] / walls[2]:.2f}x")
 
 
 def bench_fuzz(num_cases, seed):
@@ -211,12 +272,15 @@ def bench_fuzz(num_cases, seed):
     return 1 if any(counts.values()) else 0
 
 
-BENCHMARKS = {"sweep": bench_sweep, "poisson": bench_poisson, "traces": bench_traces, "loadgen": bench_loadgen}
+BENCHMARKS = {"sweep": bench_sweep, "poisson": bench_poisson, "traces": bench_traces, "jobs": bench_jobs,
+              "loadgen": bench_loadgen}
 
 
 def main_bench(argv=None) -> int:
     if argv is None and sys.argv[1:] == ["_stub"]:
         return run_stub_server()
+    if argv is None and sys.argv[1:2] == ["_child"]:
+        return child_main(json.loads(sys.argv[2]))
     parser = argparse.ArgumentParser(description="servesim benchmarks")
     parser.add_argument("names", nargs="*", help=f"any of {', '.join(BENCHMARKS)} (default: all)")
     parser.add_argument("--repeat", type=int, default=5, help="runs per benchmark (default 5)")
@@ -225,6 +289,9 @@ def main_bench(argv=None) -> int:
     args = parser.parse_args(argv)
     if args.names == ["fuzz"]:
         return bench_fuzz(args.cases, args.seed)
+    if args.names == ["million"]:
+        bench_million(args.repeat)
+        return 0
     unknown = [name for name in args.names if name not in BENCHMARKS]
     if unknown:
         parser.error(f"unknown benchmark {unknown[0]!r}; expected {', '.join(BENCHMARKS)}")

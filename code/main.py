@@ -102,6 +102,7 @@ what was expected); 130 interrupted.
 
 from __future__ import annotations
 import argparse
+import array
 import bisect
 import csv
 import dataclasses
@@ -112,6 +113,8 @@ import io
 import itertools
 import json
 import math
+import multiprocessing
+import operator
 import os
 import platform
 import random
@@ -126,7 +129,7 @@ import threading
 import time
 import traceback
 import urllib.parse
-from collections import OrderedDict, deque
+from collections import deque
 from dataclasses import asdict, dataclass, field
 from typing import Callable, Deque, Dict, Hashable, Iterable, Iterator, List, Optional, Sequence, Tuple
 
@@ -817,6 +820,13 @@ def allreduce_seconds(hardware: Hardware, model: ModelSpec, num_tokens: int) -> 
     return 2 * model.layers * 2 * (n - 1) / n * message_bytes / (hardware.interconnect_gbs * GB)
 
 
+def compute_seconds(hardware: Hardware, model: ModelSpec, num_tokens: int, num_sampled: int) -> float:
+    """The arithmetic of a step: two FLOPs per parameter per token (the LM head only for
+    tokens that sample), at the hardware's FLOP rate."""
+    flops = 2 * (model.body_params * num_tokens + model.head_params * num_sampled)
+    return flops / (hardware.tflops * 1e12 * hardware.mfu)
+
+
 def step_seconds(hardware: Hardware, model: ModelSpec, num_tokens: int,
                  num_context_tokens: int, num_sampled: Optional[int] = None, num_passes: int = 1) -> float:
     """Seconds for one forward pass: the slower of moving the bytes and doing the math.
@@ -831,8 +841,7 @@ def step_seconds(hardware: Hardware, model: ModelSpec, num_tokens: int,
     """
     if num_sampled is None:
         num_sampled = num_tokens
-    flops = 2 * (model.body_params * num_tokens + model.head_params * num_sampled)
-    compute_s = flops / (hardware.tflops * 1e12 * hardware.mfu)
+    compute_s = compute_seconds(hardware, model, num_tokens, num_sampled)
     pass_bytes = model.weight_bytes + num_context_tokens * model.kv_bytes_per_token / num_passes
     memory_s = pass_bytes / (hardware.bandwidth_gbs * GB * hardware.mbu)
     passes_s = num_passes * max(compute_s / num_passes, memory_s)  # exact for one pass: x / 1 * 1 == x
@@ -873,6 +882,23 @@ class RooflineCost:
                num_decodes: int = 0, decode_context_tokens: int = 0, num_seqs: int = 0) -> float:
         passes = -(-num_tokens // self.ubatch_tokens) if self.ubatch_tokens else 1
         return step_seconds(self.hardware, self.model, num_tokens, num_context_tokens, num_sampled, passes)
+
+    def decode_pricer(self, num_seqs: int) -> Callable[[int], float]:
+        """step_s of a step in which num_seqs sequences decode, as a function of its context
+        tokens alone: the same arithmetic, with what does not change bound once (the fast
+        engine prices a run of such steps with it)."""
+        if self.ubatch_tokens and num_seqs > self.ubatch_tokens:
+            return lambda context: self.step_s(num_seqs, context, num_seqs, num_seqs, context, num_seqs)
+        hardware, model = self.hardware, self.model
+        overhead_s, weight_bytes = hardware.step_overhead_ms / 1000, model.weight_bytes
+        compute_s, kv_bytes = compute_seconds(hardware, model, num_seqs, num_seqs), model.kv_bytes_per_token
+        bytes_per_s = hardware.bandwidth_gbs * GB * hardware.mbu
+        allreduce_s = allreduce_seconds(hardware, model, num_seqs)
+
+        def price(context: int) -> float:
+            memory_s = (weight_bytes + context * kv_bytes) / bytes_per_s
+            return overhead_s + max(compute_s, memory_s) + allreduce_s
+        return price
 
     def describe(self) -> dict:
         return {"kind": "roofline", "hardware": self.hardware.name,
@@ -985,6 +1011,10 @@ class ProfileCost:
         unmeasured = decode_context_tokens - num_decodes * self.profile.decode_context_tokens
         return both_s + max(0.0, unmeasured) * self.kv_read_s_per_token
 
+    def decode_pricer(self, num_seqs: int) -> Callable[[int], float]:
+        """step_s of a decode-only step of num_seqs sequences, as a function of its context."""
+        return lambda context: self.step_s(num_seqs, context, num_seqs, num_seqs, context, num_seqs)
+
     def describe(self) -> dict:
         profile = self.profile
         prefill = f"prefill up to {profile.prefill[-1][0]:,} tokens" if profile.prefill else "no prefill measured"
@@ -1003,6 +1033,11 @@ class ProfileCost:
 # KV cache: a pool of blocks with prefix caching
 # =============================================================================
 
+def _drain(iterator: Iterable) -> None:
+    """Run an iterator to its end for its effects (a map over a C method: no Python loop)."""
+    deque(iterator, maxlen=0)
+
+
 class BlockPool:
     """Fixed-size KV blocks: a free list in LRU order, reference counts, a content cache.
 
@@ -1017,7 +1052,9 @@ class BlockPool:
 
     def __init__(self, num_blocks: int):
         self.num_blocks = num_blocks
-        self.free: "OrderedDict[int, None]" = OrderedDict((block, None) for block in range(num_blocks))
+        # NOTE: a dict keeps insertion order and removes from anywhere in O(1), a third
+        # faster than an OrderedDict; the front is the least recently released block.
+        self.free: Dict[int, None] = dict.fromkeys(range(num_blocks))
         self.refs: Dict[int, int] = {}
         self.cached: Dict[Hashable, int] = {}   # content key -> block
         self.key_of: Dict[int, Hashable] = {}   # block -> content key
@@ -1037,34 +1074,42 @@ class BlockPool:
         """Take count blocks from the front of the free list, evicting their cached keys."""
         if count > len(self.free):
             raise CapacityError(f"asked for {count} KV blocks, {len(self.free)} free")
-        blocks = []
-        for _ in range(count):
-            block, _ = self.free.popitem(last=False)
-            key = self.key_of.pop(block, None)
-            if key is not None:
-                del self.cached[key]
-                self.num_evictions += 1
-            self.refs[block] = 1
-            blocks.append(block)
+        blocks = list(itertools.islice(self.free, count))
+        _drain(map(self.free.__delitem__, blocks))
+        if self.key_of:  # NOTE: taking a block that still names content evicts that content
+            evicted = list(filter(None, map(self.key_of.pop, blocks, itertools.repeat(None))))  # keys are tuples
+            _drain(map(self.cached.__delitem__, evicted))
+            self.num_evictions += len(evicted)
+        self.refs.update(zip(blocks, itertools.repeat(1)))
         return blocks
 
     def release(self, blocks: Sequence[int]) -> None:
         """Drop one reference on each block; blocks that reach zero join the free list."""
         # NOTE: walk in reverse so a sequence's tail is released (and later evicted)
         # before its head: the head is the prefix other requests are likely to share.
-        for block in reversed(blocks):
-            count = self.refs[block] - 1
-            if count:
-                self.refs[block] = count
-            else:
-                del self.refs[block]
-                self.free[block] = None
+        if not blocks:
+            return
+        refs, backwards = self.refs, blocks[::-1]
+        counts = list(map(refs.__getitem__, backwards))
+        if max(counts) == 1:  # nothing shared: every block goes
+            freed = backwards
+        else:
+            freed = [block for block, count in zip(backwards, counts) if count == 1]
+            refs.update((block, count - 1) for block, count in zip(backwards, counts) if count > 1)
+        _drain(map(refs.__delitem__, freed))
+        self.free.update(dict.fromkeys(freed))
 
     def cache(self, block: int, key: Hashable) -> None:
         """Record that block holds the content named key (the first holder wins)."""
-        if key not in self.cached and block not in self.key_of:
-            self.cached[key] = block
-            self.key_of[block] = key
+        self.cache_many((block,), (key,))
+
+    def cache_many(self, blocks: Sequence[int], keys: Sequence[Hashable]) -> None:
+        """cache() for each block and its key, in order."""
+        cached, key_of = self.cached, self.key_of
+        for block, key in zip(blocks, keys):  # NOTE: a plain loop beats chains of C iterators here
+            if key not in cached and block not in key_of:
+                cached[key] = block
+                key_of[block] = key
 
     def lookup(self, keys: Sequence[Hashable]) -> List[int]:
         """The leading run of keys that are cached, as blocks; stops at the first miss."""
@@ -1081,10 +1126,62 @@ class BlockPool:
             self.refs[block] = self.refs.get(block, 0) + 1
 
 
+class CountingPool:
+    """BlockPool's contract for a cache without prefix caching, counting blocks instead
+    of naming them: nothing is cached, so nothing is evicted and no figure depends on
+    which block holds what. allocate() hands out placeholders (-1) to keep the counts."""
+
+    def __init__(self, num_blocks: int):
+        self.num_blocks = num_blocks
+        self.num_free = num_blocks
+        self.num_evictions = 0
+
+    def free_count(self) -> int:
+        return self.num_free
+
+    def used_count(self) -> int:
+        return self.num_blocks - self.num_free
+
+    def free_among(self, blocks: Iterable[int]) -> int:
+        return 0
+
+    def allocate(self, count: int) -> List[int]:
+        if count > self.num_free:
+            raise CapacityError(f"asked for {count} KV blocks, {self.num_free} free")
+        self.num_free -= count
+        return [-1] * count
+
+    def release(self, blocks: Sequence[int]) -> None:
+        self.num_free += len(blocks)
+
+    def lookup(self, keys: Sequence[Hashable]) -> List[int]:
+        return []
+
+    def touch(self, blocks: Sequence[int]) -> None:
+        pass
+
+    def cache(self, block: int, key: Hashable) -> None:
+        pass
+
+    def cache_many(self, blocks: Sequence[int], keys: Sequence[Hashable]) -> None:
+        pass
+
+
 # =============================================================================
 # Requests
 # =============================================================================
 
+def with_slots(cls):
+    """cls, a dataclass, remade with __slots__ (dataclass(slots=True) is Python 3.10+): a
+    million requests take a third of the memory without a __dict__ each."""
+    names = tuple(field_.name for field_ in dataclasses.fields(cls))
+    namespace = {key: value for key, value in cls.__dict__.items()
+                 if key not in names and key not in ("__dict__", "__weakref__")}
+    namespace["__slots__"] = names
+    return type(cls)(cls.__name__, cls.__bases__, namespace)
+
+
+@with_slots
 @dataclass(eq=False)
 class Request:
     """A request: its prompt, what it has generated, and how much of both has KV.
@@ -1116,7 +1213,10 @@ class Request:
     preemptions: int = 0
     sent_s: Optional[float] = None
     scheduled_s: Optional[float] = None  # start of the first step that scheduled it
-    token_times: List[float] = field(default_factory=list)
+    token_times: List[float] = field(default_factory=list)  # one per token (the step engine only)
+    first_token_s: Optional[float] = None  # the fast engine keeps these three instead (see TokenLog)
+    last_token_s: Optional[float] = None
+    last_token_step: int = -2              # the engine step that sampled the last token
     error_kind: Optional[str] = None
     error: Optional[str] = None
 
@@ -1194,15 +1294,18 @@ class Scheduler:
       engine holds them for the KV link) but must clear request.blocks and _keys.
     """
 
-    def __init__(self, config: SchedulerConfig, num_blocks: int):
+    def __init__(self, config: SchedulerConfig, num_blocks: int, counting_pool: bool = False):
         self.config = config
-        self.pool = BlockPool(num_blocks)
+        # NOTE: without prefix caching no figure depends on which block holds what, so a
+        # fast engine may count blocks instead of naming them (see CountingPool).
+        self.pool = CountingPool(num_blocks) if counting_pool and not config.prefix_caching else BlockPool(num_blocks)
         self.waiting: Deque[Request] = deque()
         self.running: List[Request] = []
         self.num_preemptions = 0
         self.num_prefix_query_tokens = 0
         self.num_prefix_hit_tokens = 0
         self._keys: Dict[Request, List[Hashable]] = {}  # prefix block keys of requests not yet done
+        self.token_log = None  # an engine's TokenLog, when it keeps token times without a list per token
 
     def blocks_for(self, num_tokens: int) -> int:
         return -(-num_tokens // self.config.block_size)
@@ -1250,18 +1353,23 @@ class Scheduler:
         batch: Batch = []
         preempted = False
         index = 0
-        while index < len(self.running) and budget > 0:
-            request = self.running[index]
-            num_tokens = min(request.remaining, budget)
-            num_new_blocks = self.blocks_for(request.computed + num_tokens) - len(request.blocks)
+        running, pool, block_size = self.running, self.pool, self.config.block_size
+        caching = self.config.prefix_caching
+        while index < len(running) and budget > 0:
+            request = running[index]
+            # NOTE: remaining and blocks_for written out: this line runs for every sequence of every step
+            remaining = request.prompt_tokens + request.generated - request.computed
+            num_tokens = remaining if remaining < budget else budget
+            num_new_blocks = -(-(request.computed + num_tokens) // block_size) - len(request.blocks)
             # NOTE: preempt from the tail (the newest); the requester itself may go.
             # Requests before index are already in the batch and are never preempted.
-            while num_new_blocks > self.pool.free_count() and index < len(self.running):
-                self._preempt(self.running.pop())
+            while num_new_blocks > pool.free_count() and index < len(running):
+                self._preempt(running.pop())
                 preempted = True
-            if index == len(self.running):
+            if index == len(running):
                 break
-            self._allocate(request, num_new_blocks, num_tokens)
+            if num_new_blocks > 0 or caching:
+                self._allocate(request, num_new_blocks, num_tokens)
             batch.append((request, num_tokens))
             budget -= num_tokens
             index += 1
@@ -1345,45 +1453,64 @@ class Scheduler:
             request.blocks.extend(self.pool.allocate(num_new_blocks))
         if self.config.prefix_caching and request.shares_prefix:
             num_full = min(request.prefix_tokens, request.computed + num_tokens) // self.config.block_size
-            for index in range(request.num_cached_blocks, num_full):
-                self.pool.cache(request.blocks[index], self._block_key(request, index))
-            request.num_cached_blocks = max(request.num_cached_blocks, num_full)
+            first = request.num_cached_blocks
+            if num_full > first:  # one call for all the prefix blocks this step completed
+                self.pool.cache_many(request.blocks[first:num_full], self._all_prefix_keys(request)[first:num_full])
+                request.num_cached_blocks = num_full
 
     def _prefix_keys(self, request: Request) -> List[Tuple[str, int]]:
-        """Content keys of the request's full prefix blocks: (prefix name, block index)."""
+        """Content keys of the request's full prefix blocks that a lookup may hit."""
         if not self.config.prefix_caching or not request.shares_prefix:
             return []
-        keys = self._keys.get(request)
-        if keys is None:  # a long prompt waiting at the head is looked up every step
-            num_blocks = request.prefix_tokens // self.config.block_size
-            keys = self._keys[request] = [self._block_key(request, index) for index in range(num_blocks)]
         # NOTE: the last token is always computed, even when every block hits,
         # because the model needs its logits to sample the next token.
-        return keys[:min(request.prefix_tokens, request.length - 1) // self.config.block_size]
+        return self._all_prefix_keys(request)[:min(request.prefix_tokens, request.length - 1) // self.config.block_size]
 
-    def _block_key(self, request: Request, index: int) -> Hashable:
-        """What the index-th block holds: (prefix name, index), or for a content-addressed
-        trace (the key of the trace block its last token lies in, index)."""
-        if request.prefix_blocks:
-            last_token = (index + 1) * self.config.block_size - 1
-            return request.prefix_blocks[last_token // request.prefix_block_tokens], index
-        return request.prefix, index
+    def _all_prefix_keys(self, request: Request) -> List[Hashable]:
+        """What each full prefix block holds, computed once per request: (prefix name, block
+        index), or for a content-addressed trace (the key of the trace block its last token
+        lies in, block index)."""
+        keys = self._keys.get(request)
+        if keys is None:
+            block_size, num_blocks = self.config.block_size, request.prefix_tokens // self.config.block_size
+            if request.prefix_blocks:
+                chain, per_trace_block = request.prefix_blocks, request.prefix_block_tokens
+                if per_trace_block % block_size == 0:  # each trace block spans whole engine blocks
+                    spans = itertools.chain.from_iterable(map(itertools.repeat, chain,
+                                                              itertools.repeat(per_trace_block // block_size)))
+                    keys = list(zip(spans, range(num_blocks)))
+                else:
+                    keys = [(chain[((index + 1) * block_size - 1) // per_trace_block], index)
+                            for index in range(num_blocks)]
+            else:
+                keys = [(request.prefix, index) for index in range(num_blocks)]
+            self._keys[request] = keys
+        return keys
 
     def update(self, batch: Batch, now_s: float) -> List[Request]:
-        """Apply a computed step: advance KV, sample tokens, free finished requests."""
+        """Apply a computed step: advance KV, sample tokens, free finished requests.
+        Token times go to token_log when an engine set one, else to each request's list."""
         finished = []
+        log = self.token_log
         for request, num_tokens in batch:
-            request.computed += num_tokens
-            if request.computed == request.length:
+            computed = request.computed = request.computed + num_tokens
+            if computed == request.prompt_tokens + request.generated:  # the request's length: it samples
                 request.generated += 1
-                request.token_times.append(now_s)
-                if request.finished:
+                if log is None:
+                    request.token_times.append(now_s)
+                else:
+                    log.token(request, now_s)
+                if request.generated == request.max_tokens:
                     finished.append(request)
         if finished:
-            for request in finished:
-                self._free(request)
-            self.running = [request for request in self.running if not request.finished]
+            self.retire(finished)
         return finished
+
+    def retire(self, finished: Sequence[Request]) -> None:
+        """Requests that produced their last token leave the batch and free their blocks."""
+        for request in finished:
+            self._free(request)
+        self.running = [request for request in self.running if request.generated != request.max_tokens]
 
     def _free(self, request: Request) -> None:
         """A finished request gives its blocks back."""
@@ -1424,10 +1551,10 @@ class SlotScheduler(Scheduler):
     decodes first, then prompt chunks, as llama-server fills a batch.
     """
 
-    def __init__(self, config: SchedulerConfig, num_blocks: int):
+    def __init__(self, config: SchedulerConfig, num_blocks: int, counting_pool: bool = False):
         self.slot_tokens = num_blocks * config.block_size // config.max_num_seqs
         blocks_per_slot = -(-self.slot_tokens // config.block_size)
-        super().__init__(config, config.max_num_seqs * blocks_per_slot)
+        super().__init__(config, config.max_num_seqs * blocks_per_slot, counting_pool)
         self.num_cut = 0
 
     def add(self, request: Request) -> bool:
@@ -1445,18 +1572,59 @@ class SlotScheduler(Scheduler):
         raise AssertionError("a llama.cpp slot never runs out of cache, so nothing is preempted")
 
 
-def new_scheduler(config: SchedulerConfig, num_blocks: int) -> Scheduler:
-    """The scheduler a configuration asks for."""
+def new_scheduler(config: SchedulerConfig, num_blocks: int, counting_pool: bool = False) -> Scheduler:
+    """The scheduler a configuration asks for (counting_pool: see Scheduler)."""
     if config.scheduler == "llamacpp":
-        return SlotScheduler(config, num_blocks)
+        return SlotScheduler(config, num_blocks, counting_pool)
     if config.max_tokens_in_flight is not None:
-        return TokenCapScheduler(config, num_blocks)
-    return Scheduler(config, num_blocks)
+        return TokenCapScheduler(config, num_blocks, counting_pool)
+    return Scheduler(config, num_blocks, counting_pool)
 
 
 # =============================================================================
 # Simulation: the scheduler on a virtual clock
 # =============================================================================
+
+class TokenLog:
+    """Token times without a list per token, for the fast engine.
+
+    Each request keeps its first and last token time (first_token_s, last_token_s) and
+    the step that sampled its last token. The gaps between tokens are kept per step:
+    the step's length (the clock at its end less the clock at the previous step's end,
+    the very subtraction a list of token times would make) weighted by the sequences
+    that sampled a token in it and in the step before; a gap that spans more steps (a
+    preemption's recompute, a step that skipped the request) is kept alone. The
+    multiset of gaps, and so every ITL figure, is the one the lists would give.
+    """
+
+    def __init__(self):
+        self.step = -1                    # the step now being applied
+        self.step_gaps = array.array("d")
+        self.step_weights = array.array("q")
+        self.other_gaps = array.array("d")
+        self._end_s = 0.0                 # the clock at the end of the last step
+
+    def begin_step(self, end_s: float) -> None:
+        """A step ending at end_s is about to sample its tokens."""
+        self.step += 1
+        self.step_gaps.append(end_s - self._end_s)
+        self.step_weights.append(0)
+        self._end_s = end_s
+
+    def token(self, request: Request, now_s: float) -> None:
+        if request.first_token_s is None:
+            request.first_token_s = now_s
+        elif request.last_token_step == self.step - 1:
+            self.step_weights[-1] += 1
+        else:
+            self.other_gaps.append(now_s - request.last_token_s)
+        request.last_token_s, request.last_token_step = now_s, self.step
+
+    def gaps(self) -> Tuple[List[float], List[int]]:
+        """Every gap between two tokens of a request, as (values, weights)."""
+        return (list(self.step_gaps) + list(self.other_gaps),
+                list(self.step_weights) + [1] * len(self.other_gaps))
+
 
 class Engine:
     """A scheduler on a virtual clock: each step is priced by a cost model (the roofline
@@ -1466,11 +1634,13 @@ class Engine:
     and keeps what a server's metrics would show: steps, batch sizes, KV use.
     """
 
-    def __init__(self, scheduler: Scheduler, hardware: Hardware, model: ModelSpec, cost=None):
+    def __init__(self, scheduler: Scheduler, hardware: Hardware, model: ModelSpec, cost=None, fast: bool = False):
         self.scheduler = scheduler
         self.hardware = hardware
         self.model = model
         self.cost = cost or RooflineCost(hardware, model)
+        self.token_log = TokenLog() if fast else None  # fast: runs of decode steps at once (see advance)
+        scheduler.token_log = self.token_log
         self.clock_s = 0.0
         self.num_steps = 0
         self.num_batched_seqs = 0
@@ -1492,7 +1662,7 @@ class Engine:
             num_tokens += tokens
             context = request.computed + tokens
             num_context_tokens += context
-            if context == request.length:
+            if context == request.prompt_tokens + request.generated:  # it samples (request.length, written out)
                 num_sampled += 1
                 if tokens == 1:  # a decode: the token sampled last step
                     num_decodes += 1
@@ -1508,12 +1678,22 @@ class Engine:
         self.kv_block_seconds += used * duration_s
         self.kv_peak = max(self.kv_peak, used / scheduler.pool.num_blocks)
         self.clock_s += duration_s
+        if self.token_log is not None:
+            self.token_log.begin_step(self.clock_s)
         return scheduler.update(batch, self.clock_s)
 
-    def advance(self) -> Optional[List[Request]]:
+    def advance(self, horizon_s: float = math.inf) -> Optional[List[Request]]:
         """step(), once more when a pass only preempted (the blocks it freed let the next
         pass make progress); None when a pass neither scheduled nor preempted: the engine
-        is blocked (a prefill engine whose blocks all wait for the KV link)."""
+        is blocked (a prefill engine whose blocks all wait for the KV link).
+
+        A fast engine takes a whole run of decode-only steps at once when nothing can
+        change the batch before horizon_s (the next arrival): see DecodeRun.
+        """
+        if self.token_log is not None:
+            run = DecodeRun.plan(self, horizon_s)
+            if run is not None:
+                return run.apply(self, horizon_s)
         for _ in range(2):
             num_preemptions = self.scheduler.num_preemptions
             finished = self.step()
@@ -1544,6 +1724,146 @@ class Engine:
             "num_cut_requests": getattr(scheduler, "num_cut", 0),
             "cost_model": self.cost.describe(),
         }
+
+
+class DecodeRun:
+    """A run of decode-only steps taken at once, with every figure of the steps one by one.
+
+    A run can start when every running request has only the token it sampled last to
+    compute, all of them fit the token budget, and the head of the queue cannot be
+    admitted: a decode step only takes blocks, so a head that cannot be admitted now
+    cannot be until someone finishes (NOTE: this holds for every admission rule here;
+    an override of _may_admit that could start admitting as blocks run out would break
+    it). The run ends at the step where the first request finishes, before the step
+    whose new blocks would not fit (the step engine preempts there), or before the
+    first step that would start at or after the horizon (the next arrival). Its cost is
+    a scalar loop over steps; requests and blocks are updated once at its end.
+    """
+
+    def __init__(self, num_steps: int, first_step_per_request: List[int]):
+        self.num_steps = num_steps                        # the most the run may take
+        self.first_step_per_request = first_step_per_request  # when each needs its next block
+
+    @classmethod
+    def plan(cls, engine: "Engine", horizon_s: float) -> Optional["DecodeRun"]:
+        scheduler = engine.scheduler
+        running = scheduler.running
+        if not running or engine.clock_s >= horizon_s or len(running) > scheduler.config.max_num_batched_tokens:
+            return None
+        most, block_size = math.inf, scheduler.config.block_size
+        for request in running:  # NOTE: one pass, no properties: this runs before every step
+            generated = request.generated
+            if request.computed + 1 != request.prompt_tokens + generated:
+                return None
+            most = min(most, request.max_tokens - generated)
+        if scheduler.config.prefix_caching and any(
+                request.shares_prefix and request.num_cached_blocks < request.prefix_tokens // block_size
+                for request in running):
+            return None  # a prefix longer than the prompt: decode steps would still enter blocks in the cache
+        if most < 2 or scheduler.waiting and cls._head_could_be_admitted(scheduler):
+            return None
+        firsts = [(-request.computed) % block_size + 1 for request in running]
+        most = cls._steps_within_blocks(firsts, block_size, scheduler.pool.free_count(), most)
+        return cls(most, firsts) if most >= 2 else None
+
+    @staticmethod
+    def _head_could_be_admitted(scheduler: "Scheduler") -> bool:
+        budget = scheduler.config.max_num_batched_tokens - len(scheduler.running)
+        if budget <= 0 or len(scheduler.running) >= scheduler.config.max_num_seqs:
+            return False
+        return scheduler._admission(scheduler.waiting[0], budget) is not None
+
+    @staticmethod
+    def _blocks_by(step: int, firsts: Sequence[int], block_size: int) -> int:
+        """New blocks the run has taken by the end of step (a block every block_size steps)."""
+        return sum((step - first) // block_size + 1 for first in firsts if first <= step)
+
+    @classmethod
+    def _steps_within_blocks(cls, firsts: Sequence[int], block_size: int, free: int, most: int) -> int:
+        """The most steps (up to most) whose new blocks all fit in free."""
+        if cls._blocks_by(most, firsts, block_size) <= free:
+            return most
+        low, high = 0, most  # blocks_by(low) fits, blocks_by(high) does not
+        while high - low > 1:
+            middle = (low + high) // 2
+            low, high = (middle, high) if cls._blocks_by(middle, firsts, block_size) <= free else (low, middle)
+        return low
+
+    def apply(self, engine: "Engine", horizon_s: float) -> List[Request]:
+        """Take the run's steps on engine's clock; return the requests that finished."""
+        scheduler, cost, log = engine.scheduler, engine.cost, engine.token_log
+        running, pool, block_size = scheduler.running, scheduler.pool, scheduler.config.block_size
+        num_seqs = len(running)
+        new_blocks = [0] * (self.num_steps + 1)
+        for first in self.first_step_per_request:
+            for step in range(first, self.num_steps + 1, block_size):
+                new_blocks[step] += 1
+        context = sum(request.computed for request in running)
+        used, num_blocks = pool.used_count(), pool.num_blocks
+        previous_step, last_s = log.step, [request.last_token_s for request in running]
+        price, add_gap, add_weight = cost.decode_pricer(num_seqs), log.step_gaps.append, log.step_weights.append
+        clock_s, end_s, busy_s, block_seconds, peak = engine.clock_s, log._end_s, engine.busy_s, \
+            engine.kv_block_seconds, engine.kv_peak
+        first_index, steps, first_end_s = len(log.step_weights), 0, 0.0
+        while steps < self.num_steps and (steps == 0 or clock_s < horizon_s):
+            # NOTE: the very arithmetic of Engine.step and TokenLog.begin_step, in their order,
+            # so that every clock, gap and sum is the step engine's to the last bit.
+            steps += 1
+            context += num_seqs
+            used += new_blocks[steps]
+            duration_s = price(context)
+            busy_s += duration_s
+            block_seconds += used * duration_s
+            clock_s += duration_s
+            add_gap(clock_s - end_s)
+            add_weight(num_seqs)
+            end_s = clock_s
+            first_end_s = first_end_s or clock_s
+        peak = max(peak, used / num_blocks)  # used only grows in a run: its last step has the peak
+        engine.clock_s, engine.busy_s, engine.kv_block_seconds, engine.kv_peak = clock_s, busy_s, block_seconds, peak
+        log._end_s, log.step = end_s, log.step + steps
+        self._first_gaps(running, log, previous_step, last_s, first_end_s, first_index)
+        engine.num_steps += steps
+        engine.num_batched_seqs += num_seqs * steps
+        engine.num_batched_tokens += num_seqs * steps
+        engine.max_batch_seqs = max(engine.max_batch_seqs, num_seqs)
+        self._take_blocks(running, pool, block_size, steps)
+        finished = []
+        for request in running:
+            request.computed += steps
+            request.generated += steps
+            request.last_token_s, request.last_token_step = clock_s, log.step
+            if request.generated == request.max_tokens:
+                finished.append(request)
+        if finished:
+            scheduler.retire(finished)
+        return finished
+
+    @staticmethod
+    def _first_gaps(running, log: "TokenLog", previous_step: int, last_s: List[float], first_end_s: float,
+                    first_index: int) -> None:
+        """The first step's gaps: that step's length for requests that sampled in the step
+        before the run, the longer gap for those that did not."""
+        for request, last in zip(running, last_s):
+            if request.last_token_step != previous_step:
+                log.step_weights[first_index] -= 1
+                if last is None:  # its prompt's last token: the first step samples its first token
+                    request.first_token_s = first_end_s
+                else:
+                    log.other_gaps.append(first_end_s - last)
+
+    def _take_blocks(self, running, pool: BlockPool, block_size: int, steps: int) -> None:
+        """The blocks the run's steps took, handed out in the step engine's order: step by
+        step, in admission order within a step."""
+        if isinstance(pool, CountingPool):  # which block goes where does not matter
+            for request, first in zip(running, self.first_step_per_request):
+                if first <= steps:
+                    request.blocks += pool.allocate((steps - first) // block_size + 1)
+            return
+        order = sorted((step, index) for index, first in enumerate(self.first_step_per_request)
+                       for step in range(first, steps + 1, block_size))
+        for (_, index), block in zip(order, pool.allocate(len(order))):
+            running[index].blocks.append(block)
 
 
 class Arrivals:
@@ -1602,9 +1922,15 @@ class Arrivals:
 
 
 def simulate(scheduler: Scheduler, hardware: Hardware, model: ModelSpec,
-             requests: List[Request], concurrency: Optional[int] = None, cost=None) -> Engine:
-    """Run requests through the scheduler on a virtual clock (see Arrivals); return the engine."""
-    engine = Engine(scheduler, hardware, model, cost)
+             requests: List[Request], concurrency: Optional[int] = None, cost=None, fast: bool = False) -> Engine:
+    """Run requests through the scheduler on a virtual clock (see Arrivals); return the
+    engine. fast takes runs of decode steps at once (see DecodeRun); every figure is the same."""
+    return run_engine(Engine(scheduler, hardware, model, cost, fast), requests, concurrency)
+
+
+def run_engine(engine: Engine, requests: List[Request], concurrency: Optional[int] = None) -> Engine:
+    """Run requests through an engine until every one is done or refused; return it."""
+    scheduler = engine.scheduler
     arrivals = Arrivals(requests, concurrency, lambda request, now_s: scheduler.add(request),
                         engine.cost.request_overhead_s)
     arrivals.start()
@@ -1615,7 +1941,7 @@ def simulate(scheduler: Scheduler, hardware: Hardware, model: ModelSpec,
                 return engine
             engine.clock_s = arrivals.next_arrival_s()
             continue
-        finished = engine.advance()
+        finished = engine.advance(arrivals.next_arrival_s())
         if finished is None:
             raise RuntimeError("the scheduler has work but can schedule none of it")
         arrivals.finished(len(finished), engine.clock_s)
@@ -1630,6 +1956,7 @@ class EngineSpec:
     config: SchedulerConfig
     step_profile: Optional[StepProfile] = None  # price steps from it (the roofline outside it)
     ubatch_tokens: Optional[int] = None         # llama.cpp --ubatch-size: tokens per forward pass
+    fast: bool = True                           # take runs of decode steps at once (--engine fast)
 
     def __post_init__(self):
         if self.plan.block_size != self.config.block_size:
@@ -1643,9 +1970,9 @@ class EngineSpec:
 
     def engine(self, scheduler_class: Optional[type] = None) -> Engine:
         """A fresh engine on this plan; scheduler_class overrides the configured scheduler."""
-        scheduler = (scheduler_class(self.config, self.plan.num_blocks) if scheduler_class
-                     else new_scheduler(self.config, self.plan.num_blocks))
-        return Engine(scheduler, self.plan.hardware, self.plan.model, self.cost())
+        scheduler = (scheduler_class(self.config, self.plan.num_blocks, self.fast) if scheduler_class
+                     else new_scheduler(self.config, self.plan.num_blocks, self.fast))
+        return Engine(scheduler, self.plan.hardware, self.plan.model, self.cost(), self.fast)
 
 
 # =============================================================================
@@ -1655,20 +1982,28 @@ class EngineSpec:
 PERCENTILES = (50, 95, 99)
 
 
-def percentile(sorted_values: Sequence[float], pct: float) -> Optional[float]:
-    """Nearest-rank percentile of already sorted values; None when there are none."""
+def percentile(sorted_values: Sequence[float], pct: float,
+               cumulative_weights: Optional[Sequence[int]] = None) -> Optional[float]:
+    """Nearest-rank percentile of already sorted values (each counted as often as its
+    weight when their running total of weights is given); None when there are none."""
     if not sorted_values:
         return None
-    rank = max(1, math.ceil(pct / 100 * len(sorted_values)))
-    return sorted_values[rank - 1]
+    total = cumulative_weights[-1] if cumulative_weights is not None else len(sorted_values)
+    rank = max(1, math.ceil(pct / 100 * total))
+    if cumulative_weights is None:
+        return sorted_values[rank - 1]
+    return sorted_values[bisect.bisect_left(cumulative_weights, rank)]
 
 
-def distribution_ms(values_s: Iterable[float]) -> dict:
-    """Mean, nearest-rank percentiles and max of seconds, in milliseconds.
+def distribution_ms(values_s: Iterable[float], weights: Optional[Sequence[int]] = None) -> dict:
+    """Mean, nearest-rank percentiles and max of seconds, in milliseconds; with weights,
+    each value counts as often as its weight (the same figures as the repeated list).
 
     A list is sorted in place (a million-token run makes lists of millions of gaps;
     copying them would double the memory).
     """
+    if weights is not None:
+        return _weighted_distribution_ms(values_s, weights)
     values = values_s if isinstance(values_s, list) else list(values_s)
     values.sort()
     count = len(values)
@@ -1677,6 +2012,19 @@ def distribution_ms(values_s: Iterable[float]) -> dict:
         value = percentile(values, pct)
         stats[f"p{pct}"] = None if value is None else value * 1000
     stats["max"] = values[-1] * 1000 if count else None
+    return stats
+
+
+def _weighted_distribution_ms(values_s: Sequence[float], weights: Sequence[int]) -> dict:
+    order = sorted(range(len(values_s)), key=values_s.__getitem__)  # NOTE: faster than sorting pairs
+    values = [values_s[index] for index in order]
+    cumulative = list(itertools.accumulate(weights[index] for index in order))
+    count = cumulative[-1] if cumulative else 0
+    stats = {"count": count, "mean": sum(map(operator.mul, values_s, weights)) * 1000 / count if count else None}
+    for pct in PERCENTILES:
+        value = percentile(values, pct, cumulative) if count else None
+        stats[f"p{pct}"] = None if value is None else value * 1000
+    stats["max"] = max(value for value, weight in zip(values_s, weights) if weight) * 1000 if count else None
     return stats
 
 
@@ -1727,21 +2075,32 @@ def goodput(slo: Slo, records: Sequence, num_met: int, span_s: float, values_s: 
             "req_per_s": num_met / span_s if span_s else 0.0, f"p{slo.percentile:g}_ms": observed, "meets": meets}
 
 
-def _latencies_s(timed: Sequence, slo: Optional[Slo]) -> Tuple[List[float], ...]:
-    """TTFT, TPOT, e2e, ITL, per-chunk gaps and queue times (seconds) of requests that
-    produced tokens, and how many of them met every objective of slo."""
+def _token_span(record) -> Optional[Tuple[float, float]]:
+    """(first, last) token time of a record: from its list of token times, or the two
+    times a fast engine kept (see TokenLog); None when it produced none."""
+    if record.token_times:
+        return record.token_times[0], record.token_times[-1]
+    first = getattr(record, "first_token_s", None)
+    return None if first is None else (first, record.last_token_s)
+
+
+def _latencies_s(timed: Sequence, slo: Optional[Slo], itl_from_lists: bool) -> Tuple[List[float], ...]:
+    """TTFT, TPOT, e2e, ITL (from the lists of token times, when asked), per-chunk gaps and
+    queue times (seconds) of requests that produced tokens, and how many met the slo."""
     ttft, tpot, e2e, itl, itl_chunk, queue = [], [], [], [], [], []
     num_met = 0
     for r in timed:
+        first, last = _token_span(r)
+        ttft.append(first - r.sent_s)
+        e2e.append(last - r.sent_s)
         times = r.token_times
-        ttft.append(times[0] - r.sent_s)
-        e2e.append(times[-1] - r.sent_s)
-        itl.extend(later - earlier for earlier, later in zip(times, times[1:]))
+        if itl_from_lists:
+            itl.extend(later - earlier for earlier, later in zip(times, times[1:]))
         if r.chunk_times is not times:  # simulated requests have one token per event
             itl_chunk.extend(later - earlier for earlier, later in zip(r.chunk_times, r.chunk_times[1:]))
         request_tpot = None
-        if r.output_tokens > 1 and len(times) > 1:
-            request_tpot = (times[-1] - times[0]) / (r.output_tokens - 1)
+        if r.output_tokens > 1 and (len(times) > 1 if times else True):
+            request_tpot = (last - first) / (r.output_tokens - 1)
             tpot.append(request_tpot)
         if r.queue_s is not None:
             queue.append(r.queue_s)
@@ -1750,10 +2109,11 @@ def _latencies_s(timed: Sequence, slo: Optional[Slo]) -> Tuple[List[float], ...]
     return ttft, tpot, e2e, itl, itl_chunk, queue, num_met
 
 
-def summarize(records: Sequence, slo: Optional[Slo] = None) -> dict:
+def summarize(records: Sequence, slo: Optional[Slo] = None, token_log=None) -> dict:
     """The latency and throughput summary of a run, simulated or measured.
 
-    A record has sent_s, token_times (seconds, one per output token), chunk_times (one
+    A record has sent_s, token_times (seconds, one per output token; or, from a fast
+    engine, first_token_s and last_token_s with the gaps in token_log), chunk_times (one
     per streamed event that carried tokens), output_tokens, prompt_tokens, queue_s (None
     when unknown), error (None when it succeeded) and error_kind. TTFT is sent to first
     token; TPOT the mean gap after the first token (first token excluded, as in vLLM's
@@ -1762,11 +2122,11 @@ def summarize(records: Sequence, slo: Optional[Slo] = None) -> dict:
     met every objective, as a share and a rate, and whether the run met the SLO.
     """
     completed = [r for r in records if r.error is None]
-    timed = [r for r in completed if r.token_times]
-    ttft, tpot, e2e, itl, itl_chunk, queue, num_met = _latencies_s(timed, slo)
-    itl_stats = distribution_ms(itl)
+    timed = [r for r in completed if _token_span(r) is not None]
+    ttft, tpot, e2e, itl, itl_chunk, queue, num_met = _latencies_s(timed, slo, token_log is None)
+    itl_stats = distribution_ms(itl) if token_log is None else distribution_ms(*token_log.gaps())
     sent = [r.sent_s for r in records if r.sent_s is not None]
-    span_s = (max(r.token_times[-1] for r in timed) - min(sent)) if timed else 0.0
+    span_s = (max(_token_span(r)[1] for r in timed) - min(sent)) if timed else 0.0
     output_tokens = sum(r.output_tokens for r in completed)
     prompt_tokens = sum(r.prompt_tokens for r in completed)
     errors: Dict[str, int] = {}
@@ -1805,8 +2165,13 @@ def rejections(requests: Sequence[Request]) -> List[dict]:
 def simulation_report(scheduler: Scheduler, hardware: Hardware, model: ModelSpec, requests: List[Request],
                       concurrency: Optional[int] = None, slo: Optional[Slo] = None, cost=None) -> dict:
     """Simulate requests and report what the engine saw, the summary and the rejections."""
-    engine = simulate(scheduler, hardware, model, requests, concurrency, cost)
-    return {"engine": engine.report(), "summary": summarize(requests, slo), "rejected": rejections(requests)}
+    return engine_report(simulate(scheduler, hardware, model, requests, concurrency, cost), requests, slo)
+
+
+def engine_report(engine: Engine, requests: List[Request], slo: Optional[Slo] = None) -> dict:
+    """What an engine that ran requests saw, their summary and the rejections."""
+    return {"engine": engine.report(), "summary": summarize(requests, slo, engine.token_log),
+            "rejected": rejections(requests)}
 
 
 # =============================================================================
@@ -1818,8 +2183,8 @@ class PrefillScheduler(Scheduler):
     link has delivered them to the decode engine (release_held), as a real prefill
     engine must, so a slow link fills the prefill engine's memory."""
 
-    def __init__(self, config: SchedulerConfig, num_blocks: int):
-        super().__init__(config, num_blocks)
+    def __init__(self, config: SchedulerConfig, num_blocks: int, counting_pool: bool = False):
+        super().__init__(config, num_blocks, counting_pool)
         self.held: Dict[Request, List[int]] = {}
 
     def _free(self, request: Request) -> None:
@@ -1837,8 +2202,8 @@ class DecodeScheduler(Scheduler):
     (vLLM's NIXL connector does the same). A preempted request loses the transferred
     KV and recomputes it here."""
 
-    def __init__(self, config: SchedulerConfig, num_blocks: int):
-        super().__init__(config, num_blocks)
+    def __init__(self, config: SchedulerConfig, num_blocks: int, counting_pool: bool = False):
+        super().__init__(config, num_blocks, counting_pool)
         self.transferred: Dict[Request, int] = {}  # request -> tokens whose KV came over the link
 
     def add_with_kv(self, request: Request) -> bool:
@@ -1956,7 +2321,12 @@ class DisaggregatedRun:
             heapq.heappush(self.deliveries, (arrival_s, next(self.order), twin, request))
 
     def _step(self, engine: Engine) -> List[Request]:
-        finished = engine.advance()
+        other = self.decode if engine is self.prefill else self.prefill
+        # NOTE: a fast engine may take several steps at once, but none that starts after the
+        # next event either engine could send it (an arrival, a delivery, the other's step).
+        horizon_s = min(self.arrivals.next_arrival_s(), self.deliveries[0][0] if self.deliveries else math.inf,
+                        other.clock_s if other.scheduler.has_work() else math.inf)
+        finished = engine.advance(horizon_s)
         if finished is not None:
             return finished
         # NOTE: nothing scheduled and nothing preempted: every block is held for a
@@ -2067,12 +2437,20 @@ def _servesim_rows(lines: List[str], path: str) -> Iterator[TraceRow]:
         yield TraceRow(lineno, float(arrival_s), prompt, output, prefix, prefix_tokens)
 
 
-def _wall_clock(text: str, where: str) -> Tuple[int, float]:
-    """Whole seconds since 1970 and the fraction of 'YYYY-MM-DD HH:MM:SS.fffffff'."""
+def _wall_clock(text: str, where: str, minutes: Dict[str, int]) -> Tuple[int, float]:
+    """Whole seconds since 1970 and the fraction of 'YYYY-MM-DD HH:MM:SS.fffffff'. minutes
+    remembers each 'YYYY-MM-DD HH:MM' parsed (a trace has thousands of rows a minute)."""
     whole, _, decimals = text.strip().partition(".")
     try:
-        moment = datetime.datetime.strptime(whole, "%Y-%m-%d %H:%M:%S").replace(tzinfo=datetime.timezone.utc)
-        return int(moment.timestamp()), float("0." + decimals) if decimals else 0.0
+        minute, seconds = whole[:16], whole[16:]
+        if len(whole) != 19 or seconds[0] != ":" or not seconds[1:].isascii() or not seconds[1:].isdigit():
+            raise ValueError(whole)
+        if minute not in minutes:
+            moment = datetime.datetime.strptime(minute, "%Y-%m-%d %H:%M").replace(tzinfo=datetime.timezone.utc)
+            minutes[minute] = int(moment.timestamp())
+        if int(seconds[1:]) > 59 or (decimals and not (decimals.isascii() and decimals.isdigit())):
+            raise ValueError(whole)
+        return minutes[minute] + int(seconds[1:]), float("0." + decimals) if decimals else 0.0
     except ValueError:
         raise UsageError(f"{where}: TIMESTAMP must look like 2023-11-16 18:15:46.6805900, got {text!r}") from None
 
@@ -2084,13 +2462,14 @@ def _azure_rows(lines: List[str], path: str) -> Iterator[TraceRow]:
     if header is None or [column.strip() for column in header[:3]] != list(AZURE_COLUMNS):
         raise UsageError(f"--trace {path}:1: expected the header {','.join(AZURE_COLUMNS)}, got {header!r}")
     origin = None  # the first whole second: arrivals stay small numbers, exact to the microsecond
+    minutes: Dict[str, int] = {}
     for lineno, row in enumerate(reader, start=2):
         if not row:
             continue
         where = f"--trace {path}:{lineno}"
         if len(row) < 3:
             raise UsageError(f"{where}: expected {len(AZURE_COLUMNS)} columns ({','.join(AZURE_COLUMNS)}), got {row!r}")
-        whole_s, fraction_s = _wall_clock(row[0], where)
+        whole_s, fraction_s = _wall_clock(row[0], where, minutes)
         origin = whole_s if origin is None else origin
         counts = [int(cell) if cell.strip().isascii() and cell.strip().isdigit() else cell for cell in row[1:3]]
         yield TraceRow(lineno, (whole_s - origin) + fraction_s, _check_int(where, "ContextTokens", counts[0], 1),
@@ -3599,6 +3978,32 @@ class Profiler:
 # Runs: from parsed flags to an engine and a workload
 # =============================================================================
 
+class Workers:
+    """jobs processes (standard-library multiprocessing) for independent simulations, or
+    this process alone for one job: map() gives the results in order either way, so the
+    answer never depends on the number of jobs. Use it as a context manager."""
+
+    def __init__(self, jobs: int):
+        self.jobs = max(1, jobs)
+        self.pool = None
+
+    def __enter__(self) -> "Workers":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self.pool is not None:
+            self.pool.terminate() if exc[0] is not None else self.pool.close()
+            self.pool.join()
+
+    def map(self, function: Callable, argument_tuples: Sequence[tuple]) -> list:
+        """[function(*arguments) for each] over the processes."""
+        if self.jobs == 1 or len(argument_tuples) <= 1:
+            return [function(*arguments) for arguments in argument_tuples]
+        if self.pool is None:
+            self.pool = multiprocessing.Pool(self.jobs)
+        return self.pool.starmap(function, argument_tuples)
+
+
 def _resolve(args) -> Tuple[Hardware, ModelSpec]:
     if args.hardware_file is not None:
         hardware = read_hardware_file(args.hardware_file)
@@ -3665,7 +4070,7 @@ def build_engine_spec(args, hardware: Optional[Hardware] = None, server: Optiona
                              args.block_size, args.chunked_prefill, args.prefix_caching, args.max_model_len,
                              None if isinstance(cap, list) else cap, scheduler)  # sweep: one run per cap
     return EngineSpec(build_plan(args, hardware, kv_tokens), dataclasses.replace(config, **config_changes),
-                      profile, args.ubatch_size or defaults["ubatch_tokens"])
+                      profile, args.ubatch_size or defaults["ubatch_tokens"], args.engine == "fast")
 
 
 def _workload(args, rate: Optional[float] = None) -> List[Request]:
@@ -3686,9 +4091,7 @@ def slo_from_args(args) -> Optional[Slo]:
 def run_simulation(args, spec: EngineSpec, concurrency: Optional[int], rate: Optional[float] = None) -> dict:
     """One simulated run from parsed flags, as the report that text and --json print."""
     plan, requests = spec.plan, _workload(args, rate)
-    engine = spec.engine()
-    report = simulation_report(engine.scheduler, plan.hardware, plan.model, requests, concurrency,
-                               slo_from_args(args), engine.cost)
+    report = engine_report(run_engine(spec.engine(), requests, concurrency), requests, slo_from_args(args))
     if getattr(args, "trace", None):
         arrivals = {"mode": "trace", "trace": args.trace}
     elif concurrency is not None:
@@ -3725,7 +4128,7 @@ def run_disaggregated(args, kv_link_gbs: float) -> dict:
                      "capacity": spec.plan.to_dict(), "engine": engine.report()}
               for name, spec, engine in (("prefill", prefill_spec, prefill), ("decode", decode_spec, decode))}
     return dict(phases, link=link.report(), min_prompt_tokens=args.disaggregate_min_prompt_tokens,
-                summary=summarize(requests, slo_from_args(args)), rejected=rejections(requests))
+                summary=summarize(requests, slo_from_args(args), decode.token_log), rejected=rejections(requests))
 
 
 # =============================================================================
@@ -3804,8 +4207,7 @@ def predict_loadgen_run(report: dict, spec: EngineSpec) -> dict:
     else:  # the very schedule loadgen sent on
         offsets = open_loop_schedule(num_requests, rate, settings.get("burstiness") or 1.0, settings.get("seed") or 0)
     requests = [Request(index, prompt_tokens, output_tokens, arrival_s) for index, arrival_s in enumerate(offsets)]
-    engine = spec.engine()
-    return simulation_report(engine.scheduler, engine.hardware, engine.model, requests, concurrency, cost=engine.cost)
+    return engine_report(run_engine(spec.engine(), requests, concurrency), requests)
 
 
 def relative_error(predicted: Optional[float], measured: Optional[float]) -> Optional[float]:
@@ -3904,7 +4306,9 @@ def calibration_points(reports: Sequence[Tuple[str, dict]]) -> List[Tuple[int, s
 
 def calibrated_hardware(base: Hardware, name: str, figures: Sequence[float]) -> Hardware:
     """base with (bandwidth GB/s, TFLOPS, overhead ms) replaced; mfu and mbu folded in (1)."""
-    bandwidth_gbs, tflops, overhead_ms = figures
+    # NOTE: within what a hardware file may hold; a figure the reports cannot pin down (no
+    # compute to time) runs to a bound instead of to 1e85.
+    bandwidth_gbs, tflops, overhead_ms = (min(max(value, 1e-6), 1e9) for value in figures)
     return Hardware(name, base.memory_gib, bandwidth_gbs, tflops, 1.0, 1.0, overhead_ms, base.reserve_gib,
                     base.interconnect_gbs)
 
@@ -3962,7 +4366,8 @@ def nelder_mead(cost: Callable[[Sequence[float]], float], start: Sequence[float]
     return simplex[min(range(len(simplex)), key=scores.__getitem__)]
 
 
-def fit_hardware(reports: Sequence[Tuple[str, dict]], spec: EngineSpec, name: str) -> Tuple[Hardware, List[dict]]:
+def fit_hardware(reports: Sequence[Tuple[str, dict]], spec: EngineSpec, name: str,
+                 workers: Optional["Workers"] = None) -> Tuple[Hardware, List[dict]]:
     """Least-squares fit of bandwidth, FLOPs and step overhead to the measured TPOT and TTFT.
 
     Every trial replays each report's workload in the simulator on spec's cache and
@@ -3974,7 +4379,8 @@ def fit_hardware(reports: Sequence[Tuple[str, dict]], spec: EngineSpec, name: st
 
     def predictions(figures: Sequence[float]) -> List[float]:
         trial = dataclasses.replace(spec, plan=spec.plan.on(calibrated_hardware(spec.plan.hardware, name, figures)))
-        runs = [predict_loadgen_run(report, trial) for _, report in reports]
+        runs = (workers.map(predict_loadgen_run, [(report, trial) for _, report in reports]) if workers
+                else [predict_loadgen_run(report, trial) for _, report in reports])
         for (path, _), run in zip(reports, runs):
             if run["rejected"]:
                 raise UsageError(f"{path}: the simulated replay rejects its requests ({run['rejected'][0]['error']}); "
@@ -4426,6 +4832,51 @@ def search_max_load(meets: Callable[[float], bool], start: float, integer: bool 
     return passing, failing, runs
 
 
+def search_speculatively(search: Callable[[Callable[[float], bool]], tuple], meets_many: Callable[[List[float]], List[bool]],
+                         jobs: int) -> tuple:
+    """search(meets), with the loads it may ask for next judged jobs at a time.
+
+    Whenever the search asks for a load not judged yet, its next few questions are
+    worked out by replaying it (it is deterministic) under every answer the unknown ones
+    could get, as deep as jobs allows (1 job: that load alone, 3: two answers deep, 7:
+    three), and all of them are judged at once by meets_many. The search itself sees the
+    same answers in the same order, so its result is the same for any number of jobs.
+    """
+    known: Dict[float, bool] = {}
+    depth = max(1, int(math.log2(jobs + 1)))
+
+    class Unknown(Exception):
+        pass
+
+    def frontier() -> List[float]:
+        loads: List[float] = []
+
+        def explore(assumed: Dict[float, bool], level: int) -> None:
+            def ask(load: float) -> bool:
+                if load in known or load in assumed:
+                    return known[load] if load in known else assumed[load]
+                raise Unknown(load)
+            try:
+                search(ask)
+                return
+            except Unknown as unknown:
+                load = unknown.args[0]
+            if load not in loads:
+                loads.append(load)
+            if level + 1 < depth:
+                for answer in (True, False):
+                    explore({**assumed, load: answer}, level + 1)
+        explore({}, 0)
+        return loads
+
+    def meets(load: float) -> bool:
+        if load not in known:
+            loads = frontier()
+            known.update(zip(loads, meets_many(loads)))
+        return known[load]
+    return search(meets)
+
+
 # =============================================================================
 # Reports: each report as text
 # =============================================================================
@@ -4856,9 +5307,12 @@ def cmd_sweep(args) -> int:
     else:
         loads = [(str(clients), clients, None) for clients in args.concurrency]
     caps = args.max_tokens_in_flight or [None]
-    runs = [(label, cap, run_simulation(args, dataclasses.replace(
-                spec, config=dataclasses.replace(spec.config, max_tokens_in_flight=cap)), concurrency, rate))
-            for label, concurrency, rate in loads for cap in caps]
+    points = [(label, cap, concurrency, rate) for label, concurrency, rate in loads for cap in caps]
+    with Workers(args.jobs) as workers:
+        reports = workers.map(run_simulation, [
+            (args, dataclasses.replace(spec, config=dataclasses.replace(spec.config, max_tokens_in_flight=cap)),
+             concurrency, rate) for _, cap, concurrency, rate in points])
+    runs = [(label, cap, report) for (label, cap, _, _), report in zip(points, reports)]
     if args.json:
         _print_json({"runs": [run for _, _, run in runs]})
     else:
@@ -5027,7 +5481,8 @@ def cmd_calibrate(args) -> int:
     reports = [(path, read_loadgen_report(path)) for path in args.reports]
     spec = build_engine_spec(args, server=measured_server(reports[0][1]))
     name = args.name or f"{spec.plan.hardware.name}-calibrated"
-    hardware, residuals = fit_hardware(reports, spec, name)
+    with Workers(args.jobs) as workers:
+        hardware, residuals = fit_hardware(reports, spec, name, workers)
     if args.out:
         _write_json_file(args.out, asdict(hardware), "--out")
     if args.json:
@@ -5037,21 +5492,26 @@ def cmd_calibrate(args) -> int:
     return 0
 
 
-def _search_runner(args, spec: EngineSpec) -> Callable[[float], dict]:
-    """run_at(load): the (cached) seeded run at a rate, a client count or a trace speed-up."""
+def _search_runner(args, spec: EngineSpec, workers: Workers) -> Tuple[Callable[[float], dict], Callable]:
+    """run_at(load): the seeded run at a rate, a client count or a trace speed-up, and
+    run_many(loads), which makes the runs not made yet on the workers; both remember."""
     runs: Dict[float, dict] = {}
 
+    def arguments(load: float) -> tuple:
+        if args.trace:
+            return argparse.Namespace(**{**vars(args), "time_scale": args.time_scale / load}), spec, None
+        if args.by == "concurrency":
+            return args, spec, int(load)
+        return args, spec, None, load
+
+    def run_many(loads: Sequence[float]) -> None:
+        missing = [load for load in dict.fromkeys(loads) if load not in runs]
+        runs.update(zip(missing, workers.map(run_simulation, [arguments(load) for load in missing])))
+
     def run_at(load: float) -> dict:
-        if load not in runs:
-            if args.trace:
-                sped_up = argparse.Namespace(**{**vars(args), "time_scale": args.time_scale / load})
-                runs[load] = run_simulation(sped_up, spec, None)
-            elif args.by == "concurrency":
-                runs[load] = run_simulation(args, spec, int(load))
-            else:
-                runs[load] = run_simulation(args, spec, None, load)
+        run_many([load])
         return runs[load]
-    return run_at
+    return run_at, run_many
 
 
 def cmd_search(args) -> int:
@@ -5061,10 +5521,16 @@ def cmd_search(args) -> int:
     if args.trace and args.by == "concurrency":
         raise UsageError("--by concurrency: a trace has its own arrivals; search speeds the trace up instead")
     spec = build_engine_spec(args)
-    run_at = _search_runner(args, spec)
-    passing, failing, num_runs = search_max_load(lambda load: run_at(load)["summary"]["goodput"]["meets"],
-                                                 args.start_load, integer=args.by == "concurrency" and not args.trace,
-                                                 tolerance=args.tolerance)
+    with Workers(args.jobs) as workers:
+        run_at, run_many = _search_runner(args, spec, workers)
+
+        def meets_many(loads: List[float]) -> List[bool]:
+            run_many(loads)
+            return [run_at(load)["summary"]["goodput"]["meets"] for load in loads]
+        integer = args.by == "concurrency" and not args.trace
+        passing, failing, num_runs = search_speculatively(
+            lambda meets: search_max_load(meets, args.start_load, integer=integer, tolerance=args.tolerance),
+            meets_many, args.jobs)
     result = {"slo": slo.objectives(), "criterion": slo.criterion, "by": "trace speed-up" if args.trace else args.by,
               "max_load": passing, "first_failing_load": failing, "num_runs": num_runs,
               "run": run_at(passing) if passing is not None else None,
@@ -5288,6 +5754,9 @@ def _add_scheduler_flags(parser: argparse.ArgumentParser, of_server: bool = Fals
                         help="whose scheduling to replay: vllm (a paged KV cache, recompute preemption) or "
                              "llamacpp (--parallel slots of --ctx-size / --parallel tokens each, no preemption); "
                              "default vllm, or llamacpp when the report or --step-profile came from llama.cpp")
+    parser.add_argument("--engine", choices=("fast", "step"), default="fast",
+                        help="fast (default) takes runs of decode steps at once; step, the reference, takes "
+                             "every step one by one; every figure is the same")
     parser.add_argument("--step-profile", metavar="FILE",
                         help="price steps from a profile measured on the server (servesim profile --out); "
                              "the roofline prices what it does not cover")
@@ -5377,8 +5846,15 @@ def _simulate_flags(parser: argparse.ArgumentParser) -> None:
     _add_disaggregation_flags(parser)
 
 
+def _add_jobs_flag(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--jobs", type=positive_int, default=os.cpu_count() or 1,
+                        help="processes for independent runs (sweep points, search probes, calibrate's "
+                             "replays); the result is the same for any N (default: the CPU count)")
+
+
 def _sweep_flags(parser: argparse.ArgumentParser) -> None:
     _add_planning_flags(parser)
+    _add_jobs_flag(parser)
     loads = parser.add_mutually_exclusive_group(required=True)
     loads.add_argument("--concurrency", type=int_list, help="closed-loop client counts, e.g. 1,8,32,128,256")
     loads.add_argument("--rate", type=float_list, help="open-loop Poisson rates in requests/s, e.g. 1,2,4")
@@ -5423,6 +5899,7 @@ def _loadgen_flags(parser: argparse.ArgumentParser) -> None:
 
 def _search_flags(parser: argparse.ArgumentParser) -> None:
     _add_planning_flags(parser)
+    _add_jobs_flag(parser)
     parser.add_argument("--by", choices=("rate", "concurrency"), default="rate",
                         help="search an open-loop rate (default) or a closed-loop client count; with "
                              "--trace, a speed-up of the trace's arrivals")
@@ -5455,6 +5932,7 @@ def _compare_flags(parser: argparse.ArgumentParser) -> None:
 
 def _calibrate_flags(parser: argparse.ArgumentParser) -> None:
     _add_planning_flags(parser, workload=False)
+    _add_jobs_flag(parser)
     parser.add_argument("reports", nargs="+", metavar="REPORT", help="loadgen --json reports, 2 or more")
     parser.add_argument("--name", help="name of the calibrated hardware (default: HARDWARE-calibrated)")
     parser.add_argument("--out", help="write the calibrated hardware as JSON, for --hardware-file")
@@ -5530,14 +6008,17 @@ SUBCOMMANDS = (
 )
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(only: Optional[str] = None) -> argparse.ArgumentParser:
+    """The whole command line; with only, the flags of that subcommand alone are added
+    (argparse takes ~20 ms to add every subcommand's flags, on every run)."""
     parser = _Parser(prog="servesim", description=__doc__.split("\n\n")[0],
                      epilog="Exit status: 0 success; 1 does not fit, unreachable or a request failed; "
                             "2 bad input; 130 interrupted.")
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND", parser_class=_Parser)
     for name, help_text, description, add_flags, run in SUBCOMMANDS:
         subcommand = commands.add_parser(name, help=help_text, description=description)
-        add_flags(subcommand)
+        if only is None or only == name:
+            add_flags(subcommand)
         subcommand.set_defaults(run=run)
     return parser
 
@@ -5562,7 +6043,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     _SECRETS.clear()
     _keep_secrets_of(argv)
     try:
-        args = build_parser().parse_args(argv)
+        known = {name for name, *_ in SUBCOMMANDS}
+        args = build_parser(argv[0] if argv and argv[0] in known else None).parse_args(argv)
         return args.run(args)
     except ServesimError as error:
         prefix = "servesim: error: " if isinstance(error, UsageError) else "servesim: "

@@ -1,0 +1,114 @@
+"""The fast engine (runs of decode steps at once) gives every figure the step engine gives.
+
+Seeded random workloads over every mode: prefix caching, preemption (small caches),
+chunked prefill on and off, the tokens-in-flight cap, llama.cpp's slots, a step profile,
+tensor parallelism, disaggregation, production trace slices, open and closed loop. Each
+runs with --engine step (the reference) and --engine fast; the two --json reports must
+agree: counts exactly, times to 1e-9 relative.
+"""
+
+import json
+import os
+import random
+import unittest
+
+from support import FIXTURES_DIR, main, run_cli
+
+NUM_WORKLOADS = 300
+PROFILE = os.path.join(FIXTURES_DIR, "llamacpp", "profile.json")
+TRACES = [os.path.join(FIXTURES_DIR, name) for name in ("burst.jsonl", "mixed.jsonl", "burst.jsonl", "mixed.jsonl",
+                                                         "mooncake_conversation_first500.jsonl")]
+
+
+def workload(seed):
+    """The argv of one seeded random simulate run (without --engine and --json)."""
+    rng = random.Random(seed)
+    argv = ["simulate", "--requests", str(rng.randint(4, 16)), "--seed", str(seed),
+            "--prompt-tokens", rng.choice(("20-400", "100", "500-3000", "8-40")),
+            "--output-tokens", rng.choice(("1-100", "48", "2-20", "60-120"))]
+    if rng.random() < 0.25:
+        argv += ["--trace", rng.choice(TRACES), "--limit", str(rng.randint(4, 16)),
+                 "--time-scale", rng.choice(("0.2", "1", "3"))]
+    elif rng.random() < 0.5:
+        argv += ["--rate", rng.choice(("0.5", "4", "40")), "--burstiness", rng.choice(("1", "0.3"))]
+    else:
+        argv += ["--concurrency", str(rng.randint(1, 12))]
+    mode = rng.random()
+    if mode < 0.15:
+        argv += ["--hardware", "cpu-2vcpu", "--model", "gemma-3-270m-q4_k_m", "--step-profile", PROFILE,
+                 "--kv-tokens", rng.choice(("4096", "2048"))]
+        return argv  # llama.cpp's slots, from the profile
+    argv += rng.choice((["--hardware", "l4-24gb", "--model", "llama-3.1-8b"],
+                        ["--hardware", "h100-sxm-80gb", "--model", "llama-3.1-8b"],
+                        ["--hardware", "cpu-4vcpu", "--model", "smollm2-135m-q8_0"]))
+    argv += [
+             "--block-size", rng.choice(("4", "16")), "--max-num-seqs", str(rng.choice((2, 8, 64))),
+             "--max-num-batched-tokens", rng.choice(("64", "512", "8192"))]
+    argv += ["--kv-tokens", rng.choice(("512", "2048", "12000", "30000"))]  # small caches preempt
+    for flag, share in (("--prefix-caching", 0.5), ("--no-chunked-prefill", 0.15)):
+        if rng.random() < share:
+            argv.append(flag)
+    if "--no-chunked-prefill" in argv:
+        argv[argv.index("--max-num-batched-tokens") + 1] = "8192"
+    if rng.random() < 0.15:
+        argv += ["--max-tokens-in-flight", str(rng.choice((500, 3000)))]
+    elif rng.random() < 0.15:
+        argv += ["--disaggregate", "--kv-link-gbs", rng.choice(("1", "25")), "--disaggregate-min-prompt-tokens",
+                 rng.choice(("0", "200"))]
+    if rng.random() < 0.15:
+        argv += ["--tensor-parallel-size", "2"]
+    return argv
+
+
+def differences(reference, fast, path=""):
+    """Where two reports differ: counts exactly, numbers to 1e-9 relative."""
+    if isinstance(reference, dict) and isinstance(fast, dict):
+        if reference.keys() != fast.keys():
+            return [f"{path}: keys {sorted(reference.keys() ^ fast.keys())}"]
+        return [d for key in reference for d in differences(reference[key], fast[key], f"{path}.{key}")]
+    if isinstance(reference, list) and isinstance(fast, list) and len(reference) == len(fast):
+        return [d for index, pair in enumerate(zip(reference, fast)) for d in differences(*pair, f"{path}[{index}]")]
+    if isinstance(reference, float) and isinstance(fast, float):
+        scale = max(abs(reference), abs(fast), 1e-12)
+        return [] if abs(reference - fast) <= 1e-9 * scale else [f"{path}: {reference!r} != {fast!r}"]
+    return [] if reference == fast else [f"{path}: {reference!r} != {fast!r}"]
+
+
+def report(argv, engine):
+    code, out, err = run_cli(*argv, "--engine", engine, "--json")
+    return code, (json.loads(out) if code == 0 else err)
+
+
+class FastEngineTest(unittest.TestCase):
+
+    def test_every_figure_of_the_fast_engine_is_the_step_engines(self):
+        failures, num_runs = [], 0
+        for seed in range(NUM_WORKLOADS):
+            argv = workload(seed)
+            (code, reference), (fast_code, fast) = report(argv, "step"), report(argv, "fast")
+            if (code, fast_code) != (0, 0):
+                failures.append(f"{' '.join(argv)}: exit {code} and {fast_code}: {reference} {fast}")
+                continue
+            num_runs += 1
+            failures += [f"{' '.join(argv)}: {d}" for d in differences(reference, fast)[:3]]
+        self.assertEqual(failures, [], "\n".join(failures[:10]))
+        self.assertEqual(num_runs, NUM_WORKLOADS)
+
+    def test_the_workloads_cover_every_mode(self):
+        argvs = [" ".join(workload(seed)) for seed in range(NUM_WORKLOADS)]
+        for mode in ("--prefix-caching", "--no-chunked-prefill", "--max-tokens-in-flight", "--disaggregate",
+                     "--tensor-parallel-size", "--trace", "--rate", "--concurrency", "--step-profile", "--kv-tokens 512"):
+            self.assertGreaterEqual(sum(mode in argv for argv in argvs), 10, mode)
+
+    def test_small_caches_do_preempt_in_both_engines(self):
+        preempted = 0
+        for seed in range(60):
+            argv = workload(seed)
+            if "--kv-tokens" in argv and "--disaggregate" not in argv:
+                code, result = report(argv, "fast")
+                preempted += code == 0 and result["engine"]["num_preemptions"] > 0
+        self.assertGreater(preempted, 3)
+
+
+if __name__ == "__main__":
+    unittest.main()
