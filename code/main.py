@@ -18,6 +18,7 @@ Usage:
     python3 code/main.py calibrate REPORT.json REPORT.json... [options] [--out FILE]
     python3 code/main.py explain (SCRAPE... | REPORT.json | --url URL) [server flags]
     python3 code/main.py search --slo-ttft-ms MS --slo-tpot-ms MS [--by rate|concurrency] [options]
+    python3 code/main.py profile --url URL [--out FILE] [--budget-s S]
 
 Examples:
     # the memory plan: weights, KV per token, blocks, max concurrency, step time
@@ -29,7 +30,10 @@ Examples:
     python3 code/main.py sweep --requests 256 --concurrency 1,8,32,128,256
     # the same metrics measured from a real server's stream, plus its /metrics window
     python3 code/main.py loadgen --url http://127.0.0.1:8080 --concurrency 4 --max-tokens 64 --ignore-eos
-    # loadgen reports beside their prediction; hardware figures fitted to them
+    # a server's own step costs, measured; then its reports beside their prediction
+    python3 code/main.py profile --url http://127.0.0.1:8080 --out profile.json
+    python3 code/main.py compare c1.json c4.json --step-profile profile.json --scheduler llamacpp
+    # or hardware figures fitted to the reports
     python3 code/main.py compare c1.json c4.json --hardware cpu-2vcpu --kv-tokens 4096 --max-num-seqs 4
     python3 code/main.py calibrate c1.json c4.json --hardware cpu-2vcpu --out my-cpu.json
     # which budget binds, from two /metrics scrapes and the server's flags
@@ -48,6 +52,7 @@ Options of the subcommands that plan (all but loadgen and explain):
     --kv-tokens N                fix the KV cache size in tokens (llama.cpp --ctx-size)
     --tensor-parallel-size N     shard weights and KV heads over N devices (1)
     --interconnect-gbs G         GB/s each way between them (the hardware's NVLink or PCIe)
+    --step-profile FILE          price steps from a measured profile (profile writes one)
     --json                       print the full report as JSON
 
 Scheduler options (simulate, sweep, search, compare, calibrate):
@@ -56,6 +61,13 @@ Scheduler options (simulate, sweep, search, compare, calibrate):
     --max-num-batched-tokens N   tokens per step, prefill chunks included (8192)
     --no-chunked-prefill         a prompt is admitted only if all of it fits the step
     --prefix-caching             share full KV blocks of identical prompt prefixes
+    --scheduler vllm|llamacpp    paged blocks and preemption (vllm, the default), or
+                                 llama.cpp's slots (--parallel, --ctx-size, --batch-size)
+    --engine fast|step           fast (default) advances runs of decode steps at once;
+                                 step advances one step at a time (the reference); every
+                                 figure is the same
+    --jobs N                     sweep, search, calibrate: points, probes or evaluations
+                                 in N processes (the CPU count); the same results for any N
 
 Workload options (simulate, sweep, search):
     --requests N                 requests to generate (256)
@@ -92,7 +104,9 @@ Trace formats (--trace, told apart by content or named by --trace-format):
 Options of loadgen (see --help): --url, --model, --api-key, --concurrency, --rate,
 --burstiness, --requests, --warmup, --max-tokens, --ignore-eos, --temperature,
 --prompt-tokens, --prompt-file, --shared-prefix-tokens, --timeout, --seed,
---scrape-interval, --slo-*, --json, --json-requests, --quiet.
+--scrape-interval, --slo-*, --json, --json-requests, --quiet. profile measures a
+server's decode and prefill step times (--out, --budget-s, --max-num-seqs, --prefill-tokens;
+see --help).
 
 Exit status: 0 success; 1 the model does not fit, a server is unreachable or a
 request failed; 2 bad input (one line on stderr naming the flag or file:line and
