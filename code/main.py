@@ -307,6 +307,12 @@ class JsonObject:
         return value if value is default and default is not _MISSING else JsonObject(
             value, self.where, self._name(key), self.error)
 
+    def items(self, key: str, kind: type, default=_MISSING) -> list:
+        """A list whose every item is of kind (int: a whole number, str: a string)."""
+        expected = f"a list of {'integers' if kind is int else 'strings'}"
+        return self._read(key, default, expected, lambda v: isinstance(v, list) and all(
+            isinstance(item, kind) and not isinstance(item, bool) for item in v))
+
     def objects(self, key: str, default=_MISSING) -> List["JsonObject"]:
         """A list of objects, each read with its index in the path."""
         value = self._read(key, default, "a list of JSON objects", lambda v: isinstance(v, list))
@@ -354,7 +360,7 @@ def check_shape(value: JsonObject, shape: dict) -> None:
 
 @dataclass(frozen=True)
 class Hardware:
-    """One accelerator (or CPU) as the roofline sees it: memory, bandwidth, FLOPs."""
+    """One accelerator (or CPU) as the roofline sees it: memory, bandwidth, FLOPs, price."""
 
     name: str
     memory_gib: float        # GiB, device memory as nvidia-smi reports it
@@ -365,25 +371,52 @@ class Hardware:
     step_overhead_ms: float  # ms per step for scheduling, kernel launches and sampling
     reserve_gib: float       # GiB held back for activations (vLLM measures it in a profiling run)
     interconnect_gbs: float = 0.0  # GB/s each way between devices, for tensor parallelism (datasheet)
+    fp8_tflops: float = 0.0  # TFLOPS, dense FP8 peak (datasheet); 0: no FP8 tensor cores
+    price_per_hour: float = 0.0  # USD per device-hour on demand (source in the preset); 0: unknown
 
 
 @dataclass(frozen=True)
 class ModelSpec:
-    """A decoder-only transformer as the memory plan and the roofline see it."""
+    """A decoder-only transformer as the memory plan and the roofline see it.
+
+    Mixture of experts: each of num_moe_layers layers has num_experts routed experts of
+    expert_params each, and every token runs num_experts_per_tok of them; params counts
+    all of them (memory holds every expert). Shared experts run for every token, so
+    their parameters count with the dense ones.
+
+    The KV cache per token depends on the attention: grouped-query attention stores a
+    key and a value per KV head per layer; latent attention (kv_lora_rank > 0,
+    DeepSeek's MLA) stores one compressed latent of kv_lora_rank + rope_head_dim
+    numbers per layer; sliding-window layers (num_sliding_layers of them) keep at most
+    sliding_window tokens per sequence, so they are a fixed cost per sequence, not per
+    token.
+    """
 
     name: str
-    params: float            # parameters (model card)
+    params: float            # parameters (model card), every expert included
     layers: int              # transformer blocks (config.json num_hidden_layers)
     kv_heads: int            # KV heads (num_key_value_heads); GQA makes it < query heads
     head_dim: int            # dimension of one attention head
     bytes_per_param: float   # 2 for BF16; 34/32 for llama.cpp Q8_0 (32 int8 + one fp16 scale)
-    kv_dtype_bytes: int      # bytes per cached key or value element (2 for FP16/BF16)
+    kv_dtype_bytes: float    # bytes per cached key or value element (2 for FP16/BF16, 1 for FP8)
     # Optional refinements of the compute cost (0 prices every parameter for every token,
     # the plain roofline):
     head_params: float = 0       # LM head (vocab x hidden): runs only for tokens that sample
     embedding_params: float = 0  # input embedding table when separate from the head: a lookup
     hidden_size: int = 0         # activation width (config.json hidden_size): what TP all-reduces
     tensor_parallel_size: int = 1  # > 1: this spec is one device's shard (see sharded())
+    # Mixture of experts (0: a dense model):
+    num_experts: int = 0         # routed experts per MoE layer (num_experts, num_local_experts, n_routed_experts)
+    num_experts_per_tok: int = 0  # routed experts each token runs (num_experts_per_tok)
+    expert_params: float = 0     # parameters of one routed expert in one layer (3 x hidden x moe_intermediate_size)
+    num_moe_layers: int = 0      # layers with routed experts
+    num_shared_experts: int = 0  # experts every token runs (n_shared_experts); counted as dense
+    # Attention that changes the KV per token:
+    kv_lora_rank: int = 0        # latent attention: width of the compressed KV (0: none)
+    rope_head_dim: int = 0       # latent attention: the rotary part stored beside it (qk_rope_head_dim)
+    sliding_window: int = 0      # tokens a sliding-window layer attends to (0: none)
+    num_sliding_layers: int = 0  # layers with the sliding window; the rest attend to everything
+    fp8_compute: bool = False    # weights and activations in FP8: matmuls at the FP8 rate where there is one
 
     @property
     def weight_bytes(self) -> float:
@@ -391,43 +424,119 @@ class ModelSpec:
 
     @property
     def body_params(self) -> float:
-        """Parameters every token multiplies through (all but the embedding and the head)."""
-        return self.params - self.embedding_params - self.head_params
+        """Parameters a token multiplies through (all but the embedding and the head);
+        of a mixture of experts, only the experts the token is routed to."""
+        idle_experts = (self.num_experts - self.num_experts_per_tok) * self.expert_params * self.num_moe_layers
+        return self.params - self.embedding_params - self.head_params - idle_experts
+
+    @property
+    def routed_params(self) -> float:
+        """Parameters of every routed expert of every layer (0 for a dense model)."""
+        return self.num_experts * self.expert_params * self.num_moe_layers
+
+    def distinct_experts(self, num_tokens: int) -> float:
+        """Expected routed experts a layer runs for num_tokens tokens, under uniform routing
+        (each token picks num_experts_per_tok of num_experts, independently of the others):
+        E x (1 - (1 - k/E)^t). One token runs k; a large batch runs nearly all E."""
+        experts, k = self.num_experts, self.num_experts_per_tok
+        return experts * (1 - (1 - k / experts) ** num_tokens) if experts and num_tokens else 0.0
+
+    def step_weight_bytes(self, num_tokens: int) -> float:
+        """Bytes of weights one forward pass over num_tokens tokens reads: every dense weight
+        and, of a mixture of experts, the experts those tokens were routed to."""
+        if not self.num_experts:
+            return self.weight_bytes
+        touched = self.distinct_experts(num_tokens) * self.expert_params * self.num_moe_layers
+        return (self.params - self.routed_params + touched) * self.bytes_per_param
 
     def sharded(self, tensor_parallel_size: int) -> "ModelSpec":
         """What one of tensor_parallel_size devices holds and computes: 1/N of the weights
-        and of the KV heads (a head is replicated when there are fewer heads than devices,
-        as vLLM does), and two all-reduces of the activations per layer per step."""
+        (every expert too) and of the KV heads (a head is replicated when there are fewer
+        heads than devices, as vLLM does; a latent-attention cache is replicated whole),
+        and two all-reduces of the activations per layer per step."""
         if tensor_parallel_size == 1:
             return self
         n = tensor_parallel_size
         return dataclasses.replace(self, params=self.params / n, kv_heads=-(-self.kv_heads // n),
                                    head_params=self.head_params / n, embedding_params=self.embedding_params / n,
-                                   tensor_parallel_size=n)
+                                   expert_params=self.expert_params / n, tensor_parallel_size=n)
 
     @property
-    def kv_bytes_per_token(self) -> int:
-        # A key and a value vector per layer per KV head.
-        return 2 * self.layers * self.kv_heads * self.head_dim * self.kv_dtype_bytes
+    def layer_kv_elements(self) -> int:
+        """Numbers cached per token per attention layer: a key and a value per KV head, or
+        one latent (with its rotary part) under latent attention."""
+        if self.kv_lora_rank:
+            return self.kv_lora_rank + self.rope_head_dim
+        return 2 * self.kv_heads * self.head_dim
+
+    @property
+    def kv_bytes_per_token(self) -> float:
+        """KV bytes each token of a sequence adds: the layers that attend to everything
+        (a model whose every layer slides is counted as if none did)."""
+        sliding = self.num_sliding_layers if self.num_sliding_layers < self.layers else 0
+        return (self.layers - sliding) * self.layer_kv_elements * self.kv_dtype_bytes
+
+    @property
+    def sliding_kv_bytes_per_token(self) -> float:
+        """KV bytes per token of the sliding-window layers, up to sliding_window tokens."""
+        if not self.sliding_window or self.num_sliding_layers >= self.layers:
+            return 0.0
+        return self.num_sliding_layers * self.layer_kv_elements * self.kv_dtype_bytes
+
+    def kv_bytes(self, num_tokens: int) -> float:
+        """KV bytes of one sequence of num_tokens tokens (what a disaggregated engine moves)."""
+        window = min(num_tokens, self.sliding_window)
+        return num_tokens * self.kv_bytes_per_token + window * self.sliding_kv_bytes_per_token
 
 
 # mfu 0.5 and mbu 0.75 on the GPUs: a ratio of 2/3 puts the compute knee of Llama 3.1 8B
 # at ~197 tokens per step on an H100 and ~269 on an L4 (the reference figures the
-# capacity report is tested against).
+# capacity report is tested against). Prices are on-demand USD per GPU-hour as one
+# public source listed them on the date given; they move, so --price-per-hour overrides.
 HARDWARE: Dict[str, Hardware] = {
     hw.name: hw for hw in (
-        # H100 SXM5 80GB: nvidia-smi 81,559 MiB; HBM3 3.35 TB/s; 989.4 TFLOPS dense BF16.
+        # H100 SXM5 80GB: nvidia-smi 81,559 MiB; HBM3 3.35 TB/s; 989.4 TFLOPS dense BF16,
+        # 1,978.9 FP8. Price: median of 37 providers, aimultiple.com GPU index, 2026-05-20.
         Hardware("h100-sxm-80gb", memory_gib=79.6, bandwidth_gbs=3350, tflops=989.4,
                  mfu=0.5, mbu=0.75, step_overhead_ms=1.0, reserve_gib=2.0,
-                 interconnect_gbs=450),  # NVLink 4: 900 GB/s both ways
-        # A100 SXM4 80GB: nvidia-smi 81,920 MiB; HBM2e 2,039 GB/s; 312 TFLOPS dense BF16.
+                 interconnect_gbs=450,  # NVLink 4: 900 GB/s both ways
+                 fp8_tflops=1978.9, price_per_hour=2.95),
+        # H200 SXM 141GB: nvidia-smi 143,771 MiB; HBM3e 4.8 TB/s; the H100's die: 989.4
+        # TFLOPS dense BF16, 1,978.9 FP8. Price: Spheron on-demand, 2026-03-17.
+        Hardware("h200-sxm-141gb", memory_gib=140.4, bandwidth_gbs=4800, tflops=989.4,
+                 mfu=0.5, mbu=0.75, step_overhead_ms=1.0, reserve_gib=2.0,
+                 interconnect_gbs=450,  # NVLink 4: 900 GB/s both ways
+                 fp8_tflops=1978.9, price_per_hour=4.54),
+        # B200 (HGX B200) 180GB: nvidia-smi 183,359 MiB; HBM3e 8 TB/s; 2,250 TFLOPS dense
+        # BF16, 4,500 FP8 (half the datasheet's sparse figures). Price: Spheron on-demand, 2026-03-17.
+        Hardware("b200-180gb", memory_gib=179.1, bandwidth_gbs=8000, tflops=2250,
+                 mfu=0.5, mbu=0.75, step_overhead_ms=1.0, reserve_gib=2.0,
+                 interconnect_gbs=900,  # NVLink 5: 1.8 TB/s both ways
+                 fp8_tflops=4500, price_per_hour=6.03),
+        # AMD MI300X 192GB: HBM3 5.3 TB/s; 1,307.4 TFLOPS dense BF16, 2,614.9 FP8. Price:
+        # median listing, cliffcenter.com AMD inference economics note, 2026-05-18.
+        Hardware("mi300x-192gb", memory_gib=191.5, bandwidth_gbs=5300, tflops=1307.4,
+                 mfu=0.5, mbu=0.75, step_overhead_ms=1.0, reserve_gib=2.0,
+                 interconnect_gbs=448,  # Infinity Fabric: 7 links x 64 GB/s each way
+                 fp8_tflops=2614.9, price_per_hour=1.99),
+        # A100 SXM4 80GB: nvidia-smi 81,920 MiB; HBM2e 2,039 GB/s; 312 TFLOPS dense BF16; no FP8.
+        # Price: middle of the $1.49-2.49 typical on-demand range, pricegpu.pages.dev, early 2026.
         Hardware("a100-sxm-80gb", memory_gib=80.0, bandwidth_gbs=2039, tflops=312,
                  mfu=0.5, mbu=0.75, step_overhead_ms=1.0, reserve_gib=2.0,
-                 interconnect_gbs=300),  # NVLink 3: 600 GB/s both ways
-        # L4 24GB: nvidia-smi 23,034 MiB; GDDR6 300 GB/s; 121 TFLOPS dense BF16.
+                 interconnect_gbs=300,  # NVLink 3: 600 GB/s both ways
+                 price_per_hour=1.99),
+        # L40S 48GB: nvidia-smi 46,068 MiB; GDDR6 864 GB/s; 362.05 TFLOPS dense BF16, 733 FP8.
+        # Price: Lambda on-demand as gpuadvisor.com listed it, May 2026.
+        Hardware("l40s-48gb", memory_gib=45.0, bandwidth_gbs=864, tflops=362.05,
+                 mfu=0.5, mbu=0.75, step_overhead_ms=1.0, reserve_gib=1.5,
+                 interconnect_gbs=32,  # no NVLink: PCIe 4.0 x16
+                 fp8_tflops=733, price_per_hour=1.40),
+        # L4 24GB: nvidia-smi 23,034 MiB; GDDR6 300 GB/s; 121 TFLOPS dense BF16, 242.5 FP8.
+        # Price: Google Cloud g2-standard-4 (one L4) on demand, us-central1, 2025 price list.
         Hardware("l4-24gb", memory_gib=22.5, bandwidth_gbs=300, tflops=121,
                  mfu=0.5, mbu=0.75, step_overhead_ms=1.0, reserve_gib=1.5,
-                 interconnect_gbs=32),  # no NVLink: PCIe 4.0 x16
+                 interconnect_gbs=32,  # no NVLink: PCIe 4.0 x16
+                 fp8_tflops=242.5, price_per_hour=0.71),
         # A 4-vCPU machine running llama.cpp: effective figures, not datasheet peaks
         # (mfu = mbu = 1), meant to be calibrated against a real server.
         Hardware("cpu-4vcpu", memory_gib=16.0, bandwidth_gbs=20, tflops=0.1,
@@ -447,9 +556,40 @@ MODELS: Dict[str, ModelSpec] = {
         # meta-llama/Llama-3.1-8B config.json: 32 layers, 8 KV heads of 128, hidden 4096; 8.03 B params.
         ModelSpec("llama-3.1-8b", params=8.03e9, layers=32, kv_heads=8, head_dim=128,
                   bytes_per_param=2, kv_dtype_bytes=2, hidden_size=4096),
-        # meta-llama/Llama-3.1-70B config.json: 80 layers, 8 KV heads of 128, hidden 8192; 70.6 B params.
+        # meta-llama/Llama-3.1-70B config.json: 80 layers, 8 KV heads of 128, hidden 8192; 70.6 B
+        # params. Llama 3.3 70B has the same shape.
         ModelSpec("llama-3.1-70b", params=70.6e9, layers=80, kv_heads=8, head_dim=128,
                   bytes_per_param=2, kv_dtype_bytes=2, hidden_size=8192),
+        # Qwen/Qwen3-32B config.json: 64 layers, 8 KV heads of 128, hidden 5120, vocabulary
+        # 151,936, untied head; 32.8 B params (model card), BF16.
+        ModelSpec("qwen3-32b", params=32.8e9, layers=64, kv_heads=8, head_dim=128,
+                  bytes_per_param=2, kv_dtype_bytes=2, hidden_size=5120,
+                  head_params=151_936 * 5120, embedding_params=151_936 * 5120),
+        # Qwen/Qwen3-30B-A3B config.json: 48 layers, 4 KV heads of 128, hidden 2048; every layer
+        # has 128 experts (moe_intermediate_size 768), 8 per token; 30.5 B params, 3.3 B active
+        # (model card); BF16.
+        ModelSpec("qwen3-30b-a3b", params=30.5e9, layers=48, kv_heads=4, head_dim=128,
+                  bytes_per_param=2, kv_dtype_bytes=2, hidden_size=2048,
+                  head_params=151_936 * 2048, embedding_params=151_936 * 2048,
+                  num_experts=128, num_experts_per_tok=8, expert_params=3 * 2048 * 768, num_moe_layers=48),
+        # openai/gpt-oss-120b config.json: 36 layers, 8 KV heads of 64, hidden 2880; 128 experts
+        # (intermediate 2880), 4 per token, in every layer; layers alternate a 128-token sliding
+        # window with full attention; 116.8 B params (model card), experts in MXFP4 (4.25 bits)
+        # (17 bytes per 32) and the rest (2.1 B) in BF16: 0.558 bytes per param on average.
+        ModelSpec("gpt-oss-120b", params=116.8e9, layers=36, kv_heads=8, head_dim=64,
+                  bytes_per_param=0.558, kv_dtype_bytes=2, hidden_size=2880,
+                  head_params=201_088 * 2880, embedding_params=201_088 * 2880,
+                  num_experts=128, num_experts_per_tok=4, expert_params=3 * 2880 * 2880, num_moe_layers=36,
+                  sliding_window=128, num_sliding_layers=18),
+        # deepseek-ai/DeepSeek-V3 config.json: 61 layers, hidden 7168, latent attention
+        # (kv_lora_rank 512, qk_rope_head_dim 64); layers 4-61 have 256 routed experts
+        # (moe_intermediate_size 2048), 8 per token, and one shared; 671 B params, 37 B active
+        # (model card, without the multi-token-prediction module); FP8 weights.
+        ModelSpec("deepseek-v3", params=671e9, layers=61, kv_heads=1, head_dim=128,
+                  bytes_per_param=1, kv_dtype_bytes=2, hidden_size=7168,
+                  head_params=129_280 * 7168, embedding_params=129_280 * 7168,
+                  num_experts=256, num_experts_per_tok=8, expert_params=3 * 7168 * 2048, num_moe_layers=58,
+                  num_shared_experts=1, kv_lora_rank=512, rope_head_dim=64, fp8_compute=True),
         # HuggingFaceTB/SmolLM2-135M-Instruct: 30 layers, 3 KV heads of 64, tied embeddings;
         # 134,515,008 params in llama.cpp's Q8_0; FP16 KV cache.
         ModelSpec("smollm2-135m-q8_0", params=134_515_008, layers=30, kv_heads=3, head_dim=64,
@@ -458,7 +598,8 @@ MODELS: Dict[str, ModelSpec] = {
         # with --model-file: 18 layers, 1 KV head of 256; 268,098,176 params in 246,587,904
         # bytes (Q4_K, Q5_0, Q6_K, Q8_0 and F32 tensors); FP16 KV cache (llama.cpp's default).
         # The 262,144 x 640 embedding is tied to the LM head: 63% of the FLOPs of a decoded
-        # token, but computed only for the last token of a prompt.
+        # token, but computed only for the last token of a prompt. Its sliding-window layers
+        # are counted as full: the cpu-2vcpu figures were fitted that way.
         ModelSpec("gemma-3-270m-q4_k_m", params=268_098_176, layers=18, kv_heads=1, head_dim=256,
                   bytes_per_param=246_587_904 / 268_098_176, kv_dtype_bytes=2,
                   head_params=262_144 * 640, hidden_size=640),
@@ -485,14 +626,17 @@ def read_hardware_file(path: str) -> Hardware:
     where = f"--hardware-file {path}"
     data = JsonObject(read_json_file(path, where), where)
     figures = {name: float(data.number(name, above=0)) for name in HARDWARE_FIELDS}
-    figures["interconnect_gbs"] = float(data.number("interconnect_gbs", 0, 0.0))
+    for name in ("interconnect_gbs", "fp8_tflops", "price_per_hour"):  # optional: 0 is none, or unknown
+        figures[name] = float(data.number(name, 0, 0.0))
     for name, most in (("memory_gib", 1e6), ("mfu", 1.0), ("mbu", 1.0), ("bandwidth_gbs", 1e9), ("tflops", 1e9),
-                       ("step_overhead_ms", 1e9), ("reserve_gib", 1e6), ("interconnect_gbs", 1e9)):
+                       ("step_overhead_ms", 1e9), ("reserve_gib", 1e6), ("interconnect_gbs", 1e9),
+                       ("fp8_tflops", 1e9), ("price_per_hour", 1e6)):
         if figures[name] > most:
             raise data.fail(name, f"at most {most:g}", figures[name])
-    for name in ("bandwidth_gbs", "tflops", "mfu", "mbu", "interconnect_gbs"):  # divisors: no vanishing ones
+    for name in ("bandwidth_gbs", "tflops", "mfu", "mbu", "interconnect_gbs", "fp8_tflops"):  # divisors
         if 0 < figures[name] < 1e-6:
-            raise data.fail(name, "at least 1e-6 (or 0 for interconnect_gbs: none)", figures[name])
+            raise data.fail(name, f"at least 1e-6{' (or 0: none)' if name in ('interconnect_gbs', 'fp8_tflops') else ''}",
+                            figures[name])
     return Hardware(data.string("name", "") or os.path.splitext(os.path.basename(path))[0], **figures)
 
 
@@ -640,10 +784,33 @@ def _gguf_tensor_sizes(tensors, data_bytes: int, path: str) -> Tuple[Dict[str, i
     return sizes, params, weight_bytes
 
 
+def _gguf_experts(metadata: Dict[str, object], arch: str, sizes: Dict[str, int], path: str) -> dict:
+    """The ModelSpec fields of a GGUF mixture of experts: expert_count and
+    expert_used_count from the metadata, the experts' parameters from the tensors that
+    stack them (blk.N.ffn_*_exps); none for a dense model."""
+    num_experts = _gguf_count(metadata, f"{arch}.expert_count", path, 0, least=0)
+    if not num_experts:
+        return {}
+    per_token = _gguf_count(metadata, f"{arch}.expert_used_count", path)
+    if per_token > num_experts:
+        raise UsageError(f"--model-file {path}: {arch}.expert_used_count {per_token} exceeds "
+                         f"{arch}.expert_count {num_experts}")
+    stacked = {name: elements for name, elements in sizes.items() if name.startswith("blk.") and "_exps." in name}
+    moe_layers = len({name.split(".")[1] for name in stacked})
+    if not moe_layers:
+        raise UsageError(f"--model-file {path}: {arch}.expert_count is {num_experts} but no tensor holds experts "
+                         f"(blk.N.ffn_*_exps)")
+    return {"num_experts": num_experts, "num_experts_per_tok": per_token, "num_moe_layers": moe_layers,
+            "expert_params": sum(stacked.values()) / (num_experts * moe_layers),
+            "num_shared_experts": _gguf_count(metadata, f"{arch}.expert_shared_count", path, 0, least=0)}
+
+
 def model_from_gguf(path: str) -> ModelSpec:
     """Layers, KV heads and head size from the metadata; parameters and the real bytes
-    of the weights, whatever their quant types, from the tensor infos. The KV cache is
-    taken as F16, llama.cpp's default (--cache-type-k/-v)."""
+    of the weights, whatever their quant types, from the tensor infos; experts (see
+    _gguf_experts) and latent attention ({arch}.attention.kv_lora_rank) where the
+    metadata has them. The KV cache is taken as F16, llama.cpp's default
+    (--cache-type-k/-v), for every layer: GGUF does not say which layers slide."""
     metadata, tensors, data_bytes = read_gguf(path)
     arch = metadata.get("general.architecture")
     if not isinstance(arch, str):
@@ -660,45 +827,121 @@ def model_from_gguf(path: str) -> ModelSpec:
     head = sizes.get("output.weight", 0)
     if not head:
         head, embedding = embedding, 0
+    latent = _gguf_count(metadata, f"{arch}.attention.kv_lora_rank", path, 0, least=0)
+    attention = {"kv_lora_rank": latent, "rope_head_dim": _gguf_count(metadata, f"{arch}.rope.dimension_count",
+                                                                      path, 0, least=0)} if latent else {}
     name = os.path.splitext(os.path.basename(path))[0].lower()
     return ModelSpec(name, params=params, layers=layers, kv_heads=kv_heads,
                      head_dim=(key_length + value_length) // 2,
                      bytes_per_param=weight_bytes / params, kv_dtype_bytes=2,
-                     head_params=head, embedding_params=embedding, hidden_size=width)
+                     head_params=head, embedding_params=embedding, hidden_size=width,
+                     **_gguf_experts(metadata, arch, sizes, path), **attention)
 
 
 HF_DTYPE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2, "float8_e4m3fn": 1, "float8_e5m2": 1}
 
 
+def _hf_attention_params(text: JsonObject, hidden: int, heads: int, kv_heads: int, head_dim: int) -> int:
+    """Parameters of one attention block: query, key, value and output projections, or
+    under latent attention (kv_lora_rank) the low-rank query and KV projections."""
+    kv_lora_rank = text.integer("kv_lora_rank", 1, 0)
+    if not kv_lora_rank:
+        return hidden * heads * head_dim * 2 + hidden * kv_heads * head_dim * 2
+    nope, rope = text.integer("qk_nope_head_dim", 1), text.integer("qk_rope_head_dim", 1)
+    value_dim, q_lora_rank = text.integer("v_head_dim", 1), text.integer("q_lora_rank", 1, 0)
+    query = (hidden * q_lora_rank + q_lora_rank * heads * (nope + rope)) if q_lora_rank else hidden * heads * (nope + rope)
+    return (query + hidden * (kv_lora_rank + rope) + kv_lora_rank * heads * (nope + value_dim)
+            + heads * value_dim * hidden)
+
+
+def _hf_moe_layers(text: JsonObject, layers: int) -> int:
+    """How many layers have routed experts: DeepSeek's first_k_dense_replace and
+    moe_layer_freq, Qwen's decoder_sparse_step and mlp_only_layers; else all."""
+    first_dense, every = text.integer("first_k_dense_replace", 0, 0), text.integer("moe_layer_freq", 1, 1)
+    step, dense_only = text.integer("decoder_sparse_step", 1, 1), set(text.items("mlp_only_layers", int, []))
+    return sum(1 for index in range(layers) if index >= first_dense and index % every == 0
+               and (index + 1) % step == 0 and index not in dense_only)
+
+
+def _hf_experts(text: JsonObject, hidden: int, layers: int) -> dict:
+    """The ModelSpec fields of a mixture of experts (none for a dense config), with the
+    parameters of its routed experts, shared experts and routers."""
+    names = [name for name in ("num_local_experts", "n_routed_experts", "num_experts") if text.value.get(name)]
+    if not names:
+        return {"routed": 0, "shared": 0}
+    num_experts = text.integer(names[0], 1)
+    key = "experts_per_token" if text.value.get("num_experts_per_tok") is None and "experts_per_token" in text.value \
+        else "num_experts_per_tok"
+    per_token = text.integer(key, 1)
+    if per_token > num_experts:
+        raise text.fail(key, f"at most {names[0]} ({num_experts})", per_token)
+    width = text.integer("moe_intermediate_size", 1, None) or text.integer("intermediate_size", 1)
+    num_shared = text.integer("n_shared_experts", 0, 0)
+    shared_width = text.integer("shared_expert_intermediate_size", 0, 0) or num_shared * width
+    moe_layers, expert = _hf_moe_layers(text, layers), 3 * hidden * width
+    return {"num_experts": num_experts, "num_experts_per_tok": per_token, "expert_params": expert,
+            "num_moe_layers": moe_layers, "num_shared_experts": num_shared or (1 if shared_width else 0),
+            "routed": moe_layers * num_experts * expert,
+            "shared": moe_layers * (3 * hidden * shared_width + hidden * num_experts)}
+
+
+def _hf_sliding(text: JsonObject, layers: int) -> dict:
+    """sliding_window and the layers that use it: from layer_types, Gemma's
+    sliding_window_pattern (every Nth layer attends to everything), or all layers."""
+    window = text.integer("sliding_window", 1, 0)
+    if not window or text.boolean("use_sliding_window", True) is False:
+        return {}
+    kinds = text.items("layer_types", str, None)
+    if kinds is not None:
+        sliding = sum(1 for kind in kinds[:layers] if kind == "sliding_attention")
+    else:
+        pattern = text.integer("sliding_window_pattern", 1, 0)
+        sliding = layers - layers // pattern if pattern else layers
+    return {"sliding_window": window, "num_sliding_layers": sliding}
+
+
 def model_from_config(path: str) -> ModelSpec:
-    """A dense decoder from a Hugging Face config.json: parameters counted from the
-    dimensions (embeddings, attention, gated MLP, norms), bytes from torch_dtype."""
+    """A decoder from a Hugging Face config.json, dense or mixture of experts, with
+    grouped-query or latent attention: parameters counted from the dimensions
+    (embeddings, attention, MLPs or experts, norms), bytes from torch_dtype."""
     where = f"--model-file {path}"
     config = JsonObject(read_json_file(path, where), where)
     nested = config.object("text_config", None)  # multimodal configs nest the decoder
     text = JsonObject(dict(config.value, **nested.value), where) if nested else config
-    for moe_key in ("num_local_experts", "n_routed_experts", "num_experts"):
-        if text.value.get(moe_key):
-            raise UsageError(f"{where}: mixture-of-experts configs ({moe_key}={_shown(text.value[moe_key])}) "
-                             f"are not modelled")
     hidden, layers = text.integer("hidden_size", 1), text.integer("num_hidden_layers", 1)
     heads = text.integer("num_attention_heads", 1)
     kv_heads = text.integer("num_key_value_heads", 1, heads)
     head_dim = text.integer("head_dim", 1, hidden // heads)
-    vocab, intermediate = text.integer("vocab_size", 1), text.integer("intermediate_size", 1)
+    vocab = text.integer("vocab_size", 1)
     tied = text.boolean("tie_word_embeddings", config.boolean("tie_word_embeddings", False))
+    experts = _hf_experts(text, hidden, layers)
+    routed, shared = experts.pop("routed"), experts.pop("shared")
+    dense_layers = layers - experts.get("num_moe_layers", 0)
+    mlp = dense_layers * 3 * hidden * text.integer("intermediate_size", 1) if dense_layers else 0
+    attention = layers * (_hf_attention_params(text, hidden, heads, kv_heads, head_dim) + 2 * hidden)
     embeddings = vocab * hidden * (1 if tied else 2)
-    attention = hidden * heads * head_dim * 2 + hidden * kv_heads * head_dim * 2
-    per_layer = attention + 3 * hidden * intermediate + 2 * hidden
     dtype = text.string("torch_dtype", None) or text.string("dtype", "bfloat16")
     if dtype not in HF_DTYPE_BYTES:
         raise UsageError(f"{where}: torch_dtype {_shown(dtype)}; expected one of {', '.join(HF_DTYPE_BYTES)}")
     name = config.string("_name_or_path", "") or os.path.basename(os.path.dirname(os.path.abspath(path)))
-    return ModelSpec(name.lower(), params=embeddings + layers * per_layer + hidden, layers=layers,
-                     kv_heads=kv_heads, head_dim=head_dim,
-                     bytes_per_param=HF_DTYPE_BYTES[dtype], kv_dtype_bytes=2,
-                     head_params=vocab * hidden, embedding_params=0 if tied else vocab * hidden,
-                     hidden_size=hidden)
+    latent = {"kv_lora_rank": text.integer("kv_lora_rank", 1, 0), "rope_head_dim": text.integer("qk_rope_head_dim", 1, 0)}
+    params = embeddings + attention + mlp + routed + shared + hidden
+    bytes_per_param, fp8 = _hf_weight_bytes(config, HF_DTYPE_BYTES[dtype], params, embeddings)
+    return ModelSpec(name.lower(), params=params, layers=layers, kv_heads=kv_heads, head_dim=head_dim,
+                     bytes_per_param=bytes_per_param, kv_dtype_bytes=2, head_params=vocab * hidden,
+                     embedding_params=0 if tied else vocab * hidden, hidden_size=hidden, fp8_compute=fp8,
+                     **experts, **_hf_sliding(text, layers), **(latent if latent["kv_lora_rank"] else {}))
+
+
+def _hf_weight_bytes(config: JsonObject, dtype_bytes: float, params: float, embeddings: float) -> Tuple[float, bool]:
+    """(bytes per parameter, FP8 compute): a quantization_config's method applies to every
+    weight but the embeddings and the head, which stay in torch_dtype (as vLLM loads them)."""
+    quantization = config.object("quantization_config", None)
+    method = quantization.string("quant_method", "") if quantization else ""
+    if method.lower() not in QUANTIZATIONS:
+        return dtype_bytes, dtype_bytes == 1
+    quantized_bytes, fp8 = QUANTIZATIONS[method.lower()]
+    return (quantized_bytes * (params - embeddings) + dtype_bytes * embeddings) / params, fp8
 
 
 def model_from_file(path: str) -> ModelSpec:
@@ -709,6 +952,50 @@ def model_from_file(path: str) -> ModelSpec:
     except (OSError, ValueError) as error:
         raise UsageError(f"--model-file {path}: cannot read it ({_reason(error)})") from None
     return model_from_gguf(path) if magic == b"GGUF" else model_from_config(path)
+
+
+# =============================================================================
+# Precision: the formats of the weights and of the KV cache
+# =============================================================================
+
+# vLLM's --quantization methods: bytes per parameter, and whether the matmuls run in FP8.
+# 4-bit formats carry scales: AWQ and GPTQ one per 128 weights (with zeros, ~4.25 bits),
+# MXFP4 one 8-bit scale per 32 (17 bytes per 32 weights). Weight-only formats compute in BF16.
+QUANTIZATIONS: Dict[str, Tuple[float, bool]] = {
+    "fp8": (1.0, True), "int8": (1.0, False), "int4": (0.5, False),
+    "awq": (4.25 / 8, False), "gptq": (4.25 / 8, False), "mxfp4": (17 / 32, False),
+}
+DTYPES = {"auto": None, "bfloat16": 2, "float16": 2, "half": 2, "float32": 4, "float": 4}  # vLLM --dtype
+KV_CACHE_DTYPES = {"auto": None, "fp8": 1, "fp8_e4m3": 1, "fp8_e5m2": 1}  # vLLM --kv-cache-dtype
+
+
+def quantization_bytes(name: str) -> Tuple[float, bool]:
+    """(bytes per parameter, FP8 compute) of a vLLM quantization method or a ggml tensor
+    type (q8_0, q4_k, ...); UsageError naming the choices otherwise."""
+    name = name.lower()
+    if name in QUANTIZATIONS:
+        return QUANTIZATIONS[name]
+    ggml = {type_name.lower(): (block_bytes / block, False) for type_name, block, block_bytes in GGML_TYPES.values()}
+    if name in ggml:
+        return ggml[name]
+    raise UsageError(f"--quantization: unknown method {name!r}; expected one of {', '.join(QUANTIZATIONS)} "
+                     f"or a ggml type ({', '.join(sorted(ggml)[:6])}, ...)")
+
+
+def with_precision(model: ModelSpec, dtype: str = "auto", quantization: Optional[str] = None,
+                   kv_cache_dtype: str = "auto") -> ModelSpec:
+    """The model with its weights and KV cache in the formats asked for. quantization sets
+    the bytes of every parameter (embeddings and head too: a simplification); dtype sets
+    the width of weights kept in 16 or 32 bits and leaves quantized ones alone, as vLLM's
+    --dtype does; kv_cache_dtype fp8 stores one byte per cached number."""
+    changes: Dict[str, object] = {}
+    if quantization is not None:
+        changes["bytes_per_param"], changes["fp8_compute"] = quantization_bytes(quantization)
+    elif DTYPES[dtype] is not None and model.bytes_per_param in (2, 4):
+        changes.update(bytes_per_param=DTYPES[dtype], fp8_compute=False)
+    if KV_CACHE_DTYPES[kv_cache_dtype] is not None:
+        changes["kv_dtype_bytes"] = KV_CACHE_DTYPES[kv_cache_dtype]
+    return dataclasses.replace(model, **changes) if changes else model
 
 
 # =============================================================================
@@ -731,6 +1018,7 @@ class CapacityPlan:
     kv_cache_bytes: float     # what the blocks take
     num_blocks: int
     kv_tokens_fixed: bool     # True when --kv-tokens set the size (llama.cpp --ctx-size)
+    window_bytes: float = 0.0  # what the sliding-window layers hold for every sequence at once
 
     @property
     def num_kv_tokens(self) -> int:
@@ -766,6 +1054,7 @@ class CapacityPlan:
             "budget_bytes": self.budget_bytes,
             "reserve_bytes": self.hardware.reserve_gib * GIB,
             "kv_cache_bytes": self.kv_cache_bytes,
+            "sliding_window_bytes": self.window_bytes,
             "kv_tokens_fixed": self.kv_tokens_fixed,
             "block_size": self.block_size,
             "num_blocks": self.num_blocks,
@@ -775,48 +1064,62 @@ class CapacityPlan:
         }
 
 
+def _weights_do_not_fit(hardware: Hardware, model: ModelSpec, budget: float, reserve: float,
+                        gpu_memory_utilization: float) -> CapacityError:
+    """The error for weights that leave no room, naming the ways out (model: one shard)."""
+    tp = model.tensor_parallel_size
+    whole = model.weight_bytes * tp
+    where = f"{hardware.name}" if tp == 1 else f"{tp} x {hardware.name}"
+    share = "" if tp == 1 else f" ({model.weight_bytes / GB:.2f} GB per device)"
+    smallest = next((n for n in (2, 4, 8, 16, 32, 64) if n > tp and whole / n + reserve < budget), None)
+    shard_hint = f" (--tensor-parallel-size {smallest} is the smallest that fits)" if smallest else ""
+    return CapacityError(
+        f"{model.name} does not fit on {where}: weights {whole / GB:.2f} GB{share} plus "
+        f"{hardware.reserve_gib:.1f} GiB reserve exceed {budget / GIB:.2f} GiB "
+        f"({hardware.memory_gib:g} GiB x {gpu_memory_utilization:.2f}); quantize the weights (FP8, Q8_0, "
+        f"Q4), shard them over several devices with tensor parallelism{shard_hint}, or use a device with "
+        f"more memory")
+
+
 def plan_capacity(hardware: Hardware, model: ModelSpec, gpu_memory_utilization: float = 0.9,
                   block_size: int = 16, kv_tokens: Optional[int] = None,
-                  max_model_len: int = 4096, tensor_parallel_size: int = 1) -> CapacityPlan:
+                  max_model_len: int = 4096, tensor_parallel_size: int = 1, max_num_seqs: int = 256) -> CapacityPlan:
     """Size the KV cache the way vLLM does at start-up, with a fixed activation reserve.
 
     The budget is the device memory times gpu_memory_utilization; the weights and the
-    reserve come off it and the rest becomes whole blocks. kv_tokens fixes the cache
-    instead (llama.cpp's --ctx-size), which must still fit. With tensor parallelism
-    every figure is per device, for the shard each device holds (the plan's model).
+    reserve come off it, and so does the window of the sliding-window layers for each of
+    max_num_seqs sequences (NOTE: held for every sequence the scheduler may run, which
+    overstates it for short ones; vLLM frees blocks that slid out of the window). The
+    rest becomes whole blocks. kv_tokens fixes the cache instead (llama.cpp's
+    --ctx-size), which must still fit. With tensor parallelism every figure is per
+    device, for the shard each device holds (the plan's model).
     Raises CapacityError when the weights do not fit, naming the ways out.
     """
     budget = hardware.memory_gib * GIB * gpu_memory_utilization
     reserve = hardware.reserve_gib * GIB
     model = model.sharded(tensor_parallel_size)
-    free = budget - model.weight_bytes - reserve
-    if free <= 0:
-        whole = model.weight_bytes * tensor_parallel_size
-        where = f"{hardware.name}" if tensor_parallel_size == 1 else f"{tensor_parallel_size} x {hardware.name}"
-        share = "" if tensor_parallel_size == 1 else f" ({model.weight_bytes / GB:.2f} GB per device)"
-        smallest = next((n for n in (2, 4, 8, 16, 32, 64) if n > tensor_parallel_size
-                         and whole / n + reserve < budget), None)
-        shard_hint = f" (--tensor-parallel-size {smallest} is the smallest that fits)" if smallest else ""
-        raise CapacityError(
-            f"{model.name} does not fit on {where}: weights {whole / GB:.2f} GB{share} plus "
-            f"{hardware.reserve_gib:.1f} GiB reserve exceed {budget / GIB:.2f} GiB "
-            f"({hardware.memory_gib:g} GiB x {gpu_memory_utilization:.2f}); quantize the weights (FP8, Q8_0, "
-            f"Q4), shard them over several devices with tensor parallelism{shard_hint}, or use a device with "
-            f"more memory")
+    window_bytes = max_num_seqs * min(model.sliding_window, max_model_len) * model.sliding_kv_bytes_per_token
+    free = budget - model.weight_bytes - reserve - window_bytes
+    if budget - model.weight_bytes - reserve <= 0:
+        raise _weights_do_not_fit(hardware, model, budget, reserve, gpu_memory_utilization)
     block_bytes = block_size * model.kv_bytes_per_token
     if kv_tokens is not None:
         num_blocks = -(-kv_tokens // block_size)
         if num_blocks * block_bytes > free:
             raise CapacityError(
-                f"a {kv_tokens:,}-token KV cache ({num_blocks * block_bytes / GIB:.2f} GiB) does not "
-                f"fit in the {free / GIB:.2f} GiB left after {model.name}'s weights on {hardware.name}")
+                f"a {kv_tokens:,}-token KV cache ({(num_blocks * block_bytes + window_bytes) / GIB:.2f} GiB) does "
+                f"not fit in the {(free + window_bytes) / GIB:.2f} GiB left after {model.name}'s weights on "
+                f"{hardware.name}")
+    elif free <= 0:
+        raise CapacityError(f"the sliding windows of {max_num_seqs} sequences ({window_bytes / GIB:.2f} GiB) do not "
+                            f"fit beside {model.name}'s weights on {hardware.name}; lower --max-num-seqs")
     else:
         num_blocks = int(free // block_bytes)
     if num_blocks > MAX_NUM_BLOCKS:
         raise UsageError(f"a cache of {num_blocks:,} blocks of {block_size} tokens: servesim keeps at most "
                          f"{MAX_NUM_BLOCKS:,}; raise --block-size or set --kv-tokens")
     return CapacityPlan(hardware, model, gpu_memory_utilization, block_size, max_model_len,
-                        budget, num_blocks * block_bytes, num_blocks, kv_tokens is not None)
+                        budget, num_blocks * block_bytes, num_blocks, kv_tokens is not None, window_bytes)
 
 
 # =============================================================================
@@ -834,29 +1137,48 @@ def allreduce_seconds(hardware: Hardware, model: ModelSpec, num_tokens: int) -> 
     return 2 * model.layers * 2 * (n - 1) / n * message_bytes / (hardware.interconnect_gbs * GB)
 
 
+def flop_rate(hardware: Hardware, model: ModelSpec) -> float:
+    """FLOPs per second a step reaches: the FP8 rate for an FP8 model on hardware with FP8
+    tensor cores, the BF16 rate otherwise (weight-only quantization computes in BF16)."""
+    tflops = hardware.fp8_tflops if model.fp8_compute and hardware.fp8_tflops else hardware.tflops
+    return tflops * 1e12 * hardware.mfu
+
+
 def compute_seconds(hardware: Hardware, model: ModelSpec, num_tokens: int, num_sampled: int) -> float:
-    """The arithmetic of a step: two FLOPs per parameter per token (the LM head only for
-    tokens that sample), at the hardware's FLOP rate."""
+    """The arithmetic of a step: two FLOPs per active parameter per token (the LM head only
+    for tokens that sample; of a mixture of experts, only the experts a token runs)."""
     flops = 2 * (model.body_params * num_tokens + model.head_params * num_sampled)
-    return flops / (hardware.tflops * 1e12 * hardware.mfu)
+    return flops / flop_rate(hardware, model)
 
 
-def step_seconds(hardware: Hardware, model: ModelSpec, num_tokens: int,
-                 num_context_tokens: int, num_sampled: Optional[int] = None, num_passes: int = 1) -> float:
+def kv_read_bytes(model: ModelSpec, num_context_tokens: int, num_seqs: int) -> float:
+    """KV bytes the attention of a step reads: every context token of the full-attention
+    layers, and of the sliding-window layers at most the window per sequence."""
+    full = num_context_tokens * model.kv_bytes_per_token
+    if not model.sliding_kv_bytes_per_token:
+        return full
+    return full + min(num_context_tokens, num_seqs * model.sliding_window) * model.sliding_kv_bytes_per_token
+
+
+def step_seconds(hardware: Hardware, model: ModelSpec, num_tokens: int, num_context_tokens: int,
+                 num_sampled: Optional[int] = None, num_passes: int = 1, num_seqs: int = 1) -> float:
     """Seconds for one forward pass: the slower of moving the bytes and doing the math.
 
     num_tokens counts every token processed (one per decoding sequence plus prefill
-    chunks); num_context_tokens is the KV the attention reads; num_sampled the tokens
-    whose logits are needed (default: all), which is where a model's head_params count.
-    num_passes > 1 runs the step as that many forward passes over equal shares of the
-    tokens (llama.cpp's micro-batches), each reading the weights again.
+    chunks); num_context_tokens is the KV the attention reads, over num_seqs sequences;
+    num_sampled the tokens whose logits are needed (default: all), which is where a
+    model's head_params count. The bytes are the weights a pass reads (of a mixture of
+    experts, the experts its tokens were routed to) plus that KV. num_passes > 1 runs
+    the step as that many forward passes over equal shares of the tokens (llama.cpp's
+    micro-batches), each reading its weights again.
     Attention FLOPs and kernel details are left out: a roofline for direction and order
     of magnitude.
     """
     if num_sampled is None:
         num_sampled = num_tokens
     compute_s = compute_seconds(hardware, model, num_tokens, num_sampled)
-    pass_bytes = model.weight_bytes + num_context_tokens * model.kv_bytes_per_token / num_passes
+    weight_bytes = model.step_weight_bytes(-(-num_tokens // num_passes))
+    pass_bytes = weight_bytes + kv_read_bytes(model, num_context_tokens, num_seqs) / num_passes
     memory_s = pass_bytes / (hardware.bandwidth_gbs * GB * hardware.mbu)
     passes_s = num_passes * max(compute_s / num_passes, memory_s)  # exact for one pass: x / 1 * 1 == x
     return hardware.step_overhead_ms / 1000 + passes_s + allreduce_seconds(hardware, model, num_tokens)
@@ -868,11 +1190,21 @@ def knee_text(tokens: float) -> str:
 
 
 def critical_batch(hardware: Hardware, model: ModelSpec) -> float:
-    """Tokens per step at which the arithmetic takes as long as reading the weights."""
-    weight_read_s = model.weight_bytes / (hardware.bandwidth_gbs * GB * hardware.mbu)
-    flops_per_decoded_token = 2 * (model.body_params + model.head_params)
-    compute_per_token_s = flops_per_decoded_token / (hardware.tflops * 1e12 * hardware.mfu)
-    return weight_read_s / compute_per_token_s
+    """Tokens per decode step at which the arithmetic takes as long as reading the weights.
+    A mixture of experts reads more experts as the batch grows, so its knee is found by
+    bisection (compute grows linearly, the weight read ever more slowly: one crossing)."""
+    bytes_per_s = hardware.bandwidth_gbs * GB * hardware.mbu
+    compute_per_token_s = 2 * (model.body_params + model.head_params) / flop_rate(hardware, model)
+    if not model.num_experts:
+        return model.weight_bytes / bytes_per_s / compute_per_token_s
+    low, high = 0.0, 1e9
+    for _ in range(200):
+        middle = (low + high) / 2
+        if middle * compute_per_token_s < model.step_weight_bytes(middle) / bytes_per_s:
+            low = middle
+        else:
+            high = middle
+    return high
 
 
 # =============================================================================
@@ -895,7 +1227,8 @@ class RooflineCost:
     def step_s(self, num_tokens: int, num_context_tokens: int, num_sampled: int,
                num_decodes: int = 0, decode_context_tokens: int = 0, num_seqs: int = 0) -> float:
         passes = -(-num_tokens // self.ubatch_tokens) if self.ubatch_tokens else 1
-        return step_seconds(self.hardware, self.model, num_tokens, num_context_tokens, num_sampled, passes)
+        return step_seconds(self.hardware, self.model, num_tokens, num_context_tokens, num_sampled, passes,
+                            max(num_seqs, 1))
 
     def decode_pricer(self, num_seqs: int) -> Callable[[int], float]:
         """step_s of a step in which num_seqs sequences decode, as a function of its context
@@ -904,7 +1237,9 @@ class RooflineCost:
         if self.ubatch_tokens and num_seqs > self.ubatch_tokens:
             return lambda context: self.step_s(num_seqs, context, num_seqs, num_seqs, context, num_seqs)
         hardware, model = self.hardware, self.model
-        overhead_s, weight_bytes = hardware.step_overhead_ms / 1000, model.weight_bytes
+        if model.sliding_kv_bytes_per_token:
+            return lambda context: self.step_s(num_seqs, context, num_seqs, num_seqs, context, num_seqs)
+        overhead_s, weight_bytes = hardware.step_overhead_ms / 1000, model.step_weight_bytes(num_seqs)
         compute_s, kv_bytes = compute_seconds(hardware, model, num_seqs, num_seqs), model.kv_bytes_per_token
         bytes_per_s = hardware.bandwidth_gbs * GB * hardware.mbu
         allreduce_s = allreduce_seconds(hardware, model, num_seqs)
@@ -1018,7 +1353,8 @@ class ProfileCost:
         if decode_s is None or prefill_s is None:
             self.num_outside += 1
             self.largest_outside = [max(self.largest_outside[0], num_decodes), max(self.largest_outside[1], num_prefill)]
-            return self.fallback.step_s(num_tokens, num_context_tokens, num_sampled)
+            return self.fallback.step_s(num_tokens, num_context_tokens, num_sampled, num_decodes,
+                                        decode_context_tokens, num_seqs)
         both_s = decode_s + prefill_s
         if decode_s and prefill_s:
             both_s = max(both_s - self.profile.mixed_overlap_s, decode_s)
@@ -2267,7 +2603,7 @@ class DisaggregatedRun:
     """A prefill engine, the KV link and a decode engine on one virtual clock.
 
     A request is prefilled on the prefill engine (its twin there samples one token that
-    nobody sees), its prompt's KV (prompt_tokens x kv_bytes_per_token) crosses the link,
+    nobody sees), its prompt's KV (ModelSpec.kv_bytes) crosses the link,
     and the decode engine produces every token the user sees, the first one included,
     so TTFT pays for the transfer. Prompts shorter than min_prompt_tokens skip the
     prefill engine and run whole on the decode engine (conditional disaggregation).
@@ -2331,7 +2667,7 @@ class DisaggregatedRun:
         for twin in self._step(self.prefill):
             request = self.twins.pop(twin)
             request.scheduled_s = twin.scheduled_s  # its queue time was spent on the prefill engine
-            arrival_s = self.link.send(twin.prompt_tokens * self.decode.model.kv_bytes_per_token, self.prefill.clock_s)
+            arrival_s = self.link.send(self.decode.model.kv_bytes(twin.prompt_tokens), self.prefill.clock_s)
             heapq.heappush(self.deliveries, (arrival_s, next(self.order), twin, request))
 
     def _step(self, engine: Engine) -> List[Request]:

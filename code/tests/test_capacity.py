@@ -66,10 +66,12 @@ class CapacityTest(unittest.TestCase):
         code, out, err = run_cli("capacity", "--hardware", "tpu-v5")
         self.assertEqual((code, out), (2, ""))
         self.assertEqual(err, "servesim: error: --hardware: unknown preset 'tpu-v5'; expected one of "
-                              "h100-sxm-80gb, a100-sxm-80gb, l4-24gb, cpu-4vcpu, cpu-2vcpu\n")
+                              "h100-sxm-80gb, h200-sxm-141gb, b200-180gb, mi300x-192gb, a100-sxm-80gb, l40s-48gb, "
+                              "l4-24gb, cpu-4vcpu, cpu-2vcpu\n")
         code, _, err = run_cli("simulate", "--model", "gpt-5", "--concurrency", "1")
         self.assertEqual(code, 2)
-        self.assertIn("llama-3.1-8b, llama-3.1-70b, smollm2-135m-q8_0, gemma-3-270m-q4_k_m", err)
+        self.assertIn("llama-3.1-8b, llama-3.1-70b, qwen3-32b, qwen3-30b-a3b, gpt-oss-120b, deepseek-v3, "
+                      "smollm2-135m-q8_0, gemma-3-270m-q4_k_m", err)
 
     def test_presets_are_frozen(self):
         with self.assertRaises(Exception):

@@ -203,7 +203,9 @@ class ConfigJsonTest(ScratchTest):
     def test_bad_configs_exit_2_naming_what_is_wrong(self):
         for changes, fragment in ((dict(num_hidden_layers=None), "num_hidden_layers must be a positive integer"),
                                   (dict(torch_dtype="int3"), "torch_dtype 'int3'"),
-                                  (dict(num_local_experts=8), "mixture-of-experts configs")):
+                                  (dict(num_local_experts=8), "num_experts_per_tok must be a positive integer, got nothing"),
+                                  (dict(num_local_experts=8, num_experts_per_tok=9),
+                                   "num_experts_per_tok must be at most num_local_experts (8), got 9")):
             code, _, err = run_cli("capacity", "--model-file", self.config(**changes))
             self.assertEqual(code, 2)
             self.assertIn(fragment, err)
