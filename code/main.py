@@ -1061,6 +1061,7 @@ class CapacityPlan:
             "num_kv_tokens": self.num_kv_tokens,
             "max_model_len": self.max_model_len,
             "max_concurrency": self.max_concurrency,
+            "usd_per_hour": self.hardware.price_per_hour * self.tensor_parallel_size,
         }
 
 
@@ -1662,6 +1663,15 @@ class Scheduler:
 
     def has_work(self) -> bool:
         return bool(self.waiting or self.running)
+
+    def num_cached_prefix_tokens(self, request: Request) -> int:
+        """Leading prompt tokens of request this cache holds now, as a prefix-aware router
+        asks before sending it here; the cache is left as it was."""
+        known = request in self._keys
+        hits = self.pool.lookup(self._prefix_keys(request))
+        if not known:
+            self._keys.pop(request, None)
+        return len(hits) * self.config.block_size
 
     def add(self, request: Request) -> bool:
         """Queue a request, or reject it (error set, False) if it could never run."""
@@ -2507,6 +2517,21 @@ def summarize(records: Sequence, slo: Optional[Slo] = None, token_log=None) -> d
     return summary
 
 
+def add_cost(summary: dict, usd_per_hour: float, num_devices: int) -> dict:
+    """Put the run's dollars per million tokens into summary["cost"], at usd_per_hour for
+    all num_devices together (replicas x tensor-parallel size), for the throughput the run
+    sustained: a device-hour produces output_tok_per_s x 3600 tokens. No price (0) leaves
+    the summary without a cost; a run that produced nothing costs None per token."""
+    if usd_per_hour <= 0:
+        return summary
+    def per_million(tok_per_s: float) -> Optional[float]:
+        return usd_per_hour / (tok_per_s * 3600) * 1e6 if tok_per_s else None
+    summary["cost"] = {"usd_per_hour": usd_per_hour, "num_devices": num_devices,
+                       "usd_per_million_output_tokens": per_million(summary["output_tok_per_s"]),
+                       "usd_per_million_total_tokens": per_million(summary["total_tok_per_s"])}
+    return summary
+
+
 def rejections(requests: Sequence[Request]) -> List[dict]:
     """The requests a run refused, with why (see Scheduler.add)."""
     return [{"request_id": r.request_id, "kind": r.error_kind, "error": r.error} for r in requests if r.error is not None]
@@ -2728,6 +2753,156 @@ def find_kv_link_crossover(ttft_p95_at: Callable[[float], Optional[float]], colo
     result["verdict"] = (f"below {high_gbs:.3g} GB/s the colocated engine has the lower TTFT p95 "
                          f"({colocated_ms:.1f} ms)")
     return result
+
+
+# =============================================================================
+# Replicas: engines behind a router
+# =============================================================================
+
+ROUTERS = ("round-robin", "least-loaded", "prefix-affinity")
+
+
+class Router:
+    """Picks the replica each arriving request goes to, seeing every replica as it is at
+    that moment. round-robin: in turn. least-loaded: the fewest requests running or
+    waiting. prefix-affinity: the replica whose prefix cache holds the longest run of
+    the request's leading blocks, then the least loaded, as cache-aware routers
+    (SGLang's, llm-d's) do; without prefix caching every replica holds nothing, and it
+    is least-loaded. Among equals, the one sent a request least recently (so an idle
+    fleet is used in turn, not replica 0 alone)."""
+
+    def __init__(self, policy: str):
+        if policy not in ROUTERS:
+            raise ValueError(f"unknown router {policy!r}")
+        self.policy = policy
+        self.num_routed = 0
+        self.last_routed: Dict[int, int] = {}  # replica -> the request count when it was last chosen
+
+    def choose(self, request: Request, schedulers: Sequence[Scheduler]) -> int:
+        if self.policy == "round-robin":
+            index = self.num_routed % len(schedulers)
+        else:
+            loads = [len(scheduler.waiting) + len(scheduler.running) for scheduler in schedulers]
+            held = ([scheduler.num_cached_prefix_tokens(request) for scheduler in schedulers]
+                    if self.policy == "prefix-affinity" else [0] * len(schedulers))
+            index = min(range(len(schedulers)),
+                        key=lambda i: (-held[i], loads[i], self.last_routed.get(i, -1)))
+        self.num_routed += 1
+        self.last_routed[index] = self.num_routed
+        return index
+
+
+class ReplicaRun:
+    """Replicas (engines that share nothing) behind a router, on one virtual clock.
+
+    Each engine keeps its own clock; the next event goes first: an arrival (routed on
+    the spot, so the router sees each replica as of the end of the step it is in), or
+    the step of the engine whose clock is earliest (the lowest index among equals).
+    With one replica this is run_engine exactly.
+    """
+
+    def __init__(self, engines: Sequence[Engine], router: Router):
+        self.engines = list(engines)
+        self.router = router
+        self.replica_of: Dict[Request, int] = {}
+
+    def run(self, requests: List[Request], concurrency: Optional[int] = None) -> None:
+        """Send requests open or closed loop (see Arrivals) until every one is done or refused."""
+        engines = self.engines
+        arrivals = Arrivals(requests, concurrency, self.arrive, engines[0].cost.request_overhead_s)
+        arrivals.start()
+        while True:
+            next_arrival_s = arrivals.next_arrival_s()
+            clocks = [engine.clock_s if engine.scheduler.has_work() else math.inf for engine in engines]
+            now_s = min(next_arrival_s, min(clocks))
+            if now_s == math.inf:
+                return
+            if next_arrival_s == now_s:
+                arrivals.arrive_until(now_s)
+                continue
+            index = clocks.index(now_s)
+            # NOTE: a fast engine may take several steps at once, but none that starts after
+            # the next arrival or another replica's next step (whose end may send a request).
+            horizon_s = min([next_arrival_s] + clocks[:index] + clocks[index + 1:])
+            finished = engines[index].advance(horizon_s)
+            if finished is None:
+                raise RuntimeError(f"replica {index} has work but can schedule none of it")
+            arrivals.finished(len(finished), engines[index].clock_s)
+
+    def arrive(self, request: Request, now_s: float) -> bool:
+        index = self.router.choose(request, [engine.scheduler for engine in self.engines])
+        engine = self.engines[index]
+        if not engine.scheduler.has_work():  # an idle replica's clock catches up with its work
+            engine.clock_s = max(engine.clock_s, now_s)
+        self.replica_of[request] = index
+        return engine.scheduler.add(request)
+
+    def requests_of(self, requests: Sequence[Request]) -> List[List[Request]]:
+        """requests split by the replica each went to."""
+        split: List[List[Request]] = [[] for _ in self.engines]
+        for request in requests:
+            split[self.replica_of[request]].append(request)
+        return split
+
+
+class TokenLogs:
+    """The token gaps of several engines' logs, as one log for summarize()."""
+
+    def __init__(self, logs: Sequence[TokenLog]):
+        self.logs = list(logs)
+
+    def gaps(self) -> Tuple[List[float], List[int]]:
+        values, weights = [], []
+        for log in self.logs:
+            log_values, log_weights = log.gaps()
+            values += log_values
+            weights += log_weights
+        return values, weights
+
+
+def _imbalance(values: Sequence[float]) -> float:
+    """The busiest replica's share over the mean (1.0: perfectly even)."""
+    mean = sum(values) / len(values)
+    return max(values) / mean if mean else 1.0
+
+
+def merge_engine_reports(reports: Sequence[dict]) -> dict:
+    """One engine report for replicas together: counts add up, peaks are the highest,
+    means are weighted by steps (batch) or busy time (KV), the hit rate by its queries."""
+    def total(key: str) -> float:
+        return sum(report[key] for report in reports)
+
+    def weighted(key: str, by: str) -> float:
+        return sum(report[key] * report[by] for report in reports) / total(by) if total(by) else 0.0
+
+    merged = dict(reports[0])
+    merged.update({key: total(key) for key in ("num_steps", "busy_s", "num_preemptions", "num_evictions",
+                                                "prefix_query_tokens", "prefix_hit_tokens", "num_cut_requests")})
+    merged.update(mean_batch_seqs=weighted("mean_batch_seqs", "num_steps"),
+                  mean_batch_tokens=weighted("mean_batch_tokens", "num_steps"),
+                  max_batch_seqs=max(report["max_batch_seqs"] for report in reports),
+                  kv_peak=max(report["kv_peak"] for report in reports), kv_mean=weighted("kv_mean", "busy_s"),
+                  prefix_hit_rate=(merged["prefix_hit_tokens"] / merged["prefix_query_tokens"]
+                                   if merged["prefix_query_tokens"] else 0.0))
+    return merged
+
+
+def replicas_report(run: ReplicaRun, requests: List[Request], slo: Optional[Slo] = None) -> dict:
+    """engine_report for replicas: the merged engine and summary, and each replica's own,
+    with the load imbalance (busiest over mean) in requests served and in busy time."""
+    per_replica = []
+    for engine, own in zip(run.engines, run.requests_of(requests)):
+        per_replica.append({"num_requests": len(own), "engine": engine.report(),
+                            "summary": summarize(own, slo, engine.token_log)})
+    logs = [engine.token_log for engine in run.engines]
+    engines = [replica["engine"] for replica in per_replica]
+    return {"engine": merge_engine_reports(engines),
+            "summary": summarize(requests, slo, TokenLogs(logs) if logs[0] is not None else None),
+            "rejected": rejections(requests),
+            "replicas": {"num_replicas": len(run.engines), "router": run.router.policy,
+                         "request_imbalance": _imbalance([replica["num_requests"] for replica in per_replica]),
+                         "busy_imbalance": _imbalance([engine["busy_s"] for engine in engines]),
+                         "per_replica": per_replica}}
 
 
 # =============================================================================
@@ -4366,19 +4541,30 @@ def _resolve(args) -> Tuple[Hardware, ModelSpec]:
     return hardware, get_preset(MODELS, args.model or DEFAULT_MODEL, "--model")
 
 
-def build_plan(args, hardware: Optional[Hardware] = None, kv_tokens: Optional[int] = None) -> CapacityPlan:
+def _device_overrides(args, hardware: Hardware) -> Hardware:
+    """The hardware with the flags that restate its figures (link, price) applied."""
+    changes = {field: getattr(args, flag) for field, flag in (("interconnect_gbs", "interconnect_gbs"),
+                                                             ("price_per_hour", "price_per_hour"))
+               if getattr(args, flag, None) is not None}
+    return dataclasses.replace(hardware, **changes) if changes else hardware
+
+
+def build_plan(args, hardware: Optional[Hardware] = None, kv_tokens: Optional[int] = None,
+               max_num_seqs: Optional[int] = None) -> CapacityPlan:
     """The memory plan the flags ask for; hardware stands in for --hardware (a
     disaggregated engine's own device), with every other flag applied to it alike;
-    kv_tokens is the cache size when --kv-tokens leaves it unsaid."""
+    kv_tokens is the cache size when --kv-tokens leaves it unsaid; max_num_seqs the
+    sequences whose sliding windows are reserved when --max-num-seqs leaves it unsaid."""
     default_hardware, model = _resolve(args)
-    hardware = hardware or default_hardware
-    if getattr(args, "interconnect_gbs", None):
-        hardware = dataclasses.replace(hardware, interconnect_gbs=args.interconnect_gbs)
+    hardware = _device_overrides(args, hardware or default_hardware)
+    model = with_precision(model, getattr(args, "dtype", None) or "auto", getattr(args, "quantization", None),
+                           getattr(args, "kv_cache_dtype", None) or "auto")
     if getattr(args, "tensor_parallel_size", 1) > 1 and not hardware.interconnect_gbs:
         raise UsageError(f"--tensor-parallel-size {args.tensor_parallel_size}: {hardware.name} names no link "
                          f"between devices; give --interconnect-gbs")
     return plan_capacity(hardware, model, args.gpu_memory_utilization, args.block_size, args.kv_tokens or kv_tokens,
-                         getattr(args, "max_model_len", None) or 4096, getattr(args, "tensor_parallel_size", 1))
+                         getattr(args, "max_model_len", None) or 4096, getattr(args, "tensor_parallel_size", 1),
+                         max_num_seqs or getattr(args, "max_num_seqs", None) or 256)
 
 
 SCHEDULER_DEFAULTS = {  # what each server does when its flags are left out
@@ -4419,7 +4605,8 @@ def build_engine_spec(args, hardware: Optional[Hardware] = None, server: Optiona
     config = SchedulerConfig(slots, args.max_num_batched_tokens or defaults["max_num_batched_tokens"],
                              args.block_size, args.chunked_prefill, args.prefix_caching, args.max_model_len,
                              None if isinstance(cap, list) else cap, scheduler)  # sweep: one run per cap
-    return EngineSpec(build_plan(args, hardware, kv_tokens), dataclasses.replace(config, **config_changes),
+    config = dataclasses.replace(config, **config_changes)
+    return EngineSpec(build_plan(args, hardware, kv_tokens, config.max_num_seqs), config,
                       profile, args.ubatch_size or defaults["ubatch_tokens"], args.engine == "fast")
 
 
@@ -4438,10 +4625,27 @@ def slo_from_args(args) -> Optional[Slo]:
     return Slo(args.slo_ttft_ms, args.slo_tpot_ms, args.slo_percentile, args.slo_attainment)
 
 
+def _run_replicas(args, spec: EngineSpec, requests: List[Request], concurrency: Optional[int]) -> dict:
+    """The engine report of --replicas engines behind --router (one engine: run_engine)."""
+    num_replicas, slo = getattr(args, "replicas", 1), slo_from_args(args)
+    if num_replicas == 1:
+        return engine_report(run_engine(spec.engine(), requests, concurrency), requests, slo)
+    run = ReplicaRun([spec.engine() for _ in range(num_replicas)], Router(args.router))
+    run.run(requests, concurrency)
+    return replicas_report(run, requests, slo)
+
+
+def num_devices(args, spec: EngineSpec) -> int:
+    """Devices a run occupies: replicas x tensor-parallel size."""
+    return getattr(args, "replicas", 1) * spec.plan.tensor_parallel_size
+
+
 def run_simulation(args, spec: EngineSpec, concurrency: Optional[int], rate: Optional[float] = None) -> dict:
     """One simulated run from parsed flags, as the report that text and --json print."""
     plan, requests = spec.plan, _workload(args, rate)
-    report = engine_report(run_engine(spec.engine(), requests, concurrency), requests, slo_from_args(args))
+    report = _run_replicas(args, spec, requests, concurrency)
+    devices = num_devices(args, spec)
+    add_cost(report["summary"], plan.hardware.price_per_hour * devices, devices)
     if getattr(args, "trace", None):
         arrivals = {"mode": "trace", "trace": args.trace}
     elif concurrency is not None:
@@ -4449,6 +4653,7 @@ def run_simulation(args, spec: EngineSpec, concurrency: Optional[int], rate: Opt
     else:
         arrivals = {"mode": "poisson", "rate": rate}
     settings = {"hardware": plan.hardware.name, "tensor_parallel_size": plan.tensor_parallel_size,
+                "replicas": getattr(args, "replicas", 1), "router": getattr(args, "router", None),
                 "model": plan.model.name, "arrivals": arrivals, "num_requests": len(requests),
                 "scheduler": asdict(spec.config)}
     if arrivals["mode"] != "trace":
@@ -4477,8 +4682,12 @@ def run_disaggregated(args, kv_link_gbs: float) -> dict:
     phases = {name: {"hardware": spec.plan.hardware.name, "scheduler": asdict(spec.config),
                      "capacity": spec.plan.to_dict(), "engine": engine.report()}
               for name, spec, engine in (("prefill", prefill_spec, prefill), ("decode", decode_spec, decode))}
+    summary = summarize(requests, slo_from_args(args), decode.token_log)
+    plans = (prefill_spec.plan, decode_spec.plan)
+    add_cost(summary, sum(plan.hardware.price_per_hour * plan.tensor_parallel_size for plan in plans),
+             sum(plan.tensor_parallel_size for plan in plans))
     return dict(phases, link=link.report(), min_prompt_tokens=args.disaggregate_min_prompt_tokens,
-                summary=summarize(requests, slo_from_args(args), decode.token_log), rejected=rejections(requests))
+                summary=summary, rejected=rejections(requests))
 
 
 # =============================================================================
@@ -4607,6 +4816,11 @@ def compare_rows(reports: Sequence[dict], predictions: Sequence[dict]) -> List[d
                         for label in row["measured"]}
         row["spread"] = {label: _spread([run[label] for run in measured_runs]) for label, _ in COMPARED}
         row["cost_model"] = prediction["engine"]["cost_model"]
+        if "cost" in prediction["summary"]:
+            row["usd_per_million_output_tokens"] = {
+                "measured": _median_or_none([report["summary"]["cost"]["usd_per_million_output_tokens"]
+                                             for report, _ in runs]),
+                "predicted": prediction["summary"]["cost"]["usd_per_million_output_tokens"]}
         rows.append(row)
     return rows
 
@@ -5256,19 +5470,57 @@ def format_table(header: Sequence[str], rows: List[List[str]], label_column: boo
             for row in [list(header)] + rows]
 
 
+def _weights_detail(model: ModelSpec) -> str:
+    detail = f"{model.params / 1e9:.2f} B params"
+    if model.num_experts:
+        active = model.body_params + model.head_params + model.embedding_params
+        detail += f" ({active / 1e9:.2f} B active per token)"
+    return f"{detail} x {round(model.bytes_per_param, 4):g} bytes"
+
+
+def _kv_detail(model: ModelSpec) -> str:
+    """How one token's KV bytes are made: the attention layers that hold every token."""
+    full = model.layers - (model.num_sliding_layers if model.sliding_kv_bytes_per_token else 0)
+    if model.kv_lora_rank:
+        shape = f"{full} layers x ({model.kv_lora_rank} latent + {model.rope_head_dim} rope)"
+    else:
+        shape = f"2 x {full} layers x {model.kv_heads} kv heads x {model.head_dim} head dim"
+    return f"{shape} x {round(model.kv_dtype_bytes, 4):g} bytes"
+
+
+def _mixture_rows(plan: CapacityPlan) -> List[Tuple[str, str, str]]:
+    """What a mixture of experts and sliding windows add to the capacity report."""
+    model, rows = plan.model, []
+    if model.num_experts:
+        reads = ", ".join(f"{model.distinct_experts(t):.1f} at {t}" for t in (1, 16, 256))
+        rows.append(("experts", f"{model.num_experts_per_tok} of {model.num_experts}",
+                     f"per token in {model.num_moe_layers} layers; distinct experts a step reads: {reads} tokens"))
+    if plan.window_bytes:
+        num_seqs = round(plan.window_bytes / (min(model.sliding_window, plan.max_model_len)
+                                               * model.sliding_kv_bytes_per_token))
+        rows.append(("sliding windows", f"{plan.window_bytes / GIB:.2f} GiB",
+                     f"{model.num_sliding_layers} layers x {min(model.sliding_window, plan.max_model_len):,} "
+                     f"tokens x {num_seqs} sequences ({model.sliding_kv_bytes_per_token / KIB:.1f} KiB per token)"))
+    return rows
+
+
+def deployment_text(plan: CapacityPlan, replicas: int = 1, router: str = "") -> str:
+    """h100-sxm-80gb, 2 x h100-sxm-80gb, or 4 replicas of 2 x h100-sxm-80gb (round-robin)."""
+    return plan.devices if replicas == 1 else f"{replicas} replicas of {plan.devices} ({router})"
+
+
 def format_capacity(plan: CapacityPlan) -> List[str]:
     hardware, model = plan.hardware, plan.model
     if plan.kv_tokens_fixed:
         kv_detail = "fixed by --kv-tokens"
     else:
-        kv_detail = f"budget - weights - {hardware.reserve_gib:.1f} GiB reserve"
+        windows = " - sliding windows" if plan.window_bytes else ""
+        kv_detail = f"budget - weights - {hardware.reserve_gib:.1f} GiB reserve{windows}"
     step_ms = step_seconds(hardware, model, 1, 1) * 1000
     rows = [
-        ("weights", f"{model.weight_bytes / GB:.2f} GB",
-         f"{model.params / 1e9:.2f} B params x {round(model.bytes_per_param, 4):g} bytes"),
-        ("kv per token", f"{model.kv_bytes_per_token / KIB:.1f} KiB",
-         f"2 x {model.layers} layers x {model.kv_heads} kv heads x {model.head_dim} head dim "
-         f"x {model.kv_dtype_bytes} bytes"),
+        ("weights", f"{model.weight_bytes / GB:.2f} GB", _weights_detail(model)),
+        ("kv per token", f"{model.kv_bytes_per_token / KIB:.1f} KiB", _kv_detail(model)),
+        *_mixture_rows(plan),
         ("memory budget", f"{plan.budget_bytes / GIB:.2f} GiB",
          f"{hardware.memory_gib:g} GiB x {plan.gpu_memory_utilization:.2f}"),
         ("kv cache", f"{plan.kv_cache_bytes / GIB:.2f} GiB", kv_detail),
@@ -5278,18 +5530,35 @@ def format_capacity(plan: CapacityPlan) -> List[str]:
                         f"at {knee_text(critical_batch(hardware, model))} tokens per step", ""),
     ]
     n = plan.tensor_parallel_size
+    if hardware.price_per_hour:
+        rows.append(("price", f"${hardware.price_per_hour * n:.2f}/h",
+                     f"${hardware.price_per_hour:.2f} per device-hour x {n} device{'s' if n > 1 else ''}"))
     where = hardware.name if n == 1 else f"{n} x {hardware.name}, tensor parallel (figures per device)"
     lines = [f"capacity {model.name} on {where} gpu-memory-utilization {plan.gpu_memory_utilization:.2f}"]
     lines += [f"{label:<16}{value:<12}{detail}".rstrip() for label, value, detail in rows]
     if n > 1:
         allreduce_ms = allreduce_seconds(hardware, model, 1) * 1000
+        kv_split = ("every device holds every token's latent" if model.kv_lora_rank
+                    else "every token's KV is split across them")
         lines += [
             f"{'in all':<16}weights {model.weight_bytes * n / GB:.2f} GB, kv cache {plan.kv_cache_bytes * n / GIB:.2f} GiB "
-            f"on {n} devices; every token's KV is split across them",
+            f"on {n} devices; {kv_split}",
             f"{'all-reduce':<16}2 x {model.layers} layers of {model.hidden_size:,}-wide activations per token over "
             f"{hardware.interconnect_gbs:g} GB/s: {allreduce_ms:.3f} ms per token per step",
         ]
     return lines
+
+
+def _usd(value: Optional[float]) -> str:
+    return "-" if value is None else f"${value:,.2f}" if value >= 0.1 else f"${value:.4f}"
+
+
+def cost_line(cost: dict) -> str:
+    """cost $X per M output tokens, $Y per M total tokens at $Z/h for N devices."""
+    n = cost["num_devices"]
+    return (f"cost {_usd(cost['usd_per_million_output_tokens'])} per M output tokens, "
+            f"{_usd(cost['usd_per_million_total_tokens'])} per M total tokens at ${cost['usd_per_hour']:,.2f}/h "
+            f"for {n} device{'s' if n > 1 else ''}")
 
 
 def format_summary(summary: dict, chunk_gaps: bool = False) -> List[str]:
@@ -5305,6 +5574,8 @@ def format_summary(summary: dict, chunk_gaps: bool = False) -> List[str]:
             lines.append(f"{label:<13}{_ms(stats['p50']):>10}{_ms(stats['p99']):>10}")
     lines.append(f"throughput {summary['output_tok_per_s']:.1f} output tok/s "
                  f"{summary['total_tok_per_s']:.1f} total tok/s {summary['req_per_s']:.2f} req/s")
+    if summary.get("cost"):
+        lines.append(cost_line(summary["cost"]))
     good = summary.get("goodput")
     if good is not None:
         objectives = ", ".join(f"{name[:-3]} <= {limit:g} ms" for name, limit in good["slo"].items())
@@ -5339,6 +5610,8 @@ def format_simulation(report: dict) -> List[str]:
         how = f"poisson arrivals {arrivals['rate']:g} req/s"
     devices = settings["hardware"] if settings["tensor_parallel_size"] == 1 else (
         f"{settings['tensor_parallel_size']} x {settings['hardware']}")
+    if settings.get("replicas", 1) > 1:
+        devices = f"{settings['replicas']} replicas of {devices} routed {settings['router']},"
     lines = [
         f"servesim {settings['model']} on {devices} {settings['num_requests']:,} requests {how}",
         f"kv cache {engine['num_blocks']:,} blocks x {engine['block_size']} tokens "
@@ -5349,7 +5622,20 @@ def format_simulation(report: dict) -> List[str]:
     ]
     lines += format_summary(report["summary"])
     lines += _format_rejected(report["rejected"])
+    if "replicas" in report:
+        lines += format_replicas(report["replicas"])
     return lines + [engine["cost_model"]["text"]]
+
+
+def format_replicas(replicas: dict) -> List[str]:
+    """A row per replica and the load imbalance between them."""
+    rows = [[str(index), f"{replica['num_requests']:,}", f"{replica['engine']['busy_s']:.1f}",
+             f"{replica['engine']['mean_batch_seqs']:.1f}", f"{replica['engine']['kv_peak']:.1%}",
+             f"{replica['engine']['prefix_hit_rate']:.1%}", _ms(replica["summary"]["ttft_ms"]["p95"]),
+             _ms(replica["summary"]["tpot_ms"]["p95"])] for index, replica in enumerate(replicas["per_replica"])]
+    lines = format_table(("replica", "requests", "busy s", "batch", "kv peak", "hits", "ttft p95", "tpot p95"), rows)
+    return lines + [f"load imbalance (busiest over mean): requests {replicas['request_imbalance']:.2f}x, "
+                    f"busy time {replicas['busy_imbalance']:.2f}x"]
 
 
 def format_disaggregated(settings: dict, report: dict) -> List[str]:
@@ -5372,6 +5658,8 @@ def format_disaggregated(settings: dict, report: dict) -> List[str]:
         ("ttft p50 ms", lambda s: _ms(s["ttft_ms"]["p50"])), ("ttft p95 ms", lambda s: _ms(s["ttft_ms"]["p95"])),
         ("tpot p50 ms", lambda s: _ms(s["tpot_ms"]["p50"])), ("itl p99 ms", lambda s: _ms(s["itl_ms"]["p99"])),
         ("out tok/s", lambda s: f"{s['output_tok_per_s']:.1f}"))]
+    if "cost" in colocated and "cost" in disaggregated:
+        rows.append(["$/M out"] + [_usd(s["cost"]["usd_per_million_output_tokens"]) for s in (colocated, disaggregated)])
     lines.append(f"versus one colocated engine on {report['colocated']['hardware']}:")
     lines += format_table(("", "colocated", "disaggregated"), rows, label_column=True)
     lines += list(dict.fromkeys(report[phase]["engine"]["cost_model"]["text"] for phase in ("prefill", "decode")))
@@ -5439,6 +5727,10 @@ def format_loadgen(report: dict) -> List[str]:
     return lines
 
 
+def _load_label(row: dict) -> str:
+    return str(row["concurrency"]) if row["concurrency"] else f"rate {row['rate']:g}"
+
+
 def _format_compare_table(rows: Sequence[dict]) -> List[str]:
     labels = [label for label, _ in COMPARED]
     repeated = any(row["num_runs"] > 1 for row in rows)
@@ -5447,8 +5739,7 @@ def _format_compare_table(rows: Sequence[dict]) -> List[str]:
     styles = {"out tok/s": "{:.1f}", "ttft p50": "{:.1f}", "tpot p50": "{:.1f}", "batch": "{:.2f}"}
     table = []
     for row in rows:
-        load = str(row["concurrency"]) if row["concurrency"] else f"rate {row['rate']:g}"
-        cells = [load] + ([str(row["num_runs"])] if repeated else []) + [f"{row['prompt_tokens']:,}"]
+        cells = [_load_label(row)] + ([str(row["num_runs"])] if repeated else []) + [f"{row['prompt_tokens']:,}"]
         for side in ("measured", "predicted"):
             cells += [_figure(row[side][label], styles[label]) for label in labels + ["batch"]] + ["|"]
         cells += [_figure(row["error"][label], "{:+.0%}") for label in labels]
@@ -5485,8 +5776,13 @@ def format_sweep(args, plan: CapacityPlan, runs: Sequence[Tuple[str, Optional[in
     capped = args.max_tokens_in_flight is not None
     header = (axis, "tokens cap") if capped else (axis,)
     rows = [([label, f"{cap:,}"] if capped else [label]) + sweep_row(run) for label, cap, run in runs]
-    lines = [f"sweep {plan.model.name} on {plan.devices} {workload}"]
-    lines += format_table(header + SWEEP_COLUMNS, rows)
+    columns = SWEEP_COLUMNS
+    costs = [run["summary"].get("cost") for _, _, run in runs]
+    if all(costs):
+        columns += ("$/M out",)
+        rows = [row + [_usd(cost["usd_per_million_output_tokens"])] for row, cost in zip(rows, costs)]
+    lines = [f"sweep {plan.model.name} on {deployment_text(plan, args.replicas, args.router)} {workload}"]
+    lines += format_table(header + columns, rows)
     for _, _, run in runs:
         lines += _format_rejected(run["rejected"])
     return lines + list(dict.fromkeys(run["engine"]["cost_model"]["text"] for _, _, run in runs))
@@ -5508,6 +5804,12 @@ def format_compare(spec: EngineSpec, reports: Sequence[dict], rows: Sequence[dic
     lines = [f"compare {plan.model.name} on {plan.devices} ({scheduler_text(spec)}) with loadgen at "
              f"{', '.join(servers)}; times in ms"]
     lines += _format_compare_table(rows) + [_format_compare_totals(compare_totals(rows))]
+    costs = [(row, row["usd_per_million_output_tokens"]) for row in rows if "usd_per_million_output_tokens" in row]
+    if costs:
+        n = plan.tensor_parallel_size
+        lines.append(f"cost per M output tokens at ${plan.hardware.price_per_hour * n:,.2f}/h, measured / predicted: "
+                     + ", ".join(f"{_load_label(row)} {_usd(cost['measured'])} / {_usd(cost['predicted'])}"
+                                 for row, cost in costs))
     return lines + list(dict.fromkeys(row["cost_model"]["text"] for row in rows))
 
 
@@ -5536,11 +5838,12 @@ def _search_objectives(slo: Slo) -> str:
                         for name, value in slo.objectives().items())
 
 
-def format_search(result: dict, slo: Slo, plan: CapacityPlan) -> List[str]:
+def format_search(result: dict, slo: Slo, plan: CapacityPlan, replicas: int = 1, router: str = "") -> List[str]:
     """The answer, the run at it, the objective that fails just above it and what gives way."""
     passing, failing, num_runs = result["max_load"], result["first_failing_load"], result["num_runs"]
     unit = {"trace speed-up": "x the trace's speed", "concurrency": "clients"}.get(result["by"], "req/s")
-    lines = [f"search {plan.model.name} on {plan.devices}: the most load meeting {_search_objectives(slo)}"]
+    lines = [f"search {plan.model.name} on {deployment_text(plan, replicas, router)}: the most load meeting "
+             f"{_search_objectives(slo)}"]
     if passing is None:
         lines.append(f"no load meets it: even {failing:g} {unit} fails ({num_runs} runs)")
     else:
@@ -5637,6 +5940,8 @@ def cmd_disaggregated(args, plan: CapacityPlan, colocated: dict) -> int:
 
 
 def cmd_simulate(args) -> int:
+    if args.replicas > 1 and (args.disaggregate or args.find_kv_link_crossover):
+        raise UsageError("--replicas with --disaggregate: servesim runs one prefill and one decode engine")
     spec = build_engine_spec(args)
     report = run_simulation(args, spec, args.concurrency, args.rate)
     if args.disaggregate or args.find_kv_link_crossover:
@@ -5702,6 +6007,7 @@ def _loadgen_settings(args, endpoint: Endpoint, model: str, interrupted: bool) -
         "prompt_tokens": args.prompt_tokens, "prompt_file": args.prompt_file,
         "shared_prefix_tokens": args.shared_prefix_tokens, "timeout_s": args.timeout, "seed": args.seed,
         "scrape_interval_s": args.scrape_interval, "interrupted": interrupted,
+        "price_per_hour": args.price_per_hour, "num_devices": args.num_devices,
     }
 
 
@@ -5755,6 +6061,7 @@ def cmd_loadgen(args) -> int:
     normalize_times(records)
     settings = dict(_loadgen_settings(args, endpoint, model, interrupted), server_info=server_info)
     report = build_loadgen_report(settings, records, window, sampler.problem, slo, args.json_requests)
+    add_cost(report["summary"], (args.price_per_hour or 0.0) * args.num_devices, args.num_devices)
     if args.json or args.json_requests:
         _print_json(report)
     else:
@@ -5818,7 +6125,11 @@ def cmd_profile(args) -> int:
 def cmd_compare(args) -> int:
     reports = [read_loadgen_report(path) for path in args.reports]
     spec = build_engine_spec(args, server=measured_server(reports[0]))
-    rows = compare_rows(reports, [predict_loadgen_run(report, spec) for report in reports])
+    predictions = [predict_loadgen_run(report, spec) for report in reports]
+    devices = spec.plan.tensor_parallel_size
+    for run in reports + predictions:  # both at the price of the device predicted
+        add_cost(run["summary"], spec.plan.hardware.price_per_hour * devices, devices)
+    rows = compare_rows(reports, predictions)
     if args.json:
         _print_json({"hardware": spec.plan.hardware.name, "model": spec.plan.model.name,
                      "capacity": spec.plan.to_dict(), "scheduler": asdict(spec.config), "rows": rows})
@@ -5893,7 +6204,7 @@ def cmd_search(args) -> int:
     if args.json:
         _print_json(result)
     else:
-        _print_lines(format_search(result, slo, spec.plan))
+        _print_lines(format_search(result, slo, spec.plan, args.replicas, args.router))
     return 0
 
 
@@ -6005,6 +6316,8 @@ positive_float = _flag_type("positive_float", float, lambda v: v >= 1e-9 and mat
                             "a positive number", 1e12)
 thread_count = _flag_type("thread_count", int, lambda v: v > 0, "a positive integer", 4096)
 fraction = _flag_type("fraction", float, lambda v: 0 < v <= 1, "a number in (0, 1]")
+non_negative_float = _flag_type("non_negative_float", float, lambda v: v >= 0 and math.isfinite(v),
+                                "a number >= 0", 1e9)
 
 
 def _parse_range(text: str) -> Optional[Tuple[int, int]]:
@@ -6036,6 +6349,25 @@ attainment_flag = _flag_type("attainment", float, lambda v: 0 < v <= 100, "a sha
 temperature_flag = _flag_type("temperature", float, lambda v: 0 <= v <= 100, "a number from 0 to 100")
 
 
+def _quantization(text: str) -> str:
+    if text.lower() not in QUANTIZATIONS and text.upper() not in {row[0] for row in GGML_TYPES.values()}:
+        raise argparse.ArgumentTypeError(f"expected one of {', '.join(QUANTIZATIONS)} or a ggml type "
+                                         f"(q8_0, q4_k, ...), got {text!r}")
+    return text.lower()
+
+
+def _add_precision_flags(parser: argparse.ArgumentParser, of_server: bool = False) -> None:
+    """The formats of the weights and of the KV cache, under vLLM's flag names."""
+    whose = "the server's " if of_server else ""
+    parser.add_argument("--dtype", choices=tuple(DTYPES), default="auto",
+                        help=f"{whose}16/32-bit weight width (default auto: the model's own)")
+    parser.add_argument("--quantization", "-q", type=_quantization, metavar="METHOD",
+                        help=f"{whose}weight format: {', '.join(QUANTIZATIONS)}, or a ggml type such as q4_k "
+                             f"(default: the model's own)")
+    parser.add_argument("--kv-cache-dtype", choices=tuple(KV_CACHE_DTYPES), default="auto",
+                        help=f"{whose}KV cache format: fp8 stores one byte per number (default auto: the model's)")
+
+
 def _add_hardware_flags(parser: argparse.ArgumentParser, of_server: bool = False) -> None:
     """Hardware and model, and how the cache is sized. of_server: flags that describe a
     running server to explain (no defaults for the device, no tensor parallelism)."""
@@ -6062,7 +6394,10 @@ def _add_hardware_flags(parser: argparse.ArgumentParser, of_server: bool = False
     else:
         parser.add_argument("--kv-tokens", "--ctx-size", dest="kv_tokens", type=positive_int,
                             help="fix the KV cache at this many tokens, as llama.cpp's --ctx-size does")
+    _add_precision_flags(parser, of_server)
     if not of_server:
+        parser.add_argument("--price-per-hour", type=non_negative_float, metavar="USD",
+                            help="USD per device-hour (default: the hardware preset's on-demand price)")
         parser.add_argument("--tensor-parallel-size", type=positive_int, default=1,
                             help="shard weights and KV heads over N devices (default 1)")
         parser.add_argument("--interconnect-gbs", type=positive_float,
@@ -6114,6 +6449,14 @@ def _add_scheduler_flags(parser: argparse.ArgumentParser, of_server: bool = Fals
                         help="admit a prompt only if all of it fits the step's token budget")
     parser.add_argument("--prefix-caching", action="store_true",
                         help="reuse full KV blocks of prompts that share a prefix")
+
+
+def _add_replica_flags(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--replicas", type=positive_int, default=1,
+                        help="identical engines (each --tensor-parallel-size devices) behind a router (default 1)")
+    parser.add_argument("--router", choices=ROUTERS, default="round-robin",
+                        help="how requests are spread over --replicas: in turn, to the fewest in flight, or to "
+                             "the replica caching most of the prompt's prefix (default %(default)s)")
 
 
 def _add_workload_flags(parser: argparse.ArgumentParser) -> None:
@@ -6186,6 +6529,7 @@ def _capacity_flags(parser: argparse.ArgumentParser) -> None:
 
 def _simulate_flags(parser: argparse.ArgumentParser) -> None:
     _add_planning_flags(parser)
+    _add_replica_flags(parser)
     arrivals = parser.add_mutually_exclusive_group(required=True)
     arrivals.add_argument("--trace", help="JSON Lines trace: open loop at each request's arrival_s")
     arrivals.add_argument("--rate", type=positive_float, help="open loop: Poisson arrivals, requests/s")
@@ -6204,6 +6548,7 @@ def _add_jobs_flag(parser: argparse.ArgumentParser) -> None:
 
 def _sweep_flags(parser: argparse.ArgumentParser) -> None:
     _add_planning_flags(parser)
+    _add_replica_flags(parser)
     _add_jobs_flag(parser)
     loads = parser.add_mutually_exclusive_group(required=True)
     loads.add_argument("--concurrency", type=int_list, help="closed-loop client counts, e.g. 1,8,32,128,256")
@@ -6228,6 +6573,10 @@ def _loadgen_flags(parser: argparse.ArgumentParser) -> None:
                         help="requests sent and finished before the measured ones (default 0)")
     parser.add_argument("--max-tokens", type=positive_int, default=64, help="max_tokens (default 64)")
     parser.add_argument("--ignore-eos", action="store_true", help="generate exactly --max-tokens tokens")
+    parser.add_argument("--price-per-hour", type=non_negative_float, metavar="USD",
+                        help="USD per device-hour of the server: adds dollars per million tokens")
+    parser.add_argument("--num-devices", type=positive_int, default=1,
+                        help="devices the server runs on, for --price-per-hour (default 1)")
     parser.add_argument("--temperature", type=temperature_flag, default=0.0, help="sampling temperature (default 0)")
     parser.add_argument("--prompt-tokens", type=positive_int, default=32,
                         help="build prompts of roughly N tokens (default 32; usage gives the real count)")
@@ -6249,6 +6598,7 @@ def _loadgen_flags(parser: argparse.ArgumentParser) -> None:
 
 def _search_flags(parser: argparse.ArgumentParser) -> None:
     _add_planning_flags(parser)
+    _add_replica_flags(parser)
     _add_jobs_flag(parser)
     parser.add_argument("--by", choices=("rate", "concurrency"), default="rate",
                         help="search an open-loop rate (default) or a closed-loop client count; with "

@@ -19,6 +19,7 @@ class CapacityTest(unittest.TestCase):
             "blocks          1,941 x 16 tokens = 31,056 tokens",
             "max concurrency 7.58x at 4,096 tokens per request",
             "decode step     72.38 ms at batch 1; compute catches up with the weight read at ~269 tokens per step",
+            "price           $0.71/h     $0.71 per device-hour x 1 device",  # beyond the lesson: the cost line
         ])
 
     def test_capacity_70b_on_h100_exits_1_naming_the_three_ways_out(self):

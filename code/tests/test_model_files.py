@@ -90,6 +90,22 @@ class ModelFileTest(ScratchTest):
         model = main.model_from_file(self.write("untied.gguf", llama_like(tensors=tensors)))
         self.assertEqual((model.head_params, model.embedding_params, model.body_params), (256_000, 256_000, 65_536))
 
+    def test_gguf_mixture_of_experts_reads_the_expert_counts_and_the_stacked_expert_tensors(self):
+        extra = [("llama.expert_count", UINT32, 8), ("llama.expert_used_count", UINT32, 2)]
+        tensors = [("token_embd.weight", [256, 1000], Q8_0),            # 256,000 params
+                   ("blk.0.ffn_gate_exps.weight", [256, 128, 8], Q8_0),  # 8 experts x 32,768 params
+                   ("blk.0.ffn_up_exps.weight", [256, 128, 8], Q8_0),
+                   ("blk.0.ffn_down_exps.weight", [128, 256, 8], Q8_0),
+                   ("blk.1.ffn_gate_exps.weight", [256, 128, 8], Q8_0),
+                   ("blk.1.ffn_up_exps.weight", [256, 128, 8], Q8_0),
+                   ("blk.1.ffn_down_exps.weight", [128, 256, 8], Q8_0)]
+        model = main.model_from_file(self.write("moe.gguf", llama_like(extra=extra, tensors=tensors)))
+        # one expert in one layer: gate, up and down of 256 x 128 = 98,304 params
+        self.assertEqual((model.num_experts, model.num_experts_per_tok, model.num_moe_layers, model.expert_params),
+                         (8, 2, 2, 98_304))
+        self.assertEqual(model.params, 256_000 + 6 * 262_144)
+        self.assertEqual(model.body_params, 2 * 2 * 98_304)  # the 2 routed experts of each layer; the embedding aside
+
     def test_gguf_without_head_count_kv_is_multi_head_attention(self):
         model = main.model_from_file(self.write("mha.gguf", llama_like(head_count_kv=None)))
         self.assertEqual(model.kv_heads, 8)
