@@ -19,6 +19,7 @@ Usage:
     python3 code/main.py explain (SCRAPE... | REPORT.json | --url URL) [server flags]
     python3 code/main.py search --slo-ttft-ms MS --slo-tpot-ms MS [--by rate|concurrency] [options]
     python3 code/main.py profile --url URL [--out FILE] [--budget-s S]
+    python3 code/main.py plan (--trace FILE | --rate R) --slo-ttft-ms MS [grid lists] [--emit DIR | --collect DIR]
 
 Examples:
     # the memory plan: weights, KV per token, blocks, max concurrency, step time
@@ -40,18 +41,29 @@ Examples:
     python3 code/main.py explain before.prom after.prom --hardware l4-24gb --max-num-seqs 256
     # the most load one L4 takes within an SLO
     python3 code/main.py search --hardware l4-24gb --slo-ttft-ms 1500 --slo-tpot-ms 110
+    # a mixture of experts, 70B in FP8 with an FP8 KV cache, four replicas behind a router
+    python3 code/main.py capacity --model qwen3-30b-a3b
+    python3 code/main.py capacity --model llama-3.1-70b --quantization fp8 --kv-cache-dtype fp8
+    python3 code/main.py simulate --trace code/fixtures/two_prefixes.jsonl --replicas 4 --prefix-caching --router prefix-affinity
+    # the cheapest GPU, tensor-parallel size and replica count that meets the SLO, with its cost
+    python3 code/main.py plan --hardware l4-24gb,l40s-48gb,h100-sxm-80gb --rate 6 --slo-ttft-ms 400 --slo-tpot-ms 20
 
 Options of the subcommands that plan (all but loadgen and explain):
-    --hardware NAME              h100-sxm-80gb (default), a100-sxm-80gb, l4-24gb, cpu-4vcpu, cpu-2vcpu
+    --hardware NAME              h100-sxm-80gb (default), h200-sxm-141gb, b200-180gb, mi300x-192gb,
+                                 a100-sxm-80gb, l40s-48gb, l4-24gb, cpu-4vcpu, cpu-2vcpu
     --hardware-file FILE         hardware from a JSON file (calibrate --out writes one)
-    --model NAME                 llama-3.1-8b (default), llama-3.1-70b, smollm2-135m-q8_0,
-                                 gemma-3-270m-q4_k_m
+    --model NAME                 llama-3.1-8b (default), llama-3.1-70b, qwen3-32b, qwen3-30b-a3b,
+                                 gpt-oss-120b, deepseek-v3, smollm2-135m-q8_0, gemma-3-270m-q4_k_m
     --model-file FILE            a model from a GGUF file or a Hugging Face config.json
     --gpu-memory-utilization F   share of device memory for weights + KV cache (0.90)
     --block-size N               tokens per KV block (16)
     --kv-tokens N                fix the KV cache size in tokens (llama.cpp --ctx-size)
     --tensor-parallel-size N     shard weights and KV heads over N devices (1)
     --interconnect-gbs G         GB/s each way between them (the hardware's NVLink or PCIe)
+    --dtype, --quantization Q    weight width or format: fp8, int8, int4, awq, gptq, mxfp4, q4_k, ...
+    --kv-cache-dtype auto|fp8    fp8: one byte per cached number, twice the blocks
+    --price-per-hour USD         per device-hour (the preset's on-demand price); reports print
+                                 dollars per million tokens for replicas x TP devices
     --step-profile FILE          price steps from a measured profile (profile writes one)
     --json                       print the full report as JSON
 
@@ -80,13 +92,18 @@ Workload options (simulate, sweep, search):
     --slo-percentile P | --slo-attainment A   the run meets them at p95 (default) or
                                  when A% of requests did (also on loadgen)
 
+simulate, sweep, search: --replicas N behind --router round-robin|least-loaded|
+prefix-affinity (N engines on one clock, a row per replica and the load imbalance).
 simulate alone: --max-tokens-in-flight N (admit only while running requests hold N
 tokens or fewer); --disaggregate with --kv-link-gbs, --prefill-hardware,
 --decode-hardware, --prefill-/--decode-max-num-seqs, --prefill-/--decode-max-num-
 batched-tokens, --disaggregate-min-prompt-tokens, --find-kv-link-crossover.
 sweep takes lists: --concurrency 1,8,32 or --rate 1,2,4 (or one --trace), and
 --max-tokens-in-flight 16000,24000. search: --by rate|concurrency, --start-load,
---tolerance. explain: the server's flags (--max-num-seqs, --max-num-batched-tokens,
+--tolerance. plan takes lists (--hardware, --tensor-parallel-size, --replicas,
+--max-num-seqs, --max-num-batched-tokens, --prefix-caching on,off), --disaggregate,
+--jobs, --emit DIR (a job file per point, run anywhere with simulate --job FILE) and
+--collect DIR (the same answer from their results). explain: the server's flags (--max-num-seqs, --max-num-batched-tokens,
 --prefix-caching on|off, ...) and the traffic (--prompt-tokens, --output-tokens,
 --shared-prefix-tokens); see its --help.
 
@@ -117,6 +134,7 @@ what was expected); 130 interrupted.
 from __future__ import annotations
 import argparse
 import array
+import base64
 import bisect
 import csv
 import dataclasses
@@ -143,6 +161,7 @@ import threading
 import time
 import traceback
 import urllib.parse
+import zlib
 from collections import deque
 from dataclasses import asdict, dataclass, field
 from typing import Callable, Deque, Dict, Hashable, Iterable, Iterator, List, Optional, Sequence, Tuple
@@ -226,6 +245,16 @@ def read_json_file(path: str, where: str):
         raise UsageError(f"{where}: not JSON ({error})") from None
 
 
+def write_json_file(path: str, value, flag: str) -> None:
+    """value as indented JSON in a file; UsageError naming the flag and path if it cannot be written."""
+    try:
+        with open(path, "w", encoding="utf-8") as handle:
+            json.dump(value, handle, indent=2)
+            handle.write("\n")
+    except (OSError, ValueError) as error:
+        raise UsageError(f"{flag} {path}: cannot write it ({_reason(error)})") from None
+
+
 def _is_number(value) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
 
@@ -238,7 +267,11 @@ def _check_number(where: str, name: str, value, least: float, what: str = "a num
     return value
 
 
-def _check_int(where: str, name: str, value, least: int, most: int = 10_000_000) -> int:
+MAX_COUNT = 10_000_000  # the most requests, tokens or sequences any flag or file may ask for
+MAX_REPLICAS = 1024     # engines behind one router: each is a scheduler and a block pool in memory
+
+
+def _check_int(where: str, name: str, value, least: int, most: int = MAX_COUNT) -> int:
     if not isinstance(value, int) or isinstance(value, bool) or value < least:
         raise UsageError(f"{where}: {name} must be an integer >= {least}, got {_shown(value)}")
     if value > most:
@@ -320,6 +353,32 @@ class JsonObject:
             return value
         return [JsonObject(item, self.where, f"{self._name(key)}[{index}]", self.error)
                 for index, item in enumerate(value)]
+
+
+def dataclass_from_json(cls, data: JsonObject, least: Optional[Dict[str, float]] = None, most: float = 1e15):
+    """cls from the fields of data, each read by the type cls declares for it (int, float,
+    bool, str, Optional[...]); numbers at least least[name] (default 0) and at most most.
+    Raises data's error naming the first field that is not."""
+    least = least or {}
+    values = {}
+    for spec in dataclasses.fields(cls):
+        kind = str(spec.type)
+        optional = kind.startswith("Optional[")
+        kind = kind[len("Optional["):-1] if optional else kind
+        default = None if optional or spec.default is None else (
+            _MISSING if spec.default is dataclasses.MISSING else spec.default)
+        if kind == "bool":
+            value = data.boolean(spec.name, default)
+        elif kind == "str":
+            value = data.string(spec.name, default)
+        elif kind == "int":
+            value = data.integer(spec.name, int(least.get(spec.name, 0)), default)
+        else:
+            value = data.number(spec.name, least.get(spec.name, 0), default)
+        if _is_number(value) and value > most:
+            raise data.fail(spec.name, f"at most {most:g}", value)
+        values[spec.name] = value
+    return cls(**values)
 
 
 def check_shape(value: JsonObject, shape: dict) -> None:
@@ -621,10 +680,8 @@ def get_preset(presets: Dict[str, object], name: str, flag: str):
 HARDWARE_FIELDS = ("memory_gib", "bandwidth_gbs", "tflops", "mfu", "mbu", "step_overhead_ms", "reserve_gib")
 
 
-def read_hardware_file(path: str) -> Hardware:
-    """A Hardware from a JSON file (what calibrate --out writes)."""
-    where = f"--hardware-file {path}"
-    data = JsonObject(read_json_file(path, where), where)
+def hardware_from_json(data: JsonObject, default_name: str) -> Hardware:
+    """A Hardware from a JSON object, every figure checked (in range, no zero divisor)."""
     figures = {name: float(data.number(name, above=0)) for name in HARDWARE_FIELDS}
     for name in ("interconnect_gbs", "fp8_tflops", "price_per_hour"):  # optional: 0 is none, or unknown
         figures[name] = float(data.number(name, 0, 0.0))
@@ -637,11 +694,18 @@ def read_hardware_file(path: str) -> Hardware:
         if 0 < figures[name] < 1e-6:
             raise data.fail(name, f"at least 1e-6{' (or 0: none)' if name in ('interconnect_gbs', 'fp8_tflops') else ''}",
                             figures[name])
-    return Hardware(data.string("name", "") or os.path.splitext(os.path.basename(path))[0], **figures)
+    return Hardware(data.string("name", "") or default_name, **figures)
+
+
+def read_hardware_file(path: str) -> Hardware:
+    """A Hardware from a JSON file (what calibrate --out writes)."""
+    where = f"--hardware-file {path}"
+    return hardware_from_json(JsonObject(read_json_file(path, where), where),
+                              os.path.splitext(os.path.basename(path))[0])
 
 
 # =============================================================================
-# Model files: a ModelSpec from a GGUF file or a Hugging Face config.json
+# Precision: the formats of the weights and of the KV cache
 # =============================================================================
 
 # ggml tensor types: id -> (name, elements per block, bytes per block), as ggml's
@@ -658,6 +722,50 @@ GGML_TYPES: Dict[int, Tuple[str, int, int]] = {
     40: ("NVFP4", 64, 36), 41: ("Q1_0", 128, 18), 42: ("Q2_0", 64, 18),
 }
 
+
+# vLLM's --quantization methods: bytes per parameter, and whether the matmuls run in FP8.
+# 4-bit formats carry scales: AWQ and GPTQ one per 128 weights (with zeros, ~4.25 bits),
+# MXFP4 one 8-bit scale per 32 (17 bytes per 32 weights). Weight-only formats compute in BF16.
+QUANTIZATIONS: Dict[str, Tuple[float, bool]] = {
+    "fp8": (1.0, True), "int8": (1.0, False), "int4": (0.5, False),
+    "awq": (4.25 / 8, False), "gptq": (4.25 / 8, False), "mxfp4": (17 / 32, False),
+}
+DTYPES = {"auto": None, "bfloat16": 2, "float16": 2, "half": 2, "float32": 4, "float": 4}  # vLLM --dtype
+KV_CACHE_DTYPES = {"auto": None, "fp8": 1, "fp8_e4m3": 1, "fp8_e5m2": 1}  # vLLM --kv-cache-dtype
+
+
+def quantization_bytes(name: str) -> Tuple[float, bool]:
+    """(bytes per parameter, FP8 compute) of a vLLM quantization method or a ggml tensor
+    type (q8_0, q4_k, ...); UsageError naming the choices otherwise."""
+    name = name.lower()
+    if name in QUANTIZATIONS:
+        return QUANTIZATIONS[name]
+    ggml = {type_name.lower(): (block_bytes / block, False) for type_name, block, block_bytes in GGML_TYPES.values()}
+    if name in ggml:
+        return ggml[name]
+    raise UsageError(f"--quantization: unknown method {name!r}; expected one of {', '.join(QUANTIZATIONS)} "
+                     f"or a ggml type ({', '.join(sorted(ggml)[:6])}, ...)")
+
+
+def with_precision(model: ModelSpec, dtype: str = "auto", quantization: Optional[str] = None,
+                   kv_cache_dtype: str = "auto") -> ModelSpec:
+    """The model with its weights and KV cache in the formats asked for. quantization sets
+    the bytes of every parameter (embeddings and head too: a simplification); dtype sets
+    the width of weights kept in 16 or 32 bits and leaves quantized ones alone, as vLLM's
+    --dtype does; kv_cache_dtype fp8 stores one byte per cached number."""
+    changes: Dict[str, object] = {}
+    if quantization is not None:
+        changes["bytes_per_param"], changes["fp8_compute"] = quantization_bytes(quantization)
+    elif DTYPES[dtype] is not None and model.bytes_per_param in (2, 4):
+        changes.update(bytes_per_param=DTYPES[dtype], fp8_compute=False)
+    if KV_CACHE_DTYPES[kv_cache_dtype] is not None:
+        changes["kv_dtype_bytes"] = KV_CACHE_DTYPES[kv_cache_dtype]
+    return dataclasses.replace(model, **changes) if changes else model
+
+
+# =============================================================================
+# Model files: a ModelSpec from a GGUF file or a Hugging Face config.json
+# =============================================================================
 
 # GGUF metadata value types: id -> struct format (8 is a string, 9 an array).
 _GGUF_SCALARS = {0: "<B", 1: "<b", 2: "<H", 3: "<h", 4: "<I", 5: "<i", 6: "<f", 7: "<?",
@@ -952,50 +1060,6 @@ def model_from_file(path: str) -> ModelSpec:
     except (OSError, ValueError) as error:
         raise UsageError(f"--model-file {path}: cannot read it ({_reason(error)})") from None
     return model_from_gguf(path) if magic == b"GGUF" else model_from_config(path)
-
-
-# =============================================================================
-# Precision: the formats of the weights and of the KV cache
-# =============================================================================
-
-# vLLM's --quantization methods: bytes per parameter, and whether the matmuls run in FP8.
-# 4-bit formats carry scales: AWQ and GPTQ one per 128 weights (with zeros, ~4.25 bits),
-# MXFP4 one 8-bit scale per 32 (17 bytes per 32 weights). Weight-only formats compute in BF16.
-QUANTIZATIONS: Dict[str, Tuple[float, bool]] = {
-    "fp8": (1.0, True), "int8": (1.0, False), "int4": (0.5, False),
-    "awq": (4.25 / 8, False), "gptq": (4.25 / 8, False), "mxfp4": (17 / 32, False),
-}
-DTYPES = {"auto": None, "bfloat16": 2, "float16": 2, "half": 2, "float32": 4, "float": 4}  # vLLM --dtype
-KV_CACHE_DTYPES = {"auto": None, "fp8": 1, "fp8_e4m3": 1, "fp8_e5m2": 1}  # vLLM --kv-cache-dtype
-
-
-def quantization_bytes(name: str) -> Tuple[float, bool]:
-    """(bytes per parameter, FP8 compute) of a vLLM quantization method or a ggml tensor
-    type (q8_0, q4_k, ...); UsageError naming the choices otherwise."""
-    name = name.lower()
-    if name in QUANTIZATIONS:
-        return QUANTIZATIONS[name]
-    ggml = {type_name.lower(): (block_bytes / block, False) for type_name, block, block_bytes in GGML_TYPES.values()}
-    if name in ggml:
-        return ggml[name]
-    raise UsageError(f"--quantization: unknown method {name!r}; expected one of {', '.join(QUANTIZATIONS)} "
-                     f"or a ggml type ({', '.join(sorted(ggml)[:6])}, ...)")
-
-
-def with_precision(model: ModelSpec, dtype: str = "auto", quantization: Optional[str] = None,
-                   kv_cache_dtype: str = "auto") -> ModelSpec:
-    """The model with its weights and KV cache in the formats asked for. quantization sets
-    the bytes of every parameter (embeddings and head too: a simplification); dtype sets
-    the width of weights kept in 16 or 32 bits and leaves quantized ones alone, as vLLM's
-    --dtype does; kv_cache_dtype fp8 stores one byte per cached number."""
-    changes: Dict[str, object] = {}
-    if quantization is not None:
-        changes["bytes_per_param"], changes["fp8_compute"] = quantization_bytes(quantization)
-    elif DTYPES[dtype] is not None and model.bytes_per_param in (2, 4):
-        changes.update(bytes_per_param=DTYPES[dtype], fp8_compute=False)
-    if KV_CACHE_DTYPES[kv_cache_dtype] is not None:
-        changes["kv_dtype_bytes"] = KV_CACHE_DTYPES[kv_cache_dtype]
-    return dataclasses.replace(model, **changes) if changes else model
 
 
 # =============================================================================
@@ -4503,6 +4567,12 @@ class Profiler:
 # Runs: from parsed flags to an engine and a workload
 # =============================================================================
 
+def _call(function_and_arguments: Tuple[Callable, tuple]):
+    """function(*arguments), for a process pool's imap."""
+    function, arguments = function_and_arguments
+    return function(*arguments)
+
+
 class Workers:
     """jobs processes (standard-library multiprocessing) for independent simulations, or
     this process alone for one job: map() gives the results in order either way, so the
@@ -4527,6 +4597,14 @@ class Workers:
         if self.pool is None:
             self.pool = multiprocessing.Pool(self.jobs)
         return self.pool.starmap(function, argument_tuples)
+
+    def imap(self, function: Callable, argument_tuples: Sequence[tuple]) -> Iterator:
+        """map(), each result as soon as it and those before it are done (for progress)."""
+        if self.jobs == 1 or len(argument_tuples) <= 1:
+            return (function(*arguments) for arguments in argument_tuples)
+        if self.pool is None:
+            self.pool = multiprocessing.Pool(self.jobs)
+        return self.pool.imap(_call, [(function, arguments) for arguments in argument_tuples])
 
 
 def _resolve(args) -> Tuple[Hardware, ModelSpec]:
@@ -4625,27 +4703,26 @@ def slo_from_args(args) -> Optional[Slo]:
     return Slo(args.slo_ttft_ms, args.slo_tpot_ms, args.slo_percentile, args.slo_attainment)
 
 
-def _run_replicas(args, spec: EngineSpec, requests: List[Request], concurrency: Optional[int]) -> dict:
-    """The engine report of --replicas engines behind --router (one engine: run_engine)."""
-    num_replicas, slo = getattr(args, "replicas", 1), slo_from_args(args)
+def run_replicas(spec: EngineSpec, requests: List[Request], concurrency: Optional[int], slo: Optional[Slo],
+                 num_replicas: int = 1, router: str = "round-robin") -> dict:
+    """The report of num_replicas engines of spec behind router (one: run_engine), with
+    its cost at the hardware's price for every device (replicas x tensor-parallel size)."""
     if num_replicas == 1:
-        return engine_report(run_engine(spec.engine(), requests, concurrency), requests, slo)
-    run = ReplicaRun([spec.engine() for _ in range(num_replicas)], Router(args.router))
-    run.run(requests, concurrency)
-    return replicas_report(run, requests, slo)
-
-
-def num_devices(args, spec: EngineSpec) -> int:
-    """Devices a run occupies: replicas x tensor-parallel size."""
-    return getattr(args, "replicas", 1) * spec.plan.tensor_parallel_size
+        report = engine_report(run_engine(spec.engine(), requests, concurrency), requests, slo)
+    else:
+        run = ReplicaRun([spec.engine() for _ in range(num_replicas)], Router(router))
+        run.run(requests, concurrency)
+        report = replicas_report(run, requests, slo)
+    devices = num_replicas * spec.plan.tensor_parallel_size
+    add_cost(report["summary"], spec.plan.hardware.price_per_hour * devices, devices)
+    return report
 
 
 def run_simulation(args, spec: EngineSpec, concurrency: Optional[int], rate: Optional[float] = None) -> dict:
     """One simulated run from parsed flags, as the report that text and --json print."""
     plan, requests = spec.plan, _workload(args, rate)
-    report = _run_replicas(args, spec, requests, concurrency)
-    devices = num_devices(args, spec)
-    add_cost(report["summary"], plan.hardware.price_per_hour * devices, devices)
+    report = run_replicas(spec, requests, concurrency, slo_from_args(args), getattr(args, "replicas", 1),
+                          getattr(args, "router", "round-robin"))
     if getattr(args, "trace", None):
         arrivals = {"mode": "trace", "trace": args.trace}
     elif concurrency is not None:
@@ -4672,22 +4749,29 @@ def _phase_spec(args, phase: str) -> EngineSpec:
     return build_engine_spec(args, hardware, **changes)
 
 
-def run_disaggregated(args, kv_link_gbs: float) -> dict:
-    """One disaggregated run from parsed flags: both engines, the link and the summary."""
-    prefill_spec, decode_spec = _phase_spec(args, "prefill"), _phase_spec(args, "decode")
+def run_disaggregated_specs(prefill_spec: EngineSpec, decode_spec: EngineSpec, requests: List[Request],
+                            kv_link_gbs: float, min_prompt_tokens: int, concurrency: Optional[int],
+                            slo: Optional[Slo]) -> dict:
+    """One disaggregated run: both engines, the link, the summary and its cost (both engines' devices)."""
     prefill, decode = prefill_spec.engine(PrefillScheduler), decode_spec.engine(DecodeScheduler)
     link = KvLink(kv_link_gbs)
-    requests = _workload(args, args.rate)
-    simulate_disaggregated(prefill, decode, requests, link, args.disaggregate_min_prompt_tokens, args.concurrency)
+    simulate_disaggregated(prefill, decode, requests, link, min_prompt_tokens, concurrency)
     phases = {name: {"hardware": spec.plan.hardware.name, "scheduler": asdict(spec.config),
                      "capacity": spec.plan.to_dict(), "engine": engine.report()}
               for name, spec, engine in (("prefill", prefill_spec, prefill), ("decode", decode_spec, decode))}
-    summary = summarize(requests, slo_from_args(args), decode.token_log)
+    summary = summarize(requests, slo, decode.token_log)
     plans = (prefill_spec.plan, decode_spec.plan)
     add_cost(summary, sum(plan.hardware.price_per_hour * plan.tensor_parallel_size for plan in plans),
              sum(plan.tensor_parallel_size for plan in plans))
-    return dict(phases, link=link.report(), min_prompt_tokens=args.disaggregate_min_prompt_tokens,
+    return dict(phases, link=link.report(), min_prompt_tokens=min_prompt_tokens,
                 summary=summary, rejected=rejections(requests))
+
+
+def run_disaggregated(args, kv_link_gbs: float) -> dict:
+    """One disaggregated run from parsed flags."""
+    return run_disaggregated_specs(_phase_spec(args, "prefill"), _phase_spec(args, "decode"), _workload(args, args.rate),
+                                   kv_link_gbs, args.disaggregate_min_prompt_tokens, args.concurrency,
+                                   slo_from_args(args))
 
 
 # =============================================================================
@@ -5442,6 +5526,304 @@ def search_speculatively(search: Callable[[Callable[[float], bool]], tuple], mee
 
 
 # =============================================================================
+# Plan: the cheapest configuration that meets the SLO
+# =============================================================================
+
+PLAN_FORMAT = "servesim plan 1"          # plan --emit's plan.json
+JOB_FORMAT = "servesim plan job 1"       # each job-NNNN.json
+RESULT_FORMAT = "servesim plan result 1"  # what simulate --job writes beside its job
+
+
+@dataclass(frozen=True)
+class PlanPoint:
+    """One configuration of a plan's grid."""
+
+    hardware: str                 # hardware preset
+    tensor_parallel_size: int     # devices per engine
+    replicas: int                 # engines behind the router (1 when disaggregated)
+    max_num_seqs: int             # --max-num-seqs
+    max_num_batched_tokens: int   # --max-num-batched-tokens
+    prefix_caching: bool          # --prefix-caching
+    disaggregate: bool = False    # a prefill engine and a decode engine, each of tensor_parallel_size devices
+
+    @property
+    def num_devices(self) -> int:
+        return self.tensor_parallel_size * (2 if self.disaggregate else self.replicas)
+
+    def cells(self) -> List[str]:
+        """hardware, tp, replicas, seqs, tokens, prefix: the point as table cells."""
+        return [self.hardware, str(self.tensor_parallel_size), "P+D" if self.disaggregate else str(self.replicas),
+                str(self.max_num_seqs), str(self.max_num_batched_tokens), "on" if self.prefix_caching else "off"]
+
+    def text(self) -> str:
+        devices = self.hardware if self.tensor_parallel_size == 1 else f"{self.tensor_parallel_size} x {self.hardware}"
+        engines = ("a prefill engine and a decode engine, each" if self.disaggregate
+                   else f"{self.replicas} replica{'s' if self.replicas > 1 else ''} of")
+        return (f"{engines} {devices}, max-num-seqs {self.max_num_seqs}, max-num-batched-tokens "
+                f"{self.max_num_batched_tokens}, prefix caching {'on' if self.prefix_caching else 'off'}")
+
+
+def plan_points(args) -> List[PlanPoint]:
+    """Every combination of the grid flags, colocated first, then disaggregated if asked."""
+    knobs = (args.hardware, args.tensor_parallel_size, args.max_num_seqs, args.max_num_batched_tokens,
+             args.prefix_caching)
+    points = [PlanPoint(hardware, tp, replicas, seqs, tokens, prefix)
+              for hardware, tp, seqs, tokens, prefix in itertools.product(*knobs) for replicas in args.replicas]
+    if args.disaggregate:
+        points += [PlanPoint(hardware, tp, 1, seqs, tokens, prefix, True)
+                   for hardware, tp, seqs, tokens, prefix in itertools.product(*knobs)]
+    return points
+
+
+def request_rows(requests: Sequence[Request]) -> List[list]:
+    """A workload as JSON rows: id, prompt, output, arrival, prefix, its tokens, blocks, block tokens."""
+    return [[r.request_id, r.prompt_tokens, r.max_tokens, r.arrival_s, r.prefix, r.prefix_tokens,
+             list(r.prefix_blocks), r.prefix_block_tokens] for r in requests]
+
+
+def requests_from_rows(rows, where: str) -> List[Request]:
+    """The requests of request_rows(), each row checked; UsageError naming the first bad one."""
+    if not isinstance(rows, list) or not rows or len(rows) > MAX_COUNT:
+        raise UsageError(f"{where}: the workload must be a list of 1 to {MAX_COUNT:,} requests")
+    requests = []
+    for index, row in enumerate(rows):
+        at = f"{where}: workload[{index}]"
+        if not isinstance(row, list) or len(row) != 8:
+            raise UsageError(f"{at} must be a list of 8 values, got {_shown(row)}")
+        request_id, prompt, output, arrival_s, prefix, prefix_tokens, blocks, block_tokens = row
+        if not (prefix is None or isinstance(prefix, str)) or not (
+                isinstance(blocks, list) and all(isinstance(key, int) and not isinstance(key, bool) for key in blocks)):
+            raise UsageError(f"{at}: the prefix must be a string or null and its blocks a list of integers")
+        requests.append(Request(_check_int(at, "id", request_id, 0), _check_int(at, "prompt", prompt, 1),
+                                _check_int(at, "output", output, 1), _check_number(at, "arrival", arrival_s, 0),
+                                prefix, _check_int(at, "prefix tokens", prefix_tokens, 0), tuple(blocks),
+                                _check_int(at, "block tokens", block_tokens, 0)))
+    return requests
+
+
+def spec_to_dict(spec: EngineSpec) -> dict:
+    """What rebuilds the engine anywhere: the device, the (per-device) model, how the cache
+    is sized, the scheduler's knobs."""
+    plan = spec.plan
+    return {"hardware": asdict(plan.hardware), "model": asdict(plan.model),
+            "gpu_memory_utilization": plan.gpu_memory_utilization,
+            "kv_tokens": plan.num_kv_tokens if plan.kv_tokens_fixed else None, "max_model_len": plan.max_model_len,
+            "scheduler": asdict(spec.config), "ubatch_tokens": spec.ubatch_tokens, "fast": spec.fast}
+
+
+MODEL_LEAST = {"params": 1, "layers": 1, "kv_heads": 1, "head_dim": 1, "bytes_per_param": 0.01,
+               "kv_dtype_bytes": 0.01, "tensor_parallel_size": 1}
+
+
+def spec_from_dict(data: JsonObject) -> EngineSpec:
+    """The EngineSpec of spec_to_dict(), every field checked and the cache sized again."""
+    model = dataclass_from_json(ModelSpec, data.object("model"), MODEL_LEAST)
+    if model.num_experts_per_tok > model.num_experts or model.num_sliding_layers > model.layers:
+        raise data.fail("model", "a model with at most num_experts experts per token and at most layers "
+                                 "sliding layers", data.value["model"])
+    config = dataclass_from_json(SchedulerConfig, data.object("scheduler"),
+                                 {"max_num_seqs": 1, "max_num_batched_tokens": 1, "block_size": 1}, MAX_COUNT)
+    if config.scheduler not in SCHEDULER_DEFAULTS:
+        raise data.fail("scheduler.scheduler", f"one of {', '.join(SCHEDULER_DEFAULTS)}", config.scheduler)
+    plan = plan_capacity(hardware_from_json(data.object("hardware"), "hardware"), model,
+                         data.number("gpu_memory_utilization", above=0), config.block_size,
+                         data.integer("kv_tokens", 1, None), data.integer("max_model_len", 1), 1, config.max_num_seqs)
+    return EngineSpec(plan, config, None, data.integer("ubatch_tokens", 1, None), data.boolean("fast"))
+
+
+def _point_args(args, point: PlanPoint) -> argparse.Namespace:
+    """The flags of one point, as simulate would have parsed them."""
+    values = dict(vars(args), hardware=point.hardware, tensor_parallel_size=point.tensor_parallel_size,
+                  replicas=point.replicas, max_num_seqs=point.max_num_seqs,
+                  max_num_batched_tokens=point.max_num_batched_tokens, prefix_caching=point.prefix_caching,
+                  disaggregate=point.disaggregate)
+    values.update(hardware_file=None, kv_tokens=None, scheduler="vllm", ubatch_size=None, step_profile=None,
+                  max_tokens_in_flight=None)
+    return argparse.Namespace(**values)
+
+
+def plan_job(args, point: PlanPoint, rows: List[list], longest: int) -> dict:
+    """The self-contained job of one point (engine, workload, SLO: no file beside it);
+    CapacityError saying why the point does not fit."""
+    hardware = get_preset(HARDWARE, point.hardware, "--hardware")
+    if point.tensor_parallel_size > 1 and not (args.interconnect_gbs or hardware.interconnect_gbs):
+        raise CapacityError(f"{hardware.name} names no link between devices for tensor parallelism")
+    spec = build_engine_spec(_point_args(args, point))
+    needed = -(-longest // spec.plan.block_size)
+    if needed > spec.plan.num_blocks:
+        raise CapacityError(f"the longest request ({longest:,} tokens) needs {needed:,} KV blocks, the cache "
+                            f"has {spec.plan.num_blocks:,}")
+    return {"format": JOB_FORMAT, "point": asdict(point), "spec": spec_to_dict(spec), "router": args.router,
+            "slo": asdict(slo_from_args(args)), "kv_link_gbs": args.kv_link_gbs, "workload": rows}
+
+
+POINT_LEAST = {"tensor_parallel_size": 1, "replicas": 1, "max_num_seqs": 1, "max_num_batched_tokens": 1}
+
+
+def _job_parts(job: dict, where: str) -> Tuple[PlanPoint, EngineSpec, Slo, List[Request]]:
+    """A job's point, engine, SLO and requests, every field checked (a job may come from a file)."""
+    data = JsonObject(job, where)
+    point = dataclass_from_json(PlanPoint, data.object("point"), POINT_LEAST, MAX_COUNT)
+    if point.replicas > MAX_REPLICAS or data.string("router") not in ROUTERS:
+        raise data.fail("point", f"at most {MAX_REPLICAS} replicas behind one of {', '.join(ROUTERS)}",
+                        [point.replicas, job["router"]])
+    slo = dataclass_from_json(Slo, data.object("slo"), {"ttft_ms": 1e-9, "tpot_ms": 1e-9, "percentile": 1e-9,
+                                                         "attainment": 1e-9})
+    if slo.percentile > 100 or (slo.attainment or 0) > 100 or not slo.objectives():
+        raise data.fail("slo", "an objective at a percentile or attainment within 100", job["slo"])
+    data.number("kv_link_gbs", above=0)
+    return point, spec_from_dict(data.object("spec")), slo, requests_from_rows(job.get("workload"), where)
+
+
+def run_job(job: dict, where: str = "plan") -> dict:
+    """Simulate one point: its summary (with cost), engine figures and binding budget."""
+    point, spec, slo, requests = _job_parts(job, where)
+    if point.disaggregate:
+        report = run_disaggregated_specs(spec, spec, requests, job["kv_link_gbs"], 0, None, slo)
+        engine = report["decode"]["engine"]  # the engine whose steps the user's tokens come from
+    else:
+        report = run_replicas(spec, requests, None, slo, point.replicas, job["router"])
+        engine = report["engine"]
+    settings = {"hardware": spec.plan.hardware.name, "model": spec.plan.model.name, "scheduler": asdict(spec.config)}
+    evidence, _ = evidence_from_report({"settings": settings, "engine": engine, "summary": report["summary"]}, "plan")
+    binding = diagnose(evidence, spec.plan)["binding"]
+    return {"format": RESULT_FORMAT, "point": job["point"], "summary": report["summary"],
+            "engine": {key: engine[key] for key in ("mean_batch_seqs", "kv_peak", "num_preemptions", "prefix_hit_rate")},
+            "rejected": report["rejected"][:3], "num_rejected": len(report["rejected"]),
+            "imbalance": (report.get("replicas") or {}).get("busy_imbalance"),
+            "binding": {"budget": binding["budget"], "symptom": binding["symptom"]}}
+
+
+def plan_grid(args) -> Tuple[dict, List[dict]]:
+    """The plan's header (settings, every point, why each skipped one does not fit) and the
+    jobs of the points that fit, in grid order."""
+    slo = slo_from_args(args)
+    requests = _workload(args, args.rate)
+    rows, longest = request_rows(requests), max(r.prompt_tokens + r.max_tokens for r in requests)
+    points, jobs, skipped = plan_points(args), [], {}
+    for index, point in enumerate(points):
+        try:
+            jobs.append(plan_job(args, point, rows, longest))
+        except CapacityError as error:
+            skipped[index] = str(error)
+    span_s = requests[-1].arrival_s - requests[0].arrival_s if len(requests) > 1 else 0.0
+    workload = (f"trace {os.path.basename(args.trace)}" if args.trace else f"poisson {args.rate:g} req/s") + (
+        f", {len(requests):,} requests" + (f" at {(len(requests) - 1) / span_s:.2f} req/s" if span_s else ""))
+    header = {"format": PLAN_FORMAT, "model": _resolve(_point_args(args, points[0]))[1].name,
+              "workload": workload, "slo": asdict(slo), "points": [asdict(point) for point in points],
+              "skipped": {str(index): reason for index, reason in skipped.items()},
+              "jobs": [index for index in range(len(points)) if index not in skipped]}
+    return header, jobs
+
+
+def _usd_per_million(result: dict) -> float:
+    """Dollars per million output tokens of a point's run (inf when it has no price or output)."""
+    value = (result["summary"].get("cost") or {}).get("usd_per_million_output_tokens")
+    return math.inf if value is None else value
+
+
+def latencies_at_slo(result: dict, slo: Slo) -> Tuple[float, ...]:
+    """The run's figure for each objective at the SLO's percentile (ms; inf when unknown)."""
+    observed = result["summary"]["goodput"][f"p{slo.percentile:g}_ms"]
+    return tuple(math.inf if observed[name] is None else observed[name] for name in slo.objectives())
+
+
+def point_meets(result: dict) -> bool:
+    """A point is feasible when its run met the SLO and refused no request."""
+    return result["summary"]["goodput"]["meets"] and not result["num_rejected"]
+
+
+def pareto_front(keys: Sequence[tuple]) -> List[int]:
+    """Indices of the keys no other key beats: at most as high in every figure and lower in
+    one. In the order of the keys (cost first), then index."""
+    front = [index for index, key in enumerate(keys)
+             if not any(other != key and all(o <= k for o, k in zip(other, key)) for other in keys)]
+    return sorted(front, key=lambda index: (keys[index], index))
+
+
+def plan_answer(header: dict, results: Sequence[dict]) -> dict:
+    """The cheapest feasible point (dollars per million output tokens, then lower latency,
+    then fewer devices, then grid order), the Pareto front of cost against the latency at
+    the SLO's percentile over every point simulated, and the whole grid."""
+    slo = Slo(**header["slo"])
+    by_index = dict(zip(header["jobs"], results))
+    keys = {index: (_usd_per_million(result),) + latencies_at_slo(result, slo) for index, result in by_index.items()}
+    feasible = [index for index in header["jobs"] if point_meets(by_index[index])]
+    answer = min(feasible, key=lambda index: (keys[index], PlanPoint(**header["points"][index]).num_devices, index),
+                 default=None)
+    cheaper = [index for index in header["jobs"] if answer is not None and keys[index][0] < keys[answer][0]]
+    front = [header["jobs"][i] for i in pareto_front([keys[index] for index in header["jobs"]])]
+    points = [dict({"index": index, "point": point}, **({"fits": False, "reason": header["skipped"][str(index)]}
+                                                          if str(index) in header["skipped"]
+                                                          else {"fits": True, "meets": point_meets(by_index[index]),
+                                                                "result": by_index[index]}))
+              for index, point in enumerate(header["points"])]
+    return {"model": header["model"], "workload": header["workload"], "slo": header["slo"],
+            "num_points": len(points), "num_simulated": len(results), "num_feasible": len(feasible),
+            "answer": answer, "next_cheaper": max(cheaper, key=lambda index: (keys[index], -index), default=None),
+            "pareto_front": front, "points": points}
+
+
+def _encode_rows(rows: List[list]) -> str:
+    return base64.b64encode(zlib.compress(json.dumps(rows, separators=(",", ":")).encode(), 6)).decode("ascii")
+
+
+def emit_plan(directory: str, header: dict, jobs: Sequence[dict]) -> None:
+    """plan.json and one job-NNNN.json per point that fits, each self-contained (its
+    workload compressed inside) for a batch system to run anywhere with simulate --job."""
+    try:
+        os.makedirs(directory, exist_ok=True)
+    except OSError as error:
+        raise UsageError(f"--emit {directory}: cannot make the folder ({error.strerror})")
+    encoded = _encode_rows(jobs[0]["workload"]) if jobs else ""
+    for number, job in enumerate(jobs):
+        on_disk = {key: value for key, value in job.items() if key != "workload"}
+        write_json_file(os.path.join(directory, f"job-{number:04d}.json"), dict(on_disk, workload_zlib=encoded), "--emit")
+    write_json_file(os.path.join(directory, "plan.json"), header, "--emit")
+
+
+def read_job_file(path: str) -> dict:
+    """A job plan --emit wrote, its workload unpacked (run_job checks the rest); UsageError
+    naming what is wrong."""
+    where = f"--job {path}"
+    job = read_json_file(path, where)
+    if not isinstance(job, dict) or job.get("format") != JOB_FORMAT:
+        raise UsageError(f"{where}: not a servesim plan job (expected format {JOB_FORMAT!r})")
+    packed = JsonObject(job, where).string("workload_zlib")
+    try:
+        job["workload"] = json.loads(zlib.decompress(base64.b64decode(packed, validate=True)))
+    except (ValueError, zlib.error) as error:
+        raise UsageError(f"{where}: the workload is damaged ({error})") from None
+    return job
+
+
+def result_path(job_path: str) -> str:
+    """Where simulate --job puts a job's result: job-0003.json -> job-0003.result.json."""
+    return (job_path[:-5] if job_path.endswith(".json") else job_path) + ".result.json"
+
+
+def collect_plan(directory: str) -> Tuple[dict, List[dict]]:
+    """The header and the results of an emitted plan, as a local run would have them."""
+    header = read_json_file(os.path.join(directory, "plan.json"), f"--collect {directory}")
+    if not isinstance(header, dict) or header.get("format") != PLAN_FORMAT:
+        raise UsageError(f"--collect {directory}: plan.json is not a servesim plan (expected format {PLAN_FORMAT!r})")
+    results, missing = [], []
+    for number, index in enumerate(header["jobs"]):
+        path = result_path(os.path.join(directory, f"job-{number:04d}.json"))
+        if not os.path.exists(path):
+            missing.append(os.path.basename(path))
+            continue
+        result = read_json_file(path, f"--collect {path}")
+        if not isinstance(result, dict) or result.get("point") != header["points"][index]:
+            raise UsageError(f"--collect {path}: not the result of job {number} of this plan")
+        results.append(result)
+    if missing:
+        raise UsageError(f"--collect {directory}: {len(missing)} of {len(header['jobs'])} jobs have no result yet "
+                         f"(first: {missing[0]}); run simulate --job on each")
+    return header, results
+
+
+# =============================================================================
 # Reports: each report as text
 # =============================================================================
 
@@ -5470,12 +5852,16 @@ def format_table(header: Sequence[str], rows: List[List[str]], label_column: boo
             for row in [list(header)] + rows]
 
 
+def _bytes_text(value: float) -> str:
+    return f"{round(value, 4):g} byte{'' if value == 1 else 's'}"
+
+
 def _weights_detail(model: ModelSpec) -> str:
     detail = f"{model.params / 1e9:.2f} B params"
     if model.num_experts:
         active = model.body_params + model.head_params + model.embedding_params
         detail += f" ({active / 1e9:.2f} B active per token)"
-    return f"{detail} x {round(model.bytes_per_param, 4):g} bytes"
+    return f"{detail} x {_bytes_text(model.bytes_per_param)}"
 
 
 def _kv_detail(model: ModelSpec) -> str:
@@ -5485,7 +5871,7 @@ def _kv_detail(model: ModelSpec) -> str:
         shape = f"{full} layers x ({model.kv_lora_rank} latent + {model.rope_head_dim} rope)"
     else:
         shape = f"2 x {full} layers x {model.kv_heads} kv heads x {model.head_dim} head dim"
-    return f"{shape} x {round(model.kv_dtype_bytes, 4):g} bytes"
+    return f"{shape} x {_bytes_text(model.kv_dtype_bytes)}"
 
 
 def _mixture_rows(plan: CapacityPlan) -> List[Tuple[str, str, str]]:
@@ -5599,6 +5985,17 @@ def _format_rejected(rejected: List[dict]) -> List[str]:
             f"{entries[0]['error']}" for kind, entries in by_kind.items()]
 
 
+def format_replicas(replicas: dict) -> List[str]:
+    """A row per replica and the load imbalance between them."""
+    rows = [[str(index), f"{replica['num_requests']:,}", f"{replica['engine']['busy_s']:.1f}",
+             f"{replica['engine']['mean_batch_seqs']:.1f}", f"{replica['engine']['kv_peak']:.1%}",
+             f"{replica['engine']['prefix_hit_rate']:.1%}", _ms(replica["summary"]["ttft_ms"]["p95"]),
+             _ms(replica["summary"]["tpot_ms"]["p95"])] for index, replica in enumerate(replicas["per_replica"])]
+    lines = format_table(("replica", "requests", "busy s", "batch", "kv peak", "hits", "ttft p95", "tpot p95"), rows)
+    return lines + [f"load imbalance (busiest over mean): requests {replicas['request_imbalance']:.2f}x, "
+                    f"busy time {replicas['busy_imbalance']:.2f}x"]
+
+
 def format_simulation(report: dict) -> List[str]:
     settings, engine = report["settings"], report["engine"]
     arrivals = settings["arrivals"]
@@ -5625,17 +6022,6 @@ def format_simulation(report: dict) -> List[str]:
     if "replicas" in report:
         lines += format_replicas(report["replicas"])
     return lines + [engine["cost_model"]["text"]]
-
-
-def format_replicas(replicas: dict) -> List[str]:
-    """A row per replica and the load imbalance between them."""
-    rows = [[str(index), f"{replica['num_requests']:,}", f"{replica['engine']['busy_s']:.1f}",
-             f"{replica['engine']['mean_batch_seqs']:.1f}", f"{replica['engine']['kv_peak']:.1%}",
-             f"{replica['engine']['prefix_hit_rate']:.1%}", _ms(replica["summary"]["ttft_ms"]["p95"]),
-             _ms(replica["summary"]["tpot_ms"]["p95"])] for index, replica in enumerate(replicas["per_replica"])]
-    lines = format_table(("replica", "requests", "busy s", "batch", "kv peak", "hits", "ttft p95", "tpot p95"), rows)
-    return lines + [f"load imbalance (busiest over mean): requests {replicas['request_imbalance']:.2f}x, "
-                    f"busy time {replicas['busy_imbalance']:.2f}x"]
 
 
 def format_disaggregated(settings: dict, report: dict) -> List[str]:
@@ -5862,6 +6248,79 @@ def format_search(result: dict, slo: Slo, plan: CapacityPlan, replicas: int = 1,
     return lines + ["   " + line for line in limit["evidence"]]
 
 
+def _slo_text(slo: dict) -> str:
+    objectives = ", ".join(f"{name[:-3]} <= {limit:g} ms" for name, limit in (("ttft_ms", slo["ttft_ms"]),
+                                                                              ("tpot_ms", slo["tpot_ms"])) if limit)
+    judged = f"{slo['attainment']:g}% of requests" if slo["attainment"] else f"p{slo['percentile']:g}"
+    return f"{objectives} at {judged}"
+
+
+def _plan_figures(result: dict, slo: Slo) -> str:
+    observed = ", ".join(f"{name[:-3]} p{slo.percentile:g} {_ms(value if value != math.inf else None)} ms"
+                         for name, value in zip(slo.objectives(), latencies_at_slo(result, slo)))
+    return f"{cost_line(result['summary']['cost'])}; {observed}" if "cost" in result["summary"] else observed
+
+
+def _plan_not_fitting(points: Sequence[dict]) -> List[str]:
+    """One line per reason a point does not fit, naming the hardware and TP it applies to."""
+    reasons: Dict[Tuple[str, int, str], int] = {}
+    for entry in points:
+        if not entry["fits"]:
+            key = (entry["point"]["hardware"], entry["point"]["tensor_parallel_size"], entry["reason"])
+            reasons[key] = reasons.get(key, 0) + 1
+    lines = ["do not fit:"] if reasons else []
+    return lines + [f"  {hardware} tp {tp} ({count} point{'s' if count > 1 else ''}): {reason}"
+                    for (hardware, tp, reason), count in reasons.items()]
+
+
+def format_plan(report: dict) -> List[str]:
+    """The answer, the point just cheaper that misses, the Pareto front and what does not fit."""
+    slo, points = Slo(**report["slo"]), report["points"]
+    lines = [f"plan {report['model']} for {report['workload']}; SLO {_slo_text(report['slo'])}",
+             f"{report['num_points']} points: {report['num_points'] - report['num_simulated']} do not fit, "
+             f"{report['num_simulated']} simulated, {report['num_feasible']} meet the SLO"]
+    if report["answer"] is None:
+        lines.append("answer: no configuration simulated meets the SLO (the front below is the closest)")
+    else:
+        answer = points[report["answer"]]
+        lines += [f"answer: {PlanPoint(**answer['point']).text()}", f"  {_plan_figures(answer['result'], slo)}"]
+    if report["next_cheaper"] is not None:
+        cheaper = points[report["next_cheaper"]]
+        lines.append(f"the next cheaper, {PlanPoint(**cheaper['point']).text()}, misses: "
+                     f"{_plan_figures(cheaper['result'], slo)}")
+    header = ["$/M out", "$/h", "hardware", "tp", "replicas", "seqs", "tokens", "prefix"]
+    header += [f"{name[:-3]} p{slo.percentile:g}" for name in slo.objectives()] + ["slo", "binding"]
+    rows = []
+    for index in report["pareto_front"]:
+        entry = points[index]
+        result, cost = entry["result"], entry["result"]["summary"].get("cost") or {}
+        rows.append([_usd(cost.get("usd_per_million_output_tokens")), f"{cost.get('usd_per_hour', 0):.2f}"]
+                    + PlanPoint(**entry["point"]).cells()
+                    + [_ms(value if value != math.inf else None) for value in latencies_at_slo(result, slo)]
+                    + ["met" if entry["meets"] else "missed", result["binding"]["budget"]])
+    if rows:
+        lines.append(f"pareto front: cost per M output tokens against latency at p{slo.percentile:g}")
+        lines += format_table(header, rows)
+    return lines + _plan_not_fitting(points)
+
+
+def format_emitted(directory: str, header: dict) -> List[str]:
+    num_jobs = len(header["jobs"])
+    last = f"job-{num_jobs - 1:04d}.json"
+    return [f"wrote {directory}/plan.json and {num_jobs} jobs (job-0000.json .. {last}); "
+            f"{len(header['skipped'])} points do not fit",
+            f"run each: python3 code/main.py simulate --job {directory}/job-NNNN.json",
+            f"then: python3 code/main.py plan --collect {directory}"]
+
+
+def format_job_result(result: dict, out: str) -> str:
+    point, good = PlanPoint(**result["point"]), result["summary"]["goodput"]
+    verdict = "meets the SLO" if good["meets"] and not result["num_rejected"] else "misses the SLO"
+    cost = result["summary"].get("cost")
+    price = f", {_usd(cost['usd_per_million_output_tokens'])} per M output tokens" if cost else ""
+    return f"{point.text()}: {verdict}{price}; wrote {out}"
+
+
 def format_profile(profile: dict, out: Optional[str]) -> List[str]:
     """The measured step table, the fixed front-end time, and what was left out."""
     server, machine = profile["server"], profile["machine"]
@@ -5939,7 +6398,21 @@ def cmd_disaggregated(args, plan: CapacityPlan, colocated: dict) -> int:
     return 0
 
 
+def cmd_job(args) -> int:
+    """simulate --job FILE: one point of an emitted plan, its result written beside it."""
+    result = run_job(read_job_file(args.job), f"--job {args.job}")
+    out = result_path(args.job)
+    write_json_file(out, result, "--job")
+    if args.json:
+        _print_json(result)
+    else:
+        _print_lines([format_job_result(result, out)])
+    return 0
+
+
 def cmd_simulate(args) -> int:
+    if args.job:
+        return cmd_job(args)
     if args.replicas > 1 and (args.disaggregate or args.find_kv_link_crossover):
         raise UsageError("--replicas with --disaggregate: servesim runs one prefill and one decode engine")
     spec = build_engine_spec(args)
@@ -6071,15 +6544,6 @@ def cmd_loadgen(args) -> int:
     return 1 if report["summary"]["num_failed"] else 0
 
 
-def _write_json_file(path: str, value, flag: str) -> None:
-    try:
-        with open(path, "w", encoding="utf-8") as handle:
-            json.dump(value, handle, indent=2)
-            handle.write("\n")
-    except (OSError, ValueError) as error:
-        raise UsageError(f"{flag} {path}: cannot write it ({_reason(error)})") from None
-
-
 def _prefill_grid(server: dict) -> Tuple[int, ...]:
     """Prompt lengths to time: powers of two from 16 to half a slot's context (llama.cpp)
     or to 4,096 tokens, within one step's budget."""
@@ -6114,7 +6578,7 @@ def cmd_profile(args) -> int:
         profiler.notes.append(f"stopped: {error}")
     profile = profiler.result(server, complete=status == 0)
     if args.out:
-        _write_json_file(args.out, profile, "--out")
+        write_json_file(args.out, profile, "--out")
     if args.json:
         _print_json(profile)
     else:
@@ -6145,7 +6609,7 @@ def cmd_calibrate(args) -> int:
     with Workers(args.jobs) as workers:
         hardware, residuals = fit_hardware(reports, spec, name, workers)
     if args.out:
-        _write_json_file(args.out, asdict(hardware), "--out")
+        write_json_file(args.out, asdict(hardware), "--out")
     if args.json:
         _print_json({"hardware": asdict(hardware), "model": spec.plan.model.name, "residuals": residuals})
     else:
@@ -6206,6 +6670,54 @@ def cmd_search(args) -> int:
     else:
         _print_lines(format_search(result, slo, spec.plan, args.replicas, args.router))
     return 0
+
+
+def _plan_inputs(args) -> None:
+    """What a plan needs before it runs: objectives, a workload, a price for every device."""
+    if slo_from_args(args) is None:
+        raise UsageError("plan: give the objectives (--slo-ttft-ms and/or --slo-tpot-ms)")
+    if not (args.trace or args.rate):
+        raise UsageError("plan: give the workload at its target load: --trace FILE or --rate REQ_PER_S")
+    if max(args.replicas) > MAX_REPLICAS:
+        raise UsageError(f"--replicas: expected at most {MAX_REPLICAS}, got {max(args.replicas)}")
+    unpriced = [name for name in args.hardware if not HARDWARE[name].price_per_hour]
+    if unpriced and not args.price_per_hour:
+        raise UsageError(f"--hardware {','.join(unpriced)}: no price per device-hour; give --price-per-hour")
+
+
+def _run_plan_jobs(jobs: List[dict], num_jobs: int, quiet: bool) -> List[dict]:
+    """Every job's result in grid order, with progress on stderr (redrawn on a terminal,
+    a line per tenth otherwise)."""
+    results, tty = [], sys.stderr.isatty()
+    with Workers(num_jobs) as workers:
+        for result in workers.imap(run_job, [(job,) for job in jobs]):
+            results.append(result)
+            done, total = len(results), len(jobs)
+            if quiet or not (tty or done * 10 // total != (done - 1) * 10 // total):
+                continue
+            sys.stderr.write(f"{chr(13) if tty else ''}plan {done}/{total} points simulated"
+                             f"{chr(10) if not tty or done == total else ''}")
+            sys.stderr.flush()
+    return results
+
+
+def cmd_plan(args) -> int:
+    if args.collect:
+        header, results = collect_plan(args.collect)
+    else:
+        _plan_inputs(args)
+        header, jobs = plan_grid(args)
+        if args.emit:
+            emit_plan(args.emit, header, jobs)
+            _print_lines(format_emitted(args.emit, header))
+            return 0 if jobs else 1
+        results = _run_plan_jobs(jobs, args.jobs, args.quiet)
+    report = plan_answer(header, results)
+    if args.json:
+        _print_json(report)
+    else:
+        _print_lines(format_plan(report))
+    return 0 if results else 1
 
 
 def _scrape_live(args) -> Tuple[List[Dict[str, list]], str]:
@@ -6309,12 +6821,12 @@ def _flag_type(name: str, convert, check, expected: str, most: Optional[float] =
     return parse
 
 
-MAX_COUNT = 10_000_000  # the most requests, tokens or sequences any flag may ask for
 positive_int = _flag_type("positive_int", int, lambda v: v > 0, "a positive integer", MAX_COUNT)
 non_negative_int = _flag_type("non_negative_int", int, lambda v: v >= 0, "an integer >= 0", MAX_COUNT)
 positive_float = _flag_type("positive_float", float, lambda v: v >= 1e-9 and math.isfinite(v),
                             "a positive number", 1e12)
 thread_count = _flag_type("thread_count", int, lambda v: v > 0, "a positive integer", 4096)
+replica_count = _flag_type("replica_count", int, lambda v: v > 0, "a positive integer", MAX_REPLICAS)
 fraction = _flag_type("fraction", float, lambda v: 0 < v <= 1, "a number in (0, 1]")
 non_negative_float = _flag_type("non_negative_float", float, lambda v: v >= 0 and math.isfinite(v),
                                 "a number >= 0", 1e9)
@@ -6452,7 +6964,7 @@ def _add_scheduler_flags(parser: argparse.ArgumentParser, of_server: bool = Fals
 
 
 def _add_replica_flags(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--replicas", type=positive_int, default=1,
+    parser.add_argument("--replicas", type=replica_count, default=1,
                         help="identical engines (each --tensor-parallel-size devices) behind a router (default 1)")
     parser.add_argument("--router", choices=ROUTERS, default="round-robin",
                         help="how requests are spread over --replicas: in turn, to the fewest in flight, or to "
@@ -6535,6 +7047,9 @@ def _simulate_flags(parser: argparse.ArgumentParser) -> None:
     arrivals.add_argument("--rate", type=positive_float, help="open loop: Poisson arrivals, requests/s")
     arrivals.add_argument("--concurrency", type=positive_int,
                           help="closed loop: N clients, each sending when its last request ends")
+    arrivals.add_argument("--job", metavar="FILE",
+                          help="run one point of a plan --emit wrote (FILE holds every setting) and write its "
+                               "result beside it, FILE.result.json")
     parser.add_argument("--max-tokens-in-flight", type=positive_int,
                         help="admit only while running requests' lengths stay within N tokens")
     _add_disaggregation_flags(parser)
@@ -6662,6 +7177,70 @@ def _profile_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--quiet", action="store_true", help="no progress lines on stderr")
 
 
+def _parse_hardware_list(text: str) -> Optional[List[str]]:
+    names = [name.strip() for name in text.split(",")]
+    return names if all(name in HARDWARE for name in names) else None
+
+
+def _parse_on_off_list(text: str) -> Optional[List[bool]]:
+    values = [value.strip() for value in text.split(",")]
+    return [value == "on" for value in values] if set(values) <= {"on", "off"} else None
+
+
+hardware_list = _flag_type("hardware_list", _parse_hardware_list, bool,
+                           f"hardware presets separated by commas, from {', '.join(HARDWARE)}")
+on_off_list = _flag_type("on_off_list", _parse_on_off_list, bool, "on, off, or on,off")
+PRICED_HARDWARE = [name for name, hardware in HARDWARE.items() if hardware.price_per_hour > 0]
+
+
+def _add_grid_flags(parser: argparse.ArgumentParser) -> None:
+    grid = parser.add_argument_group("the grid", "each takes a comma-separated list; every combination is a point")
+    grid.add_argument("--hardware", type=hardware_list, default=PRICED_HARDWARE,
+                      help="hardware presets (default: every preset with a price)")
+    grid.add_argument("--tensor-parallel-size", type=int_list, default=[1, 2, 4, 8],
+                      help="devices per engine (default 1,2,4,8)")
+    grid.add_argument("--replicas", type=int_list, default=[1, 2, 4], help="engines behind the router (default 1,2,4)")
+    grid.add_argument("--max-num-seqs", type=int_list, default=[256], help="(default 256)")
+    grid.add_argument("--max-num-batched-tokens", type=int_list, default=[8192], help="(default 8192)")
+    grid.add_argument("--prefix-caching", type=on_off_list, default=[False], help="on, off or on,off (default off)")
+    grid.add_argument("--disaggregate", action="store_true",
+                      help="also try a prefill engine and a decode engine of each hardware x tensor-parallel size")
+    grid.add_argument("--kv-link-gbs", type=positive_float, default=50.0,
+                      help="GB/s between the prefill and decode engines (default 50)")
+
+
+def _plan_flags(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--model", help=f"model preset: {', '.join(MODELS)} (default {DEFAULT_MODEL})")
+    parser.add_argument("--model-file", help="read the model from a GGUF file or a Hugging Face config.json instead")
+    _add_grid_flags(parser)
+    _add_precision_flags(parser)
+    parser.add_argument("--price-per-hour", type=non_negative_float, metavar="USD",
+                        help="USD per device-hour for every --hardware (default: each preset's on-demand price)")
+    parser.add_argument("--interconnect-gbs", type=positive_float,
+                        help="GB/s each way between devices (default: each hardware's NVLink or PCIe)")
+    parser.add_argument("--gpu-memory-utilization", type=fraction, default=0.9,
+                        help="share of device memory for weights and KV cache (default %(default)s)")
+    parser.add_argument("--block-size", type=positive_int, default=16, help="tokens per KV block (default 16)")
+    _add_max_model_len_flag(parser)
+    parser.add_argument("--no-chunked-prefill", dest="chunked_prefill", action="store_false",
+                        help="admit a prompt only if all of it fits the step's token budget")
+    parser.add_argument("--engine", choices=("fast", "step"), default="fast", help="(default fast; same figures)")
+    parser.add_argument("--router", choices=ROUTERS, default="round-robin",
+                        help="how requests are spread over replicas (default %(default)s)")
+    arrivals = parser.add_mutually_exclusive_group()
+    arrivals.add_argument("--trace", help="the workload: a trace at its own arrivals (see --time-scale)")
+    arrivals.add_argument("--rate", type=positive_float, help="the workload: Poisson arrivals at this many req/s")
+    _add_workload_flags(parser)
+    _add_slo_flags(parser)
+    _add_jobs_flag(parser)
+    _add_output_flags(parser, "the answer, the front and every point")
+    where = parser.add_mutually_exclusive_group()
+    where.add_argument("--emit", metavar="DIR", help="write plan.json and a job file per point instead of running")
+    where.add_argument("--collect", metavar="DIR",
+                       help="the answer from the results simulate --job wrote beside --emit's jobs")
+    parser.add_argument("--quiet", action="store_true", help="no progress on stderr")
+
+
 # (name, help, description, the function adding its flags, the function it runs)
 SUBCOMMANDS = (
     ("capacity", "the memory plan",
@@ -6705,6 +7284,12 @@ SUBCOMMANDS = (
      "TPOT p50 of every report and the TTFT p50 of the lowest concurrency. Memory and reserve come "
      "from --hardware.",
      _calibrate_flags, cmd_calibrate),
+    ("plan", "the cheapest configuration that meets the SLO",
+     "Simulate the workload at its load on every combination of hardware, tensor-parallel size, replicas, "
+     "--max-num-seqs, --max-num-batched-tokens and prefix caching (and disaggregation, when asked) that fits, "
+     "and print the cheapest that meets the SLO, the Pareto front of cost against latency, and why the "
+     "rest do not fit. --emit and --collect run the grid on a batch system instead.",
+     _plan_flags, cmd_plan),
 )
 
 
@@ -6738,6 +7323,24 @@ def _keep_secrets_of(argv: Sequence[str]) -> None:
             keep_secret(arg.split("=", 1)[1])
 
 
+SELF_CONTAINED_FLAGS = {"simulate": "job", "plan": "collect"}  # a flag whose file holds every setting
+
+
+def _refuse_flags_beside(args, command: str, allowed: Sequence[str] = ("json", "jobs", "quiet")) -> None:
+    """UsageError when flags other than allowed ones come beside a flag whose file holds
+    every setting (simulate --job, plan --collect): they would be silently ignored."""
+    dest = SELF_CONTAINED_FLAGS.get(command)
+    value = getattr(args, dest, None) if dest else None
+    if value is None:
+        return
+    defaults = vars(build_parser(command).parse_args([command, f"--{dest}", value]))
+    given = [name for name, value in vars(args).items()
+             if name not in allowed and name in defaults and value != defaults[name]]
+    if given:
+        flags = ", ".join("--" + name.replace("_", "-") for name in given)
+        raise UsageError(f"--{dest} {value}: it holds every setting; drop {flags}")
+
+
 def main(argv: Optional[Sequence[str]] = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     _SECRETS.clear()
@@ -6745,6 +7348,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     try:
         known = {name for name, *_ in SUBCOMMANDS}
         args = build_parser(argv[0] if argv and argv[0] in known else None).parse_args(argv)
+        _refuse_flags_beside(args, args.command)
         return args.run(args)
     except ServesimError as error:
         prefix = "servesim: error: " if isinstance(error, UsageError) else "servesim: "

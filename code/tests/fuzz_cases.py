@@ -222,13 +222,20 @@ BASE_COMMANDS = (
     ["simulate", "--rate", "4", "--requests", "4", "--prompt-tokens", "40", "--output-tokens", "8",
      "--disaggregate"],
     ["explain", "--hardware", "l4-24gb", "--model", "llama-3.1-8b", "--max-num-seqs", "8"],
+    ["simulate", "--rate", "8", "--requests", "6", "--prompt-tokens", "40", "--output-tokens", "8",
+     "--replicas", "2", "--router", "prefix-affinity", "--prefix-caching"],
+    ["plan", "--hardware", "l4-24gb,h100-sxm-80gb", "--tensor-parallel-size", "1", "--replicas", "1,2",
+     "--rate", "4", "--requests", "6", "--prompt-tokens", "40", "--output-tokens", "8", "--slo-ttft-ms", "500",
+     "--jobs", "1", "--quiet"],
 )
 FLAGS = ("--requests", "--prompt-tokens", "--output-tokens", "--rate", "--concurrency", "--max-num-seqs",
          "--max-num-batched-tokens", "--block-size", "--kv-tokens", "--gpu-memory-utilization", "--max-model-len",
          "--tensor-parallel-size", "--interconnect-gbs", "--seed", "--burstiness", "--time-scale", "--start",
          "--limit", "--slo-ttft-ms", "--slo-percentile", "--slo-attainment", "--max-tokens-in-flight",
          "--kv-link-gbs", "--hardware", "--model", "--scheduler", "--ubatch-size", "--tolerance", "--start-load",
-         "--prompt-tokens=", "--by", "--trace-format", "--disaggregate-min-prompt-tokens", "--batch-size")
+         "--prompt-tokens=", "--by", "--trace-format", "--disaggregate-min-prompt-tokens", "--batch-size",
+         "--replicas", "--router", "--quantization", "--dtype", "--kv-cache-dtype", "--price-per-hour",
+         "--max-num-seqs=", "--prefix-caching")
 
 
 SERVER_COMMANDS = (
@@ -331,6 +338,8 @@ def trace_cases(rng, count):
 LLAMA_CONFIG = {"hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
                 "vocab_size": 1000, "intermediate_size": 128, "torch_dtype": "bfloat16", "head_dim": 16,
                 "tie_word_embeddings": False, "text_config": {"hidden_size": 64}}
+MOE_CONFIG = dict(LLAMA_CONFIG, num_local_experts=4, num_experts_per_tok=2, moe_intermediate_size=32,
+                  layer_types=["sliding_attention", "full_attention"], sliding_window=64)
 HARDWARE = {"name": "hw", "memory_gib": 24, "bandwidth_gbs": 300, "tflops": 100, "mfu": 0.5, "mbu": 0.7,
             "step_overhead_ms": 1, "reserve_gib": 1, "interconnect_gbs": 32}
 
@@ -385,16 +394,38 @@ def gguf_file(rng):
     return bytes(data)
 
 
+_PLAN_JOB = []
+
+
+def plan_job():
+    """A job plan --emit writes (made once, by the main module the tests import)."""
+    if not _PLAN_JOB:
+        import main
+        parser = main.build_parser("plan")
+        args = parser.parse_args(["plan", "--hardware", "l4-24gb", "--tensor-parallel-size", "1", "--replicas", "1",
+                                  "--rate", "4", "--requests", "3", "--prompt-tokens", "40", "--output-tokens", "8",
+                                  "--slo-ttft-ms", "500"])
+        _, jobs = main.plan_grid(args)
+        job = dict(jobs[0])
+        job["workload_zlib"] = main._encode_rows(job.pop("workload"))
+        _PLAN_JOB.append(job)
+    return _PLAN_JOB[0]
+
+
 def file_cases(rng, count):
     cases = []
     for _ in range(count):
-        kind = rng.choice(("gguf", "config", "hardware", "profile"))
+        kind = rng.choice(("gguf", "config", "hardware", "profile", "job"))
         if kind == "gguf":
             cases.append(Case("gguf", ["capacity", "--model-file", "m.gguf", "--hardware", "cpu-4vcpu"],
                               files={"m.gguf": gguf_file(rng)}))
         elif kind == "config":
+            config = rng.choice((LLAMA_CONFIG, MOE_CONFIG))
             cases.append(Case("hf config", ["capacity", "--model-file", "config.json"],
-                              files={"config.json": dumps(mutate_json(rng, LLAMA_CONFIG))}))
+                              files={"config.json": dumps(mutate_json(rng, config))}))
+        elif kind == "job":
+            cases.append(Case("plan job", ["simulate", "--job", "job.json"],
+                              files={"job.json": dumps(mutate_json(rng, plan_job()))}))
         elif kind == "hardware":
             command = rng.choice((["capacity"], ["simulate", "--concurrency", "1", "--requests", "2",
                                                  "--tensor-parallel-size", "2"]))
