@@ -1620,6 +1620,9 @@ class Request:
     prefix_tokens: int = 0             # how many leading prompt tokens that text covers
     prefix_blocks: Tuple[Hashable, ...] = ()  # or: a content key per trace block, each naming all before it
     prefix_block_tokens: int = 0       # tokens per trace block (Mooncake: 512)
+    conversation: Optional[str] = None  # a multi-turn conversation this request is a turn of
+    turn: int = 0                      # its turn (1, 2, ...): turn k is sent think_s after turn k-1 ends
+    think_s: float = 0.0               # seconds the user takes before sending this turn
     generated: int = 0
     computed: int = 0                  # tokens whose KV is in the cache
     blocks: List[int] = field(default_factory=list)
@@ -1664,6 +1667,21 @@ class Request:
     @property
     def chunk_times(self) -> List[float]:
         return self.token_times  # the engine emits one token per event
+
+
+def prefix_block_keys(request: Request, block_size: int) -> List[Hashable]:
+    """What each full block of request's shared prefix holds: (prefix name, block index),
+    or for a content-addressed trace (the key of the trace block its last token lies in,
+    block index). Equal keys are equal KV."""
+    num_blocks = request.prefix_tokens // block_size
+    if not request.prefix_blocks:
+        return [(request.prefix, index) for index in range(num_blocks)]
+    chain, per_trace_block = request.prefix_blocks, request.prefix_block_tokens
+    if per_trace_block % block_size == 0:  # each trace block spans whole engine blocks
+        spans = itertools.chain.from_iterable(map(itertools.repeat, chain,
+                                                  itertools.repeat(per_trace_block // block_size)))
+        return list(zip(spans, range(num_blocks)))
+    return [(chain[((index + 1) * block_size - 1) // per_trace_block], index) for index in range(num_blocks)]
 
 
 # =============================================================================
@@ -1891,24 +1909,10 @@ class Scheduler:
         return self._all_prefix_keys(request)[:min(request.prefix_tokens, request.length - 1) // self.config.block_size]
 
     def _all_prefix_keys(self, request: Request) -> List[Hashable]:
-        """What each full prefix block holds, computed once per request: (prefix name, block
-        index), or for a content-addressed trace (the key of the trace block its last token
-        lies in, block index)."""
+        """prefix_block_keys() of request, computed once per request."""
         keys = self._keys.get(request)
         if keys is None:
-            block_size, num_blocks = self.config.block_size, request.prefix_tokens // self.config.block_size
-            if request.prefix_blocks:
-                chain, per_trace_block = request.prefix_blocks, request.prefix_block_tokens
-                if per_trace_block % block_size == 0:  # each trace block spans whole engine blocks
-                    spans = itertools.chain.from_iterable(map(itertools.repeat, chain,
-                                                              itertools.repeat(per_trace_block // block_size)))
-                    keys = list(zip(spans, range(num_blocks)))
-                else:
-                    keys = [(chain[((index + 1) * block_size - 1) // per_trace_block], index)
-                            for index in range(num_blocks)]
-            else:
-                keys = [(request.prefix, index) for index in range(num_blocks)]
-            self._keys[request] = keys
+            keys = self._keys[request] = prefix_block_keys(request, self.config.block_size)
         return keys
 
     def update(self, batch: Batch, now_s: float) -> List[Request]:
@@ -2290,6 +2294,15 @@ class DecodeRun:
             running[index].blocks.append(block)
 
 
+def follow_ups(requests: Sequence[Request]) -> Dict[Request, Request]:
+    """Each conversation turn's next turn (turn k -> turn k + 1)."""
+    turns: Dict[str, Dict[int, Request]] = {}
+    for request in requests:
+        if request.conversation is not None:
+            turns.setdefault(request.conversation, {})[request.turn] = request
+    return {by_turn[turn]: by_turn[turn + 1] for by_turn in turns.values() for turn in by_turn if turn + 1 in by_turn}
+
+
 class Arrivals:
     """Sends a workload's requests to an engine, the one arrival rule every simulation uses.
 
@@ -2306,7 +2319,10 @@ class Arrivals:
         self.concurrency = concurrency
         self.send = send
         self.delay_s = delay_s
-        self.pending = deque(requests if concurrency is not None else sorted(requests, key=lambda r: r.arrival_s))
+        self.follow_up = follow_ups(requests)  # turn k-1 -> turn k of a conversation
+        later_turns = set(self.follow_up.values())
+        firsts = [request for request in requests if request not in later_turns]
+        self.pending = deque(firsts if concurrency is not None else sorted(firsts, key=lambda r: r.arrival_s))
         self.in_transit: List[Tuple[float, int, Request]] = []  # (reaches the engine, order sent, request)
         self.order = itertools.count()
 
@@ -2328,13 +2344,20 @@ class Arrivals:
             heapq.heappush(self.in_transit, (request.arrival_s + self.delay_s, next(self.order), request))
         while self.in_transit and self.in_transit[0][0] <= now_s:
             at_s, _, request = heapq.heappop(self.in_transit)
-            if not self.send(request, at_s) and self.concurrency is not None:
-                self.next_from_client(at_s)  # refused: that client sends its next one at once
+            if not self.send(request, at_s):
+                self.finished([request], at_s)  # refused: that client goes on at once
 
-    def finished(self, num_requests: int, now_s: float) -> None:
-        """Closed loop: num_requests clients got their answer and send again."""
-        if self.concurrency is not None:
-            for _ in range(num_requests):
+    def finished(self, requests: Sequence[Request], now_s: float) -> None:
+        """requests got their answer (or were refused): the next turn of a conversation goes
+        out after its think time; in a closed loop, any other client sends its next request."""
+        for request in requests:
+            after = self.follow_up.pop(request, None)
+            if after is not None:
+                after.prompt_tokens += request.prompt_tokens + request.generated  # the conversation so far
+                after.prefix_tokens = after.prompt_tokens
+                after.sent_s = now_s + after.think_s
+                heapq.heappush(self.in_transit, (after.sent_s + self.delay_s, next(self.order), after))
+            elif self.concurrency is not None:
                 self.next_from_client(now_s)
 
     def next_from_client(self, now_s: float) -> None:
@@ -2368,7 +2391,7 @@ def run_engine(engine: Engine, requests: List[Request], concurrency: Optional[in
         finished = engine.advance(arrivals.next_arrival_s())
         if finished is None:
             raise RuntimeError("the scheduler has work but can schedule none of it")
-        arrivals.finished(len(finished), engine.clock_s)
+        arrivals.finished(finished, engine.clock_s)
 
 
 @dataclass(frozen=True)
@@ -2728,7 +2751,7 @@ class DisaggregatedRun:
             elif steps[0] == now_s:
                 self.step_prefill()
             else:
-                self.arrivals.finished(len(self._step(self.decode)), self.decode.clock_s)
+                self.arrivals.finished(self._step(self.decode), self.decode.clock_s)
 
     def arrive(self, request: Request, now_s: float) -> bool:
         """A request reaches the pair: short prompts go to the decode engine whole."""
@@ -2749,7 +2772,7 @@ class DisaggregatedRun:
         self.prefill.scheduler.release_held(twin)
         self._wake(self.decode, now_s)
         if not self.decode.scheduler.add_with_kv(request):
-            self.arrivals.finished(1, now_s)  # refused: the client sends its next request
+            self.arrivals.finished([request], now_s)  # refused: the client sends its next request
 
     def step_prefill(self) -> None:
         """One prefill step; every prompt it finished starts its transfer over the link."""
@@ -2891,7 +2914,7 @@ class ReplicaRun:
             finished = engines[index].advance(horizon_s)
             if finished is None:
                 raise RuntimeError(f"replica {index} has work but can schedule none of it")
-            arrivals.finished(len(finished), engines[index].clock_s)
+            arrivals.finished(finished, engines[index].clock_s)
 
     def arrive(self, request: Request, now_s: float) -> bool:
         index = self.router.choose(request, [engine.scheduler for engine in self.engines])
@@ -2992,6 +3015,9 @@ class TraceRow:
     prefix_tokens: int = 0
     prefix_blocks: Tuple[Hashable, ...] = ()
     prefix_block_tokens: int = 0
+    conversation: Optional[str] = None
+    turn: int = 0
+    think_s: float = 0.0
 
 
 def _json_rows(lines: List[str], path: str, fields: Sequence[str]) -> Iterator[Tuple[str, dict]]:
@@ -3011,8 +3037,22 @@ def _json_rows(lines: List[str], path: str, fields: Sequence[str]) -> Iterator[T
         yield where, lineno, row
 
 
+def _conversation_fields(where: str, row: dict) -> Tuple[Optional[str], int, float]:
+    """(conversation, turn, think_s) of a servesim trace row; none for a single request."""
+    conversation = row.get("conversation")
+    if conversation is None:
+        return None, 0, 0.0
+    if not isinstance(conversation, (str, int)) or isinstance(conversation, bool):
+        raise UsageError(f"{where}: conversation must be a string or an integer, got {_shown(conversation)}")
+    if row.get("prefix") is not None:
+        raise UsageError(f"{where}: a conversation turn cannot name a prefix (its prefix is the conversation)")
+    return (str(conversation), _check_int(where, "turn", row.get("turn"), 1),
+            float(_check_number(where, "think_s", row.get("think_s", 0), 0)))
+
+
 def _servesim_rows(lines: List[str], path: str) -> Iterator[TraceRow]:
-    """The project's JSON Lines: arrival_s, prompt_tokens, output_tokens, [prefix, prefix_tokens]."""
+    """The project's JSON Lines: arrival_s, prompt_tokens, output_tokens, [prefix,
+    prefix_tokens], [conversation, turn, think_s]."""
     for where, lineno, row in _json_rows(lines, path, TRACE_FIELDS):
         arrival_s = _check_number(where, "arrival_s", row["arrival_s"], 0)
         prompt = _check_int(where, "prompt_tokens", row["prompt_tokens"], 1)
@@ -3023,7 +3063,8 @@ def _servesim_rows(lines: List[str], path: str) -> Iterator[TraceRow]:
             raise UsageError(f"{where}: prefix must be a string, got {prefix!r}")
         if prefix_tokens > prompt:
             raise UsageError(f"{where}: prefix_tokens {prefix_tokens} exceed prompt_tokens {prompt}")
-        yield TraceRow(lineno, float(arrival_s), prompt, output, prefix, prefix_tokens)
+        yield TraceRow(lineno, float(arrival_s), prompt, output, prefix, prefix_tokens, (), 0,
+                       *_conversation_fields(where, row))
 
 
 def _wall_clock(text: str, where: str, minutes: Dict[str, int]) -> Tuple[int, float]:
@@ -3127,9 +3168,28 @@ def read_trace(path: str, trace_format: Optional[str] = None, time_scale: float 
     if (rows[-1].arrival_s - first) * time_scale > MAX_TRACE_S:
         raise UsageError(f"--trace {path}: its arrivals span more than {MAX_TRACE_S:.0e} s (with --time-scale "
                          f"{time_scale:g}); expected seconds from the first request")
-    return [Request(index, row.prompt_tokens, row.output_tokens, (row.arrival_s - first) * time_scale, row.prefix,
-                    row.prefix_tokens, row.prefix_blocks, row.prefix_block_tokens)
-            for index, row in enumerate(rows)]
+    requests = [Request(index, row.prompt_tokens, row.output_tokens, (row.arrival_s - first) * time_scale,
+                        row.prefix, row.prefix_tokens, row.prefix_blocks, row.prefix_block_tokens,
+                        row.conversation, row.turn, row.think_s * time_scale)
+                for index, row in enumerate(rows)]
+    _check_turns(requests, path)
+    return requests
+
+
+def _check_turns(requests: Sequence[Request], path: str) -> None:
+    """Each conversation's turns are numbered 1, 2, ... in order (none may come twice); a
+    turn's prefix is the conversation so far (its whole prompt, grown as it is sent)."""
+    turns: Dict[str, List[Request]] = {}
+    for request in requests:
+        if request.conversation is not None:
+            turns.setdefault(request.conversation, []).append(request)
+            request.prefix, request.prefix_tokens = f"conversation {request.conversation}", request.prompt_tokens
+    for conversation, members in turns.items():
+        numbers = sorted(request.turn for request in members)
+        if len(set(numbers)) != len(numbers):
+            raise UsageError(f"--trace {path}: conversation {conversation!r} has a turn twice ({numbers})")
+        for number, request in enumerate(sorted(members, key=lambda r: r.turn), start=1):
+            request.turn = number  # NOTE: a slice (--start, --limit) may cut early turns: the first kept is 1
 
 
 def arrival_offsets(num_requests: int, rate: float, burstiness: float, rng: random.Random) -> List[float]:
@@ -3159,6 +3219,39 @@ def synthetic_requests(num_requests: int, prompt_tokens: Tuple[int, int],
     offsets = arrival_offsets(num_requests, rate, burstiness, rng) if rate is not None else [0.0] * num_requests
     return [Request(index, prompt, output, arrival_s)
             for index, ((prompt, output), arrival_s) in enumerate(zip(lengths, offsets))]
+
+
+ROW_FIELDS = ("id", "prompt", "output", "arrival", "prefix", "prefix tokens", "blocks", "block tokens",
+              "conversation", "turn", "think")
+
+
+def request_rows(requests: Sequence[Request]) -> List[list]:
+    """A workload as JSON rows, one list of ROW_FIELDS per request."""
+    return [[r.request_id, r.prompt_tokens, r.max_tokens, r.arrival_s, r.prefix, r.prefix_tokens,
+             list(r.prefix_blocks), r.prefix_block_tokens, r.conversation, r.turn, r.think_s] for r in requests]
+
+
+def requests_from_rows(rows, where: str) -> List[Request]:
+    """The requests of request_rows(), each row checked; UsageError naming the first bad one."""
+    if not isinstance(rows, list) or not rows or len(rows) > MAX_COUNT:
+        raise UsageError(f"{where}: the workload must be a list of 1 to {MAX_COUNT:,} requests")
+    requests = []
+    for index, row in enumerate(rows):
+        at = f"{where}: workload[{index}]"
+        if not isinstance(row, list) or len(row) != len(ROW_FIELDS):
+            raise UsageError(f"{at} must be a list of {len(ROW_FIELDS)} values ({', '.join(ROW_FIELDS)}), "
+                             f"got {_shown(row)}")
+        request_id, prompt, output, arrival_s, prefix, prefix_tokens, blocks, block_tokens, conversation, turn, \
+            think_s = row
+        if not all(name is None or isinstance(name, str) for name in (prefix, conversation)) or not (
+                isinstance(blocks, list) and all(isinstance(key, int) and not isinstance(key, bool) for key in blocks)):
+            raise UsageError(f"{at}: the prefix and conversation must be strings or null, the blocks integers")
+        requests.append(Request(_check_int(at, "id", request_id, 0), _check_int(at, "prompt", prompt, 1),
+                                _check_int(at, "output", output, 1), _check_number(at, "arrival", arrival_s, 0),
+                                prefix, _check_int(at, "prefix tokens", prefix_tokens, 0), tuple(blocks),
+                                _check_int(at, "block tokens", block_tokens, 0), conversation,
+                                _check_int(at, "turn", turn, 0), _check_number(at, "think", think_s, 0)))
+    return requests
 
 
 # =============================================================================
@@ -3192,6 +3285,7 @@ class MeasuredRequest:
     error_kind: Optional[str] = None
     error: Optional[str] = None
     queue_s: Optional[float] = None
+    answer: Optional[List[str]] = None    # the content streamed back, kept for a conversation's next turn
 
     def fail(self, kind: str, message: str) -> None:
         if self.error is None:
@@ -3349,6 +3443,8 @@ class StreamParser:
             delta = choice.object("delta", {}) or JsonObject({}, "the stream")
             if any(delta.value.get(name) for name in OUTPUT_DELTA_FIELDS):
                 carried = True
+            if record.answer is not None and isinstance(delta.value.get("content"), str):
+                record.answer.append(delta.value["content"])
             record.finish_reason = choice.string("finish_reason", record.finish_reason)
         usage = event.object("usage", None)
         if usage is not None:
@@ -3431,30 +3527,36 @@ class Endpoint:
         lines += [f"{name}: {value}" for name, value in headers.items()]
         return ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1") + body
 
-    def get(self, path: str, timeout_s: float, headers: Optional[Dict[str, str]] = None) -> Tuple[int, bytes]:
-        """Status and body (at most 16 MiB) of GET path; BadResponse when the connection
-        breaks, stalls past timeout_s or the answer is not HTTP."""
+    def get(self, path: str, timeout_s: float, headers: Optional[Dict[str, str]] = None,
+            body: Optional[bytes] = None) -> Tuple[int, bytes]:
+        """Status and body (at most 16 MiB) of GET path (POST when body is given);
+        BadResponse when the connection breaks, stalls past timeout_s or the answer is not HTTP."""
+        method = "GET" if body is None else "POST"
         connection = self.connect(timeout_s)
         try:
-            connection.request("GET", self.base_path + path, headers=headers or {})
+            connection.request(method, self.base_path + path, body=body, headers=dict(
+                headers or {}, **({"Content-Type": "application/json"} if body is not None else {})))
             response = connection.getresponse()
             return response.status, response.read(1 << 24)
         except socket.timeout:
-            raise BadResponse(f"GET {self}{path}: no answer within {timeout_s:g} s") from None
+            raise BadResponse(f"{method} {self}{path}: no answer within {timeout_s:g} s") from None
         except (OSError, http.client.HTTPException) as error:
-            raise BadResponse(f"GET {self}{path}: {type(error).__name__}: {error}") from None
+            raise BadResponse(f"{method} {self}{path}: {type(error).__name__}: {error}") from None
         finally:
             connection.close()
 
-    def get_json(self, path: str, timeout_s: float, headers: Optional[Dict[str, str]] = None):
-        """The JSON value of GET path; BadResponse on a status other than 200 or a body that is not JSON."""
-        status, body = self.get(path, timeout_s, headers)
+    def get_json(self, path: str, timeout_s: float, headers: Optional[Dict[str, str]] = None, payload=None):
+        """The JSON value of GET path (POST of payload as JSON when given); BadResponse on a
+        status other than 200 or a body that is not JSON."""
+        body = None if payload is None else json.dumps(payload).encode("utf-8")
+        status, answer = self.get(path, timeout_s, headers, body)
+        method = "GET" if body is None else "POST"
         if status != 200:
-            raise BadResponse(f"GET {self}{path}: HTTP {status}")
+            raise BadResponse(f"{method} {self}{path}: HTTP {status}")
         try:
-            return json.loads(body)
+            return json.loads(answer)
         except ValueError:
-            raise BadResponse(f"GET {self}{path}: the answer is not JSON") from None
+            raise BadResponse(f"{method} {self}{path}: the answer is not JSON") from None
 
 
 class HttpBody:
@@ -4003,8 +4105,12 @@ class LoadPlan:
     headers: Dict[str, str]
     num_warmup: int
     concurrency: Optional[int]           # closed loop clients, or the open-loop in-flight cap
-    schedule: Optional[List[float]]      # open loop: send offsets of the measured requests
+    schedule: Optional[List[Optional[float]]]  # open loop: send offsets of the measured requests
     timeout_s: float
+    # Conversations: a later turn has no offset; it goes out think_s after the turn before
+    # it ends, its body's one message the new text, sent after the conversation so far.
+    next_turn: Dict[int, int] = field(default_factory=dict)  # record index -> the next turn's
+    think_s: Dict[int, float] = field(default_factory=dict)  # record index of a later turn -> seconds
 
 
 class LoadRun:
@@ -4115,6 +4221,8 @@ class LoadRun:
         start = self.clock()
         self.threads = []
         for index, offset in zip(indices, self.plan.schedule):
+            if offset is None:
+                continue  # a conversation's later turn: the thread of the turn before sends it
             delay = start + offset - self.clock()
             if delay > 0:
                 self.sleep(delay)
@@ -4130,10 +4238,35 @@ class LoadRun:
             thread.start()
             self.threads.append(thread)
 
-    def _send(self, index: int, slots: Optional[threading.Semaphore] = None) -> None:
-        record = self.records[index]
+    def _send(self, index: int, slots: Optional[threading.Semaphore] = None,
+              history: Sequence[dict] = ()) -> None:
+        """Send request index (after history, a conversation so far), then the turns after it."""
         try:
-            stream_chat(self.plan.endpoint, self.plan.bodies[index], self.plan.headers, record,
+            self._send_one(index, history)
+            while index in self.plan.next_turn and not self.stopping.is_set():
+                record, after = self.records[index], self.plan.next_turn[index]
+                history = list(history) + [json.loads(self.plan.bodies[index])["messages"][-1],
+                                           {"role": "assistant", "content": "".join(record.answer or ())}]
+                self.sleep(self.plan.think_s.get(after, 0.0))
+                if self.stopping.is_set():
+                    break
+                self.records[after].scheduled_s = self.records[after].sent_s = self.clock()
+                index = after
+                self._send_one(index, history)
+        finally:
+            if slots is not None:
+                slots.release()
+
+    def _send_one(self, index: int, history: Sequence[dict]) -> None:
+        record, body = self.records[index], self.plan.bodies[index]
+        if history:  # NOTE: the body's own message goes after the conversation so far
+            data = json.loads(body)
+            data["messages"] = list(history) + data["messages"]
+            body = json.dumps(data).encode("utf-8")
+        if index in self.plan.next_turn:
+            record.answer = []
+        try:
+            stream_chat(self.plan.endpoint, body, self.plan.headers, record,
                         self.reader, self.plan.timeout_s, self.on_event)
         except ServerUnreachable as error:
             record.fail("unreachable", str(error))
@@ -4141,9 +4274,6 @@ class LoadRun:
             self.stop()
         except Exception as error:  # NOTE: a worker must end its request, whatever happened
             record.fail("bad-response", f"{type(error).__name__}: {error}")
-        finally:
-            if slots is not None:
-                slots.release()
 
 
 def normalize_times(records: Sequence[MeasuredRequest]) -> None:
@@ -4251,6 +4381,8 @@ def build_loadgen_report(settings: dict, records: Sequence[MeasuredRequest], win
         "server": window,
         "server_note": None if window else (server_problem or "fewer than two /metrics scrapes"),
         "server_timings": timings_summary(records),
+        "send_lateness_ms": distribution_ms([r.sent_s - r.scheduled_s for r in records
+                                             if r.sent_s is not None and r.scheduled_s is not None]),
         "errors": [{"request_id": r.request_id, "kind": r.error_kind, "status": r.status, "error": r.error}
                    for r in records if r.error is not None],
     }
@@ -4289,6 +4421,152 @@ class Progress:
 # thread take the GIL back sooner from threads busy connecting; it halves loadgen's p99
 # timestamp error at 64 streams (see code/bench.py loadgen).
 LOADGEN_SWITCH_INTERVAL_S = 0.001
+
+
+# =============================================================================
+# Trace replay: a trace's requests as prompts the server tokenizes to their lengths
+# =============================================================================
+
+def fit_lengths(requests: Sequence[Request], length_scale: float = 1.0, max_context: Optional[int] = None) -> int:
+    """Make a trace fit a small server, in place; how many requests changed. length_scale
+    multiplies every length (prompt, output, shared prefix, trace block), so shared
+    blocks stay shared; max_context cuts a request longer than it: the output to at most
+    a quarter of it, then the prompt's end (its leading, shared part is kept)."""
+    changed = 0
+    for request in requests:
+        before = (request.prompt_tokens, request.max_tokens)
+        if length_scale != 1.0:
+            request.prompt_tokens = max(1, round(request.prompt_tokens * length_scale))
+            request.max_tokens = max(1, round(request.max_tokens * length_scale))
+            request.prefix_tokens = min(request.prompt_tokens, round(request.prefix_tokens * length_scale))
+            request.prefix_block_tokens = max(1, round(request.prefix_block_tokens * length_scale)) \
+                if request.prefix_block_tokens else 0
+        if max_context is not None and request.prompt_tokens + request.max_tokens > max_context:
+            request.max_tokens = max(1, min(request.max_tokens, max_context // 4))
+            request.prompt_tokens = max(1, max_context - request.max_tokens)
+            request.prefix_tokens = min(request.prefix_tokens, request.prompt_tokens)
+        changed += (request.prompt_tokens, request.max_tokens) != before
+    return changed
+
+
+@dataclass(frozen=True)
+class PromptText:
+    """Text a server tokenizes to a wanted length: a chat request of w words of
+    PROMPT_WORDS counts overhead_tokens + tokens_per_word x w prompt tokens (the chat
+    template's tokens are the overhead). Shared blocks of a trace become the same words
+    in every request that shares them (seeded by the block's key); the rest is the
+    request's own, after a line no other request has."""
+
+    tokens_per_word: float = 1.0
+    overhead_tokens: float = 0.0
+    source: str = "assumed"  # "/tokenize" or "usage": how the two figures were found
+
+    def words(self, key: str, num_tokens: float) -> str:
+        rng = random.Random(key)
+        return " ".join(rng.choice(PROMPT_WORDS) for _ in range(max(1, round(num_tokens / self.tokens_per_word))))
+
+    def prompt(self, request: Request, seed: int, cache: Dict[str, str]) -> str:
+        """request's prompt; cache keeps the text of each shared block (made once)."""
+        parts, shared = [], 0
+        if request.conversation is not None:  # its text is its own; what it shares is the conversation before it
+            pass
+        elif request.prefix_blocks:
+            per_block = request.prefix_block_tokens
+            for index, key in enumerate(request.prefix_blocks):
+                tokens = min(per_block, request.prefix_tokens - index * per_block)
+                if tokens <= 0:
+                    break
+                name = f"block:{key}:{tokens}"
+                parts.append(cache.get(name) or cache.setdefault(name, self.words(name, tokens)))
+                shared += tokens
+        elif request.prefix is not None and request.prefix_tokens:
+            name = f"prefix:{request.prefix}:{request.prefix_tokens}"
+            parts.append(cache.get(name) or cache.setdefault(name, self.words(name, request.prefix_tokens)))
+            shared = request.prefix_tokens
+        overhead = self.overhead_tokens if request.turn <= 1 else 0.0  # the template's tokens: once a conversation
+        own = request.prompt_tokens - shared - overhead - 4  # 4: about the words of the line below
+        parts.append(f"Request {seed}-{request.request_id}.")
+        if own >= 1:
+            parts.append(self.words(f"own:{seed}:{request.request_id}", own))
+        return " ".join(parts)
+
+
+SAMPLE_WORDS = (64, 512)  # the two probe lengths: their difference gives tokens per word
+
+
+def _tokenize_count(endpoint: Endpoint, headers: Dict[str, str], model: str, text: str,
+                    timeout_s: float) -> Optional[int]:
+    """Tokens of text by the server's POST /tokenize (llama.cpp: content; vLLM: prompt),
+    None where it has none."""
+    try:
+        answer = endpoint.get_json("/tokenize", timeout_s, headers, {"model": model, "prompt": text, "content": text,
+                                                                   "add_special": False, "add_special_tokens": False})
+    except BadResponse:
+        return None
+    if isinstance(answer, dict) and isinstance(answer.get("count"), int):
+        return answer["count"]
+    tokens = answer.get("tokens") if isinstance(answer, dict) else None
+    return len(tokens) if isinstance(tokens, list) else None
+
+
+def _usage_prompt_tokens(endpoint: Endpoint, headers: Dict[str, str], model: str, text: str,
+                         timeout_s: float) -> int:
+    """The prompt tokens a chat request of text counts (usage), from a one-token answer."""
+    record = MeasuredRequest(-1)
+    with StreamReader() as reader:
+        stream_chat(endpoint, chat_body(model, text, 1, False, 0.0), dict(headers, **{"Content-Type":
+                    "application/json"}), record, reader, timeout_s)
+    if record.error is not None or record.token_counts == "chunks" or record.prompt_tokens <= 0:
+        raise BadResponse(f"{endpoint}: a probe request to size the prompts failed or reported no usage "
+                          f"({record.error or 'no usage.prompt_tokens'})")
+    return record.prompt_tokens
+
+
+def calibrate_prompt_text(endpoint: Endpoint, headers: Dict[str, str], model: str, timeout_s: float) -> PromptText:
+    """Measure PromptText's two figures once per run: tokens per word from /tokenize of two
+    texts where the server has it (else from the usage of two one-token chats), and the
+    chat template's overhead from the usage of one chat."""
+    short, long = (PromptText().words(f"sample-{n}", n) for n in SAMPLE_WORDS)  # n words each
+    counts = [_tokenize_count(endpoint, headers, model, text, timeout_s) for text in (short, long)]
+    source = "/tokenize"
+    short_usage = _usage_prompt_tokens(endpoint, headers, model, short, timeout_s)
+    if None in counts or counts[1] <= counts[0]:
+        counts, source = [short_usage, _usage_prompt_tokens(endpoint, headers, model, long, timeout_s)], "usage"
+    per_word = (counts[1] - counts[0]) / (SAMPLE_WORDS[1] - SAMPLE_WORDS[0])
+    if not 0.2 <= per_word <= 5:
+        raise BadResponse(f"{endpoint}: {per_word:.2f} tokens per word from {source}: not a tokenizer's count")
+    return PromptText(per_word, max(0.0, short_usage - per_word * SAMPLE_WORDS[0]), source)
+
+
+def replay_rows(requests: Sequence[Request], records: Sequence[MeasuredRequest]) -> List[list]:
+    """What was sent, as the simulator replays it: each request's send offset and its
+    lengths as the server counted them (usage; the trace's where a request failed),
+    with its prefix structure."""
+    sent = []
+    scheduled = [record.scheduled_s for record in records if record.scheduled_s is not None]
+    origin = min(scheduled) if scheduled else 0.0  # the schedule's 0 (the reports' 0 is the first send)
+    for request, record in zip(requests, records):
+        counted = record.error is None and record.token_counts != "chunks"
+        prompt_tokens = record.prompt_tokens if counted and record.prompt_tokens else request.prompt_tokens
+        sent.append(dataclasses.replace(
+            request, arrival_s=record.scheduled_s - origin if record.scheduled_s is not None else request.arrival_s,
+            prompt_tokens=prompt_tokens, max_tokens=record.output_tokens if counted and record.output_tokens
+            else request.max_tokens, conversation=None, turn=0, think_s=0.0,  # NOTE: each turn at its send time
+            prefix_tokens=prompt_tokens if request.conversation is not None else request.prefix_tokens))
+    return request_rows(sent)
+
+
+def workload_hit_rate(requests: Sequence[Request], block_size: int = 16) -> float:
+    """The share of prompt tokens a prefix cache that never evicts could serve: the leading
+    full blocks each request shares with one sent before it (the ceiling for any server)."""
+    seen: set = set()
+    hits = total = 0
+    for request in sorted(requests, key=lambda r: r.arrival_s):
+        keys = prefix_block_keys(request, block_size)[:max(0, request.prompt_tokens - 1) // block_size]
+        hits += next((index for index, key in enumerate(keys) if key not in seen), len(keys)) * block_size
+        total += request.prompt_tokens
+        seen.update(keys)
+    return hits / total if total else 0.0
 
 
 # =============================================================================
@@ -4824,10 +5102,11 @@ def measured_workload(report: dict) -> Tuple[Optional[int], Optional[float], int
     settings, summary = report["settings"], report["summary"]
     completed = summary["num_completed"]
     prompt_tokens = max(1, round(summary["prompt_tokens"] / completed))
-    output_tokens = settings["max_tokens"] if settings.get("ignore_eos") else max(
+    replayed = settings.get("mode") == "trace"
+    output_tokens = settings["max_tokens"] if settings.get("ignore_eos") and not replayed else max(
         1, round(summary["output_tokens"] / completed))
     rate = settings.get("rate") if settings.get("mode") == "open" else None
-    concurrency = None if rate else settings.get("concurrency") or 1
+    concurrency = None if rate or replayed else settings.get("concurrency") or 1
     return concurrency, rate, summary["num_requests"], prompt_tokens, output_tokens
 
 
@@ -4842,7 +5121,12 @@ def measured_server(report: dict) -> dict:
 
 
 def predict_loadgen_run(report: dict, spec: EngineSpec) -> dict:
-    """Simulate the workload a loadgen report measured, on the spec's engine."""
+    """Simulate the workload a loadgen report measured, on the spec's engine: a trace
+    replay's very requests (send offsets, lengths as the server counted them, shared
+    blocks), or the closed or open loop it ran."""
+    if report.get("replay"):
+        requests = requests_from_rows(report["replay"]["requests"], "the replay report")
+        return engine_report(run_engine(spec.engine(), requests, None), requests)
     concurrency, rate, num_requests, prompt_tokens, output_tokens = measured_workload(report)
     settings = report["settings"]
     if rate is None:
@@ -4891,7 +5175,9 @@ def compare_rows(reports: Sequence[dict], predictions: Sequence[dict]) -> List[d
         measured_runs = [dict({label: figure(report["summary"]) for label, figure in COMPARED},
                               batch=(report.get("server") or {}).get("mean_batch")) for report, _ in runs]
         prediction = runs[0][1]
+        replay = runs[0][0].get("replay")
         row = {"concurrency": concurrency, "rate": rate, "num_requests": num_requests, "num_runs": len(runs),
+               "trace": os.path.basename(replay["trace"]) if replay else None,
                "prompt_tokens": prompt_tokens, "output_tokens": output_tokens,
                "measured": {label: _median_or_none([run[label] for run in measured_runs]) for label in measured_runs[0]},
                "predicted": dict({label: figure(prediction["summary"]) for label, figure in COMPARED},
@@ -5575,32 +5861,6 @@ def plan_points(args) -> List[PlanPoint]:
     return points
 
 
-def request_rows(requests: Sequence[Request]) -> List[list]:
-    """A workload as JSON rows: id, prompt, output, arrival, prefix, its tokens, blocks, block tokens."""
-    return [[r.request_id, r.prompt_tokens, r.max_tokens, r.arrival_s, r.prefix, r.prefix_tokens,
-             list(r.prefix_blocks), r.prefix_block_tokens] for r in requests]
-
-
-def requests_from_rows(rows, where: str) -> List[Request]:
-    """The requests of request_rows(), each row checked; UsageError naming the first bad one."""
-    if not isinstance(rows, list) or not rows or len(rows) > MAX_COUNT:
-        raise UsageError(f"{where}: the workload must be a list of 1 to {MAX_COUNT:,} requests")
-    requests = []
-    for index, row in enumerate(rows):
-        at = f"{where}: workload[{index}]"
-        if not isinstance(row, list) or len(row) != 8:
-            raise UsageError(f"{at} must be a list of 8 values, got {_shown(row)}")
-        request_id, prompt, output, arrival_s, prefix, prefix_tokens, blocks, block_tokens = row
-        if not (prefix is None or isinstance(prefix, str)) or not (
-                isinstance(blocks, list) and all(isinstance(key, int) and not isinstance(key, bool) for key in blocks)):
-            raise UsageError(f"{at}: the prefix must be a string or null and its blocks a list of integers")
-        requests.append(Request(_check_int(at, "id", request_id, 0), _check_int(at, "prompt", prompt, 1),
-                                _check_int(at, "output", output, 1), _check_number(at, "arrival", arrival_s, 0),
-                                prefix, _check_int(at, "prefix tokens", prefix_tokens, 0), tuple(blocks),
-                                _check_int(at, "block tokens", block_tokens, 0)))
-    return requests
-
-
 def spec_to_dict(spec: EngineSpec) -> dict:
     """What rebuilds the engine anywhere: the device, the (per-device) model, how the cache
     is sized, the scheduler's knobs."""
@@ -6073,16 +6333,36 @@ SERVER_LINE = (("mean_batch", "mean batch", "{:.2f}"), ("max_running", "max runn
                ("cached_prompt_tokens", "cached", "{:,.0f}"), ("generated_tokens", "generated", "{:,.0f}"))
 
 
+def _format_replay(report: dict) -> List[str]:
+    """What a trace replay asked for beside what the server counted and cached."""
+    replay, window, timings = report["replay"], report.get("server") or {}, report.get("server_timings") or {}
+    lines = [f"replay {os.path.basename(replay['trace'])}: {replay['num_requests']:,} requests, "
+             f"{replay['num_length_changes']:,} scaled or cut to fit"]
+    if replay["achieved_prompt_tokens"]:
+        wanted, achieved = replay["wanted_prompt_tokens"], replay["achieved_prompt_tokens"]
+        lines.append(f"prompt tokens per request wanted {wanted:.1f} achieved {achieved:.1f} "
+                     f"({achieved / wanted - 1:+.1%}; sized by {replay['prompt_text']['source']})")
+    server_hits = window.get("prefix_hit_rate")
+    if server_hits is None and timings.get("cached_prompt_tokens") is not None and report["summary"]["prompt_tokens"]:
+        server_hits = timings["cached_prompt_tokens"] / report["summary"]["prompt_tokens"]
+    measured = "unknown (no /metrics prefix counters or timings)" if server_hits is None else f"{server_hits:.1%}"
+    return lines + [f"prefix cache hits: server {measured}, at most {replay['workload_hit_rate']:.1%} "
+                    f"for this workload (every shared block already seen)"]
+
+
 def format_loadgen(report: dict) -> List[str]:
     settings, summary = report["settings"], report["summary"]
-    if settings["mode"] == "open":
+    if settings["mode"] == "trace":
+        how = f"replaying {os.path.basename(settings['trace'])}" + (
+            f" at most {settings['concurrency']} in flight" if settings["concurrency"] else "")
+    elif settings["mode"] == "open":
         how = f"rate {settings['rate']:g} req/s burstiness {settings['burstiness']:g}"
         if settings["concurrency"]:
             how += f" at most {settings['concurrency']} in flight"
     else:
         how = f"closed loop concurrency {settings['concurrency']}"
-    lines = [f"loadgen {settings['model']} at {settings['url']} {summary['num_requests']:,} requests {how} "
-             f"max tokens {settings['max_tokens']}"]
+    lines = [f"loadgen {settings['model']} at {settings['url']} {summary['num_requests']:,} requests {how}"
+             + ("" if settings["mode"] == "trace" else f" max tokens {settings['max_tokens']}")]
     completed = summary["num_completed"]
     if completed:
         counts = report["token_counts"]
@@ -6090,6 +6370,12 @@ def format_loadgen(report: dict) -> List[str]:
         lines.append(f"tokens per request prompt {summary['prompt_tokens'] / completed:.1f} "
                      f"output {summary['output_tokens'] / completed:.1f} ({source})")
     lines += format_summary(summary, chunk_gaps=True)
+    lateness = report.get("send_lateness_ms") or {}
+    if lateness.get("count"):
+        lines.append(f"send lateness ms p50 {_ms(lateness['p50'])} p99 {_ms(lateness['p99'])} "
+                     f"max {_ms(lateness['max'])} (sent after the schedule)")
+    if report.get("replay"):
+        lines += _format_replay(report)
     timings = report["server_timings"]
     if timings and timings["tpot_ms"]["count"]:
         lines.append(f"server timings tpot ms p50 {_ms(timings['tpot_ms']['p50'])} "
@@ -6114,6 +6400,8 @@ def format_loadgen(report: dict) -> List[str]:
 
 
 def _load_label(row: dict) -> str:
+    if row.get("trace"):
+        return f"trace {row['trace']}"
     return str(row["concurrency"]) if row["concurrency"] else f"rate {row['rate']:g}"
 
 
@@ -6194,7 +6482,8 @@ def format_compare(spec: EngineSpec, reports: Sequence[dict], rows: Sequence[dic
     if costs:
         n = plan.tensor_parallel_size
         lines.append(f"cost per M output tokens at ${plan.hardware.price_per_hour * n:,.2f}/h, measured / predicted: "
-                     + ", ".join(f"{_load_label(row)} {_usd(cost['measured'])} / {_usd(cost['predicted'])}"
+                     + ", ".join(f"{'concurrency ' if row['concurrency'] else ''}{_load_label(row)} "
+                                 f"{_usd(cost['measured'])} / {_usd(cost['predicted'])}"
                                  for row, cost in costs))
     return lines + list(dict.fromkeys(row["cost_model"]["text"] for row in rows))
 
@@ -6457,22 +6746,56 @@ def _read_prompt_file(path: Optional[str]) -> Optional[str]:
     return text
 
 
-def _loadgen_plan(args, endpoint: Endpoint, headers: Dict[str, str], model: str) -> LoadPlan:
-    """The bodies and the schedule of a loadgen run, from its flags."""
+def _loadgen_plan(args, endpoint: Endpoint, headers: Dict[str, str], model: str,
+                  replay: Optional[Tuple[List[Request], PromptText]] = None) -> LoadPlan:
+    """The bodies and the schedule of a loadgen run, from its flags (replay: the trace's
+    requests and the text that sizes their prompts)."""
     if args.seed is None:
         args.seed = random.SystemRandom().randrange(10 ** 6)  # fresh prompts: nothing cached from a last run
-    prompts = build_prompts(args.warmup + args.requests, args.prompt_tokens, args.shared_prefix_tokens, args.seed,
+    num_generated = args.warmup + (0 if replay else args.requests)
+    prompts = build_prompts(num_generated, args.prompt_tokens, args.shared_prefix_tokens, args.seed,
                             _read_prompt_file(args.prompt_file))
     bodies = [chat_body(model, prompt, args.max_tokens, args.ignore_eos, args.temperature) for prompt in prompts]
-    schedule = open_loop_schedule(args.requests, args.rate, args.burstiness, args.seed) if args.rate else None
-    return LoadPlan(endpoint, bodies, headers, args.warmup, args.concurrency, schedule, args.timeout)
+    if replay is None:
+        schedule = open_loop_schedule(args.requests, args.rate, args.burstiness, args.seed) if args.rate else None
+        return LoadPlan(endpoint, bodies, headers, args.warmup, args.concurrency, schedule, args.timeout)
+    requests, text = replay
+    blocks: Dict[str, str] = {}
+    bodies += [chat_body(model, text.prompt(request, args.seed, blocks), request.max_tokens, args.ignore_eos,
+                         args.temperature) for request in requests]
+    index_of = {request: args.warmup + position for position, request in enumerate(requests)}
+    next_turn = {index_of[before]: index_of[after] for before, after in follow_ups(requests).items()}
+    later = set(next_turn.values())
+    return LoadPlan(endpoint, bodies, headers, args.warmup, args.concurrency,
+                    [None if index_of[r] in later else r.arrival_s for r in requests], args.timeout,
+                    next_turn, {index_of[r]: r.think_s for r in requests if index_of[r] in later})
+
+
+def _replay_requests(args) -> Tuple[List[Request], int]:
+    """The trace's requests for loadgen --trace, fitted by --length-scale and --max-context."""
+    requests = read_trace(args.trace, args.trace_format, args.time_scale, args.start, args.limit)
+    return requests, fit_lengths(requests, args.length_scale, args.max_context)
+
+
+def replay_report(args, requests: Sequence[Request], records: Sequence[MeasuredRequest], text: PromptText,
+                  num_changed: int) -> dict:
+    """The replay section of a loadgen report: what was asked, what the server counted, and
+    every request as sent (for compare to predict exactly these)."""
+    counted = [(request.prompt_tokens, record.prompt_tokens) for request, record in zip(requests, records)
+               if record.error is None and record.token_counts != "chunks" and record.prompt_tokens]
+    wanted = sum(pair[0] for pair in counted) / len(counted) if counted else None
+    achieved = sum(pair[1] for pair in counted) / len(counted) if counted else None
+    return {"trace": args.trace, "num_requests": len(requests), "length_scale": args.length_scale,
+            "max_context": args.max_context, "num_length_changes": num_changed, "prompt_text": asdict(text),
+            "wanted_prompt_tokens": wanted, "achieved_prompt_tokens": achieved,
+            "workload_hit_rate": workload_hit_rate(requests), "requests": replay_rows(requests, records)}
 
 
 def _loadgen_settings(args, endpoint: Endpoint, model: str, interrupted: bool) -> dict:
     """The settings block of a loadgen report (its shape is in the README)."""
-    open_loop = bool(args.rate)
+    open_loop = bool(args.rate or args.trace)
     return {
-        "url": str(endpoint), "model": model, "mode": "open" if open_loop else "closed",
+        "url": str(endpoint), "model": model, "mode": "trace" if args.trace else "open" if open_loop else "closed",
         "concurrency": args.concurrency if open_loop else (args.concurrency or 1),
         "rate": args.rate, "burstiness": args.burstiness if open_loop else None,
         "num_requests": args.requests, "num_warmup": args.warmup, "max_tokens": args.max_tokens,
@@ -6480,7 +6803,7 @@ def _loadgen_settings(args, endpoint: Endpoint, model: str, interrupted: bool) -
         "prompt_tokens": args.prompt_tokens, "prompt_file": args.prompt_file,
         "shared_prefix_tokens": args.shared_prefix_tokens, "timeout_s": args.timeout, "seed": args.seed,
         "scrape_interval_s": args.scrape_interval, "interrupted": interrupted,
-        "price_per_hour": args.price_per_hour, "num_devices": args.num_devices,
+        "price_per_hour": args.price_per_hour, "num_devices": args.num_devices, "trace": args.trace,
     }
 
 
@@ -6513,7 +6836,11 @@ def cmd_loadgen(args) -> int:
     headers, auth = _request_headers(args)
     model = args.model or discover_model(endpoint, auth, args.timeout)
     server_info = discover_server(endpoint, auth, args.timeout)
-    run = LoadRun(_loadgen_plan(args, endpoint, headers, model))
+    replay = None
+    if args.trace:
+        requests, num_changed = _replay_requests(args)
+        replay = (requests, calibrate_prompt_text(endpoint, headers, model, args.timeout))
+    run = LoadRun(_loadgen_plan(args, endpoint, headers, model, replay))
     sampler = MetricsSampler(endpoint, args.scrape_interval, auth)
     progress = Progress(run.measured(), sys.stderr.isatty() and not args.quiet)
     interrupted = False
@@ -6533,8 +6860,12 @@ def cmd_loadgen(args) -> int:
     records = [r for r in run.measured() if r.sent_s is not None]
     normalize_times(records)
     settings = dict(_loadgen_settings(args, endpoint, model, interrupted), server_info=server_info)
+    if replay is not None:
+        settings["num_requests"] = len(replay[0])
     report = build_loadgen_report(settings, records, window, sampler.problem, slo, args.json_requests)
     add_cost(report["summary"], (args.price_per_hour or 0.0) * args.num_devices, args.num_devices)
+    if replay is not None:
+        report["replay"] = replay_report(args, replay[0], run.measured(), replay[1], num_changed)
     if args.json or args.json_requests:
         _print_json(report)
     else:
@@ -6971,6 +7302,17 @@ def _add_replica_flags(parser: argparse.ArgumentParser) -> None:
                              "the replica caching most of the prompt's prefix (default %(default)s)")
 
 
+def _add_trace_flags(parser: argparse.ArgumentParser) -> None:
+    """How a --trace is read."""
+    parser.add_argument("--trace-format", choices=tuple(TRACE_READERS),
+                        help="the --trace format (default: told from the content)")
+    parser.add_argument("--time-scale", type=positive_float, default=1.0,
+                        help="multiply trace arrivals: < 1 the same requests faster, > 1 slower (default 1)")
+    parser.add_argument("--start", type=seconds, default=0.0,
+                        help="skip trace requests arriving in the first S seconds (default 0)")
+    parser.add_argument("--limit", type=positive_int, help="keep at most N trace requests")
+
+
 def _add_workload_flags(parser: argparse.ArgumentParser) -> None:
     """Generated requests, and how a --trace is read."""
     parser.add_argument("--requests", type=positive_int, default=256,
@@ -6982,13 +7324,7 @@ def _add_workload_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--seed", type=int, default=0, help="seed for lengths and arrivals (default 0)")
     parser.add_argument("--burstiness", type=positive_float, default=1.0,
                         help="with --rate: gamma shape of the gaps, 1 Poisson, < 1 burstier (default 1)")
-    parser.add_argument("--trace-format", choices=tuple(TRACE_READERS),
-                        help="the --trace format (default: told from the content)")
-    parser.add_argument("--time-scale", type=positive_float, default=1.0,
-                        help="multiply trace arrivals: < 1 the same requests faster, > 1 slower (default 1)")
-    parser.add_argument("--start", type=seconds, default=0.0,
-                        help="skip trace requests arriving in the first S seconds (default 0)")
-    parser.add_argument("--limit", type=positive_int, help="keep at most N trace requests")
+    _add_trace_flags(parser)
 
 
 def _add_slo_flags(parser: argparse.ArgumentParser) -> None:
@@ -7080,9 +7416,18 @@ def _loadgen_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--api-key", help="Bearer token (default: $OPENAI_API_KEY); never printed")
     parser.add_argument("--concurrency", type=thread_count,
                         help="closed loop: N clients (default 1); with --rate: most requests in flight")
-    parser.add_argument("--rate", type=positive_float, help="open loop: requests per second")
+    loads = parser.add_mutually_exclusive_group()
+    loads.add_argument("--rate", type=positive_float, help="open loop: requests per second")
+    loads.add_argument("--trace", help="replay this trace (any format simulate reads): each request at its "
+                                       "arrival, prompts sized to its lengths, shared blocks as shared text")
     parser.add_argument("--burstiness", type=positive_float, default=1.0,
                         help="gamma shape of open-loop gaps: 1 Poisson, < 1 burstier (default 1)")
+    _add_trace_flags(parser)
+    parser.add_argument("--length-scale", type=positive_float, default=1.0,
+                        help="multiply every trace length (prompt, output, shared blocks), for a small server")
+    parser.add_argument("--max-context", type=positive_int,
+                        help="cut trace requests longer than N tokens (output to N/4 at most, then the prompt's "
+                             "end), e.g. a llama.cpp slot's context")
     parser.add_argument("--requests", type=positive_int, default=16, help="measured requests (default 16)")
     parser.add_argument("--warmup", type=non_negative_int, default=0,
                         help="requests sent and finished before the measured ones (default 0)")

@@ -9,6 +9,7 @@ list of /metrics texts served in turn (the last one repeats), or None for a 404.
 
 import json
 import threading
+import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 
@@ -60,6 +61,22 @@ def stream_of(*pieces, gate=None):
     return handle
 
 
+def word_tokens(text):
+    """A stand-in tokenizer: a token per word, two for a word of more than six letters."""
+    return sum(1 + (len(word) > 6) for word in text.split())
+
+
+def counting_chat(tokenizer=word_tokens, overhead=9, answer=("Sure", " thing", ".")):
+    """A chat handler whose usage counts the prompt (every message) with tokenizer, plus a
+    chat template's overhead, and that answers with the pieces of answer, one a chunk."""
+    def handle(handler, body):
+        prompt = sum(tokenizer(message["content"]) for message in body["messages"]) + overhead
+        events = [chunk(role="assistant", content="")] + [chunk(piece) for piece in answer]
+        events += [chunk(finish="stop"), chunk(choices=False, usage=(prompt, len(answer)))]
+        stream_of(sse(*events))(handler, body)
+    return handle
+
+
 def error_response(status, payload):
     def handle(handler, body):
         handler.send_json(status, payload)
@@ -94,7 +111,15 @@ class _Handler(BaseHTTPRequestHandler):
         server = self.server.fake
         length = int(self.headers.get("Content-Length", 0))
         body = json.loads(self.rfile.read(length))
+        if self.path == "/tokenize":
+            if server.tokenizer is None:
+                self.send_json(404, {"error": {"code": 404, "message": "File Not Found"}})
+            else:
+                self.send_json(200, {"tokens": list(range(server.tokenizer(body["content"])))})
+            return
+        received_s = time.perf_counter()
         with server.arrived:
+            server.received_s.append(received_s)
             server.bodies.append(body)
             server.headers_seen.append(dict(self.headers))
             index = len(server.bodies) - 1
@@ -136,12 +161,14 @@ class FakeServer:
     (index, body) -> handler, so each request can get its own script.
     """
 
-    def __init__(self, chat=None, metrics=None, models=("fake-model",), per_request=False):
+    def __init__(self, chat=None, metrics=None, models=("fake-model",), per_request=False, tokenizer=None):
         self.chat = chat or stream_of(standard_stream())
         self.per_request = per_request
         self.metrics = list(metrics) if metrics else None
         self.models = models
         self.bodies = []
+        self.received_s = []       # perf_counter when each chat request's body had arrived
+        self.tokenizer = tokenizer  # text -> token count for POST /tokenize (llama.cpp's shape), or a 404
         self.headers_seen = []
         self.num_scrapes = 0
         self.lock = threading.Lock()

@@ -146,6 +146,17 @@ class CostTest(unittest.TestCase):
                                14.4 / (summary["output_tok_per_s"] * 3600) * 1e6, places=9)
 
 
+    def test_compare_prices_the_measurement_and_the_prediction_alike(self):
+        reports = [os.path.join(FIXTURES_DIR, "llamacpp", name) for name in ("c1.json", "c4.json")]
+        code, out, err = run_cli("compare", *reports, "--hardware", "cpu-2vcpu", "--model", "gemma-3-270m-q4_k_m",
+                                 "--price-per-hour", "0.1")
+        self.assertEqual((code, err), (0, ""))
+        line = next(line for line in out.splitlines() if line.startswith("cost per M output tokens"))
+        self.assertTrue(line.startswith("cost per M output tokens at $0.10/h, measured / predicted: concurrency 1 $"),
+                        line)
+        self.assertNotIn("cost per M", run_cli("compare", *reports, "--hardware", "cpu-2vcpu")[1])  # no price
+
+
 class ReplicasTest(unittest.TestCase):
 
     def run_router(self, router):

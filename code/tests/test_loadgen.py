@@ -420,6 +420,19 @@ class LoadgenCliTest(unittest.TestCase):
         self.assertEqual([r["request_id"] for r in report["requests"]], [0, 1, 2, 3])
         self.assertEqual(report["requests"][0]["sent_s"] >= 0, True)
 
+    def test_a_price_gives_the_measured_runs_dollars_per_million_tokens(self):
+        with FakeServer() as server:
+            code, out, _ = self.loadgen(server, "--requests", "4", "--price-per-hour", "3.6", "--num-devices", "2",
+                                        "--json")
+        summary = json.loads(out)["summary"]
+        self.assertEqual(code, 0)
+        # $3.60 x 2 devices an hour, over the output tokens an hour at the measured throughput
+        self.assertEqual((summary["cost"]["usd_per_hour"], summary["cost"]["num_devices"]), (7.2, 2))
+        self.assertAlmostEqual(summary["cost"]["usd_per_million_output_tokens"],
+                               7.2 / (summary["output_tok_per_s"] * 3600) * 1e6, places=6)
+        with FakeServer() as server:
+            self.assertNotIn("cost", json.loads(self.loadgen(server, "--requests", "2", "--json")[1])["summary"])
+
     def test_a_bad_url_exits_2(self):
         code, out, err = run_cli("loadgen", "--url", "localhost:8080")
         self.assertEqual((code, out), (2, ""))
