@@ -3688,6 +3688,7 @@ class StreamReader:
         self._incoming: List[_OpenStream] = []
         self._lock = threading.Lock()
         self._closing = False
+        self.round_s = array.array("d")  # how long each round of reads and decoding took
         self._thread = threading.Thread(target=self._loop, daemon=True)
         self._thread.start()
 
@@ -3713,7 +3714,9 @@ class StreamReader:
     def _loop(self) -> None:
         while not self._closing:
             arrivals = []
-            for key, _ in self.selector.select(timeout=0.05):
+            ready = self.selector.select(timeout=0.05)
+            began = self.clock()
+            for key, _ in ready:
                 if key.fileobj is self._wake_read:
                     self._admit()
                     continue
@@ -3740,6 +3743,8 @@ class StreamReader:
                     going = False
                 if not going:
                     self._finish(stream)
+            if arrivals:  # NOTE: bytes that arrive meanwhile wait in the kernel: this is the reader's lag
+                self.round_s.append(self.clock() - began)
             self._expire()
         for key in list(self.selector.get_map().values()):
             if key.fileobj is not self._wake_read:
@@ -4162,14 +4167,15 @@ class LoadRun:
             self._start_closed(range(self.plan.num_warmup), clients)
             self.wait()
 
-    def start(self) -> None:
+    def start(self, start_at: Optional[float] = None) -> None:
         """Start sending the measured requests (returns at once for closed loop; open
-        loop dispatches from the calling thread, so it returns when all are sent)."""
+        loop dispatches from the calling thread, so it returns when all are sent).
+        start_at: the clock() reading the schedule counts from (default: now)."""
         indices = range(self.plan.num_warmup, len(self.records))
         if self.plan.schedule is None:
             self._start_closed(indices, self.plan.concurrency or 1)
         else:
-            self._dispatch_open(indices)
+            self._dispatch_open(indices, start_at)
 
     def wait(self, poll: Optional[Callable[[], None]] = None, interval_s: float = 0.2) -> None:
         """Block until every worker is done; poll() runs every interval_s meanwhile.
@@ -4216,9 +4222,9 @@ class LoadRun:
             thread.start()
             self.threads.append(thread)  # NOTE: only started threads, so a Ctrl-C here can join them
 
-    def _dispatch_open(self, indices: Iterable[int]) -> None:
+    def _dispatch_open(self, indices: Iterable[int], start_at: Optional[float] = None) -> None:
         slots = threading.Semaphore(self.plan.concurrency) if self.plan.concurrency else None
-        start = self.clock()
+        start = self.clock() if start_at is None else start_at
         self.threads = []
         for index, offset in zip(indices, self.plan.schedule):
             if offset is None:
@@ -4364,6 +4370,143 @@ def finish_in_flight(run: LoadRun, grace_s: float) -> None:
     for record in run.measured():
         if record.sent_s is not None and record.error is None and not (record.finish_reason or record.saw_done):
             record.fail("interrupted", "still streaming when the run was interrupted")
+
+
+def split_plan(plan: LoadPlan, num_workers: int) -> List[Tuple[LoadPlan, List[int]]]:
+    """The measured requests of plan dealt to num_workers plans (and which record each
+    request is): in turn, in schedule order, a conversation's turns all to one worker;
+    closed-loop clients shared out alike. Warm-ups stay with the caller."""
+    measured = list(range(plan.num_warmup, len(plan.bodies)))
+    later = set(plan.next_turn.values())
+    shares: List[List[int]] = [[] for _ in range(num_workers)]
+    for position, index in enumerate(index for index in measured if index not in later):
+        chain = [index]
+        while chain[-1] in plan.next_turn:
+            chain.append(plan.next_turn[chain[-1]])
+        shares[position % num_workers] += chain
+    plans = []
+    for number, share in enumerate(shares):
+        if not share:
+            continue
+        local = {index: position for position, index in enumerate(share)}
+        clients = None if plan.concurrency is None else max(1, plan.concurrency // num_workers
+                                                            + (number < plan.concurrency % num_workers))
+        schedule = None if plan.schedule is None else [plan.schedule[index - plan.num_warmup] for index in share]
+        plans.append((dataclasses.replace(
+            plan, bodies=[plan.bodies[index] for index in share], num_warmup=0, concurrency=clients,
+            schedule=schedule, next_turn={local[a]: local[b] for a, b in plan.next_turn.items() if a in local},
+            think_s={local[index]: seconds for index, seconds in plan.think_s.items() if index in local}), share))
+    return plans
+
+
+def _load_worker(plan: LoadPlan, connection) -> None:
+    """One process of loadgen --workers: a LoadRun of its share, started when the parent
+    says (a perf_counter reading: one clock for every process on the machine); it sends
+    back its records, its reader's rounds and whether the server was unreachable."""
+    run, unreachable = LoadRun(plan), None
+    try:
+        connection.send("ready")
+        start_at = connection.recv()
+        run.start(start_at)
+        run.wait()
+    except ServerUnreachable as error:
+        unreachable = str(error)
+    except KeyboardInterrupt:
+        run.stop()
+        finish_in_flight(run, grace_s=2.0)
+    finally:
+        run.close()
+    connection.send((run.records, list(run.reader.round_s), unreachable))
+
+
+class ProcessLoadRun:
+    """A LoadRun over several processes (loadgen --workers): each reads its share of the
+    streams with its own reader thread, so one interpreter lock no longer stamps every
+    stream. Warm-ups run here first; the measured requests go out on one schedule from a
+    start time all processes share. Threads: the main thread calls everything."""
+
+    START_MARGIN_S = 0.05  # between telling the workers the start time and that time
+
+    def __init__(self, plan: LoadPlan, num_workers: int):
+        self.plan, self.local = plan, LoadRun(plan)
+        self.records, self.threads = self.local.records, self.local.threads
+        self.round_s: List[float] = []
+        self.parts = split_plan(plan, num_workers)
+        self.processes: List[Tuple[multiprocessing.Process, object, List[int]]] = []
+
+    def measured(self) -> List[MeasuredRequest]:
+        return self.records[self.plan.num_warmup:]
+
+    def warm_up(self) -> None:
+        self.local.warm_up()
+
+    def start(self) -> None:
+        context = multiprocessing.get_context("spawn")  # NOTE: no fork of a process with threads
+        for part, share in self.parts:
+            ours, theirs = context.Pipe()
+            process = context.Process(target=_load_worker, args=(part, theirs), daemon=True)
+            process.start()
+            self.processes.append((process, ours, share))
+        for _, connection, _ in self.processes:
+            connection.recv()  # ready
+        start_at = time.perf_counter() + self.START_MARGIN_S
+        for _, connection, _ in self.processes:
+            connection.send(start_at)
+
+    def wait(self, poll: Optional[Callable[[], None]] = None, interval_s: float = 0.2) -> None:
+        """Block until every worker has sent its records back, and merge them in."""
+        problems = []
+        try:
+            for process, connection, share in self.processes:
+                while not connection.poll(interval_s):
+                    if poll is not None:
+                        poll()
+                    if not process.is_alive():
+                        raise BadResponse("a loadgen worker process ended without its results")
+                problems.append(self._merge(connection, share))
+        except KeyboardInterrupt:  # NOTE: the workers got it too; they finish what is in flight and report
+            for process, connection, share in self.processes:
+                if not connection.closed and connection.poll(5.0):
+                    self._merge(connection, share)
+            raise
+        unreachable = next((problem for problem in problems if problem), None)
+        if unreachable:
+            raise ServerUnreachable(unreachable)
+
+    def _merge(self, connection, share: List[int]) -> Optional[str]:
+        records, rounds, problem = connection.recv()
+        connection.close()
+        for index, record in zip(share, records):
+            record.request_id = self.records[index].request_id
+            self.records[index] = record
+        self.round_s += rounds
+        return problem
+
+    def stop(self) -> None:
+        self.local.stop()
+
+    def close(self) -> None:
+        self.local.close()
+        for process, _, _ in self.processes:
+            if process.is_alive():
+                process.terminate()
+
+
+READER_ROUND_WARN_MS = 2.0   # a reader round this long at p99 delays the timestamps behind it
+SEND_LATENESS_WARN_MS = 5.0  # requests this late at p99 were not sent on the schedule
+
+
+def loadgen_warnings(report: dict, num_workers: int) -> List[str]:
+    """What makes loadgen's own figures unreliable in this run, each with the way out."""
+    warnings = []
+    rounds, lateness = report["reader_round_ms"], report["send_lateness_ms"]
+    if rounds["count"] and rounds["p99"] > READER_ROUND_WARN_MS:
+        warnings.append(f"the stream reader's rounds took {rounds['p99']:.1f} ms at p99: token times behind them "
+                        f"are late by up to that; use --workers {num_workers * 2}")
+    if lateness["count"] and lateness["p99"] > SEND_LATENESS_WARN_MS:
+        warnings.append(f"requests went out {lateness['p99']:.1f} ms after their schedule at p99: the sender is "
+                        f"behind; use --workers {num_workers * 2}")
+    return warnings
 
 
 def build_loadgen_report(settings: dict, records: Sequence[MeasuredRequest], window: Optional[dict],
@@ -6374,8 +6517,13 @@ def format_loadgen(report: dict) -> List[str]:
     if lateness.get("count"):
         lines.append(f"send lateness ms p50 {_ms(lateness['p50'])} p99 {_ms(lateness['p99'])} "
                      f"max {_ms(lateness['max'])} (sent after the schedule)")
+    rounds = report.get("reader_round_ms") or {}
+    if rounds.get("count"):
+        lines.append(f"stream reader rounds ms p99 {_ms(rounds['p99'])} max {_ms(rounds['max'])} (how late a token "
+                     f"time can be)")
     if report.get("replay"):
         lines += _format_replay(report)
+    lines += [f"warning: {warning}" for warning in report.get("warnings", ())]
     timings = report["server_timings"]
     if timings and timings["tpot_ms"]["count"]:
         lines.append(f"server timings tpot ms p50 {_ms(timings['tpot_ms']['p50'])} "
@@ -6804,6 +6952,7 @@ def _loadgen_settings(args, endpoint: Endpoint, model: str, interrupted: bool) -
         "shared_prefix_tokens": args.shared_prefix_tokens, "timeout_s": args.timeout, "seed": args.seed,
         "scrape_interval_s": args.scrape_interval, "interrupted": interrupted,
         "price_per_hour": args.price_per_hour, "num_devices": args.num_devices, "trace": args.trace,
+        "workers": args.workers,
     }
 
 
@@ -6840,7 +6989,8 @@ def cmd_loadgen(args) -> int:
     if args.trace:
         requests, num_changed = _replay_requests(args)
         replay = (requests, calibrate_prompt_text(endpoint, headers, model, args.timeout))
-    run = LoadRun(_loadgen_plan(args, endpoint, headers, model, replay))
+    plan = _loadgen_plan(args, endpoint, headers, model, replay)
+    run = ProcessLoadRun(plan, args.workers) if args.workers > 1 else LoadRun(plan)
     sampler = MetricsSampler(endpoint, args.scrape_interval, auth)
     progress = Progress(run.measured(), sys.stderr.isatty() and not args.quiet)
     interrupted = False
@@ -6863,6 +7013,8 @@ def cmd_loadgen(args) -> int:
     if replay is not None:
         settings["num_requests"] = len(replay[0])
     report = build_loadgen_report(settings, records, window, sampler.problem, slo, args.json_requests)
+    report["reader_round_ms"] = distribution_ms(run.round_s if args.workers > 1 else list(run.reader.round_s))
+    report["warnings"] = loadgen_warnings(report, args.workers)
     add_cost(report["summary"], (args.price_per_hour or 0.0) * args.num_devices, args.num_devices)
     if replay is not None:
         report["replay"] = replay_report(args, replay[0], run.measured(), replay[1], num_changed)
@@ -7453,6 +7605,9 @@ def _loadgen_flags(parser: argparse.ArgumentParser) -> None:
     _add_output_flags(parser)
     parser.add_argument("--json-requests", action="store_true",
                         help="include every request's record in the JSON report (implies --json)")
+    parser.add_argument("--workers", type=thread_count, default=1,
+                        help="processes that send and read the streams, each its share, on one schedule "
+                             "(default 1; more for hundreds of streams)")
     parser.add_argument("--quiet", action="store_true", help="no progress line on stderr")
 
 
