@@ -211,6 +211,57 @@ def bench_loadgen(repeat):
         stub.wait()
 
 
+class StampErrors:
+    """on_event for loadgen runs on the stub: the time each event was read less the time
+    the stub stamped it (ms). Picklable, so each --workers process keeps its own copy."""
+
+    def __init__(self):
+        self.errors_ms = []
+
+    def __call__(self, at, event):
+        if "t" in event:
+            self.errors_ms.append((at - event["t"]) * 1000)
+
+
+def loadgen_workers_once(endpoint, concurrency, num_workers):
+    """One closed-loop run of 2 x concurrency stub streams over num_workers processes:
+    (first-event error p50, every-event error p99 in ms, failures), the error being read
+    time less the stub's stamp (so the stub's own lateness under load is left out)."""
+    bodies = [main.chat_body("stub", "hi", STUB_TOKENS, True, 0.0)] * concurrency * 2
+    plan = main.LoadPlan(endpoint, bodies, {"Content-Type": "application/json"}, 0, concurrency, None, 120.0)
+    collector = StampErrors()
+    run = main.ProcessLoadRun(plan, num_workers, collector) if num_workers > 1 else main.LoadRun(plan, on_event=collector)
+    try:
+        run.start()
+        run.wait()
+    finally:
+        run.close()
+    copies = run.event_copies if num_workers > 1 else [collector]
+    errors_ms = sorted(error for copy in copies for error in copy.errors_ms)
+    return _percentile(errors_ms, 50), _percentile(errors_ms, 99), [r.error for r in run.records if r.error is not None]
+
+
+def bench_workers(repeat):
+    """loadgen --workers: the timestamp error at 256 and 512 clients, 1 and 2 processes."""
+    sys.setswitchinterval(main.LOADGEN_SWITCH_INTERVAL_S)
+    stub = subprocess.Popen([sys.executable, os.path.abspath(__file__), "_stub"], stdout=subprocess.PIPE, text=True)
+    try:
+        endpoint = main.Endpoint.parse(f"http://127.0.0.1:{int(stub.stdout.readline())}")
+        for concurrency in (256, 512):
+            for num_workers in (1, 2):
+                runs = [loadgen_workers_once(endpoint, concurrency, num_workers) for _ in range(repeat)]
+                p50 = [run[0] for run in runs]
+                p99 = [run[1] for run in runs]
+                failed = sum(len(run[2]) for run in runs)
+                print(f"workers  c={concurrency:<3} --workers {num_workers}: {2 * concurrency} streams x {STUB_TOKENS} "
+                      f"tokens, {repeat} runs, {failed} failed; timestamp error p50 {statistics.median(p50):.2f} ms "
+                      f"({min(p50):.2f}-{max(p50):.2f}), p99 {statistics.median(p99):.2f} ms "
+                      f"({min(p99):.2f}-{max(p99):.2f})")
+    finally:
+        stub.kill()
+        stub.wait()
+
+
 DATA_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "..", "shared", "data")
 def trace_runs():
     """The production traces, whole when they are beside the repository (SERVESIM_TRACES or
@@ -273,7 +324,7 @@ def bench_fuzz(num_cases, seed):
 
 
 BENCHMARKS = {"sweep": bench_sweep, "poisson": bench_poisson, "traces": bench_traces, "jobs": bench_jobs,
-              "loadgen": bench_loadgen}
+              "loadgen": bench_loadgen, "workers": bench_workers}
 
 
 def main_bench(argv=None) -> int:

@@ -13,7 +13,7 @@ Usage:
     python3 code/main.py capacity [--hardware H] [--model M] [options]
     python3 code/main.py simulate (--trace FILE | --rate R | --concurrency N) [options]
     python3 code/main.py sweep --concurrency 1,8,32 [options]
-    python3 code/main.py loadgen --url URL [--concurrency N | --rate R] [options]
+    python3 code/main.py loadgen --url URL [--concurrency N | --rate R | --trace FILE] [options]
     python3 code/main.py compare REPORT.json... [--hardware H] [--model M] [options]
     python3 code/main.py calibrate REPORT.json REPORT.json... [options] [--out FILE]
     python3 code/main.py explain (SCRAPE... | REPORT.json | --url URL) [server flags]
@@ -31,6 +31,9 @@ Examples:
     python3 code/main.py sweep --requests 256 --concurrency 1,8,32,128,256
     # the same metrics measured from a real server's stream, plus its /metrics window
     python3 code/main.py loadgen --url http://127.0.0.1:8080 --concurrency 4 --max-tokens 64 --ignore-eos
+    # a production trace replayed on it (shared prefixes as shared text), then predicted
+    python3 code/main.py loadgen --url http://127.0.0.1:8080 --trace code/fixtures/burst.jsonl --json > replay.json
+    python3 code/main.py compare replay.json --step-profile code/fixtures/llamacpp/profile.json
     # a server's own step costs, measured; then its reports beside their prediction
     python3 code/main.py profile --url http://127.0.0.1:8080 --out profile.json
     python3 code/main.py compare c1.json c4.json --step-profile profile.json --scheduler llamacpp
@@ -121,7 +124,11 @@ Trace formats (--trace, told apart by content or named by --trace-format):
 Options of loadgen (see --help): --url, --model, --api-key, --concurrency, --rate,
 --burstiness, --requests, --warmup, --max-tokens, --ignore-eos, --temperature,
 --prompt-tokens, --prompt-file, --shared-prefix-tokens, --timeout, --seed,
---scrape-interval, --slo-*, --json, --json-requests, --quiet. profile measures a
+--scrape-interval, --slo-*, --price-per-hour, --num-devices, --json, --json-requests,
+--quiet; --trace FILE replays a trace (with --trace-format, --time-scale, --start,
+--limit, --length-scale, --max-context: prompts sized by the server's /tokenize,
+shared blocks as shared text, conversations turn by turn); --workers N reads the
+streams in N processes. profile measures a
 server's decode and prefill step times (--out, --budget-s, --max-num-seqs, --prefill-tokens;
 see --help).
 
@@ -4372,126 +4379,6 @@ def finish_in_flight(run: LoadRun, grace_s: float) -> None:
             record.fail("interrupted", "still streaming when the run was interrupted")
 
 
-def split_plan(plan: LoadPlan, num_workers: int) -> List[Tuple[LoadPlan, List[int]]]:
-    """The measured requests of plan dealt to num_workers plans (and which record each
-    request is): in turn, in schedule order, a conversation's turns all to one worker;
-    closed-loop clients shared out alike. Warm-ups stay with the caller."""
-    measured = list(range(plan.num_warmup, len(plan.bodies)))
-    later = set(plan.next_turn.values())
-    shares: List[List[int]] = [[] for _ in range(num_workers)]
-    for position, index in enumerate(index for index in measured if index not in later):
-        chain = [index]
-        while chain[-1] in plan.next_turn:
-            chain.append(plan.next_turn[chain[-1]])
-        shares[position % num_workers] += chain
-    plans = []
-    for number, share in enumerate(shares):
-        if not share:
-            continue
-        local = {index: position for position, index in enumerate(share)}
-        clients = None if plan.concurrency is None else max(1, plan.concurrency // num_workers
-                                                            + (number < plan.concurrency % num_workers))
-        schedule = None if plan.schedule is None else [plan.schedule[index - plan.num_warmup] for index in share]
-        plans.append((dataclasses.replace(
-            plan, bodies=[plan.bodies[index] for index in share], num_warmup=0, concurrency=clients,
-            schedule=schedule, next_turn={local[a]: local[b] for a, b in plan.next_turn.items() if a in local},
-            think_s={local[index]: seconds for index, seconds in plan.think_s.items() if index in local}), share))
-    return plans
-
-
-def _load_worker(plan: LoadPlan, connection) -> None:
-    """One process of loadgen --workers: a LoadRun of its share, started when the parent
-    says (a perf_counter reading: one clock for every process on the machine); it sends
-    back its records, its reader's rounds and whether the server was unreachable."""
-    run, unreachable = LoadRun(plan), None
-    try:
-        connection.send("ready")
-        start_at = connection.recv()
-        run.start(start_at)
-        run.wait()
-    except ServerUnreachable as error:
-        unreachable = str(error)
-    except KeyboardInterrupt:
-        run.stop()
-        finish_in_flight(run, grace_s=2.0)
-    finally:
-        run.close()
-    connection.send((run.records, list(run.reader.round_s), unreachable))
-
-
-class ProcessLoadRun:
-    """A LoadRun over several processes (loadgen --workers): each reads its share of the
-    streams with its own reader thread, so one interpreter lock no longer stamps every
-    stream. Warm-ups run here first; the measured requests go out on one schedule from a
-    start time all processes share. Threads: the main thread calls everything."""
-
-    START_MARGIN_S = 0.05  # between telling the workers the start time and that time
-
-    def __init__(self, plan: LoadPlan, num_workers: int):
-        self.plan, self.local = plan, LoadRun(plan)
-        self.records, self.threads = self.local.records, self.local.threads
-        self.round_s: List[float] = []
-        self.parts = split_plan(plan, num_workers)
-        self.processes: List[Tuple[multiprocessing.Process, object, List[int]]] = []
-
-    def measured(self) -> List[MeasuredRequest]:
-        return self.records[self.plan.num_warmup:]
-
-    def warm_up(self) -> None:
-        self.local.warm_up()
-
-    def start(self) -> None:
-        context = multiprocessing.get_context("spawn")  # NOTE: no fork of a process with threads
-        for part, share in self.parts:
-            ours, theirs = context.Pipe()
-            process = context.Process(target=_load_worker, args=(part, theirs), daemon=True)
-            process.start()
-            self.processes.append((process, ours, share))
-        for _, connection, _ in self.processes:
-            connection.recv()  # ready
-        start_at = time.perf_counter() + self.START_MARGIN_S
-        for _, connection, _ in self.processes:
-            connection.send(start_at)
-
-    def wait(self, poll: Optional[Callable[[], None]] = None, interval_s: float = 0.2) -> None:
-        """Block until every worker has sent its records back, and merge them in."""
-        problems = []
-        try:
-            for process, connection, share in self.processes:
-                while not connection.poll(interval_s):
-                    if poll is not None:
-                        poll()
-                    if not process.is_alive():
-                        raise BadResponse("a loadgen worker process ended without its results")
-                problems.append(self._merge(connection, share))
-        except KeyboardInterrupt:  # NOTE: the workers got it too; they finish what is in flight and report
-            for process, connection, share in self.processes:
-                if not connection.closed and connection.poll(5.0):
-                    self._merge(connection, share)
-            raise
-        unreachable = next((problem for problem in problems if problem), None)
-        if unreachable:
-            raise ServerUnreachable(unreachable)
-
-    def _merge(self, connection, share: List[int]) -> Optional[str]:
-        records, rounds, problem = connection.recv()
-        connection.close()
-        for index, record in zip(share, records):
-            record.request_id = self.records[index].request_id
-            self.records[index] = record
-        self.round_s += rounds
-        return problem
-
-    def stop(self) -> None:
-        self.local.stop()
-
-    def close(self) -> None:
-        self.local.close()
-        for process, _, _ in self.processes:
-            if process.is_alive():
-                process.terminate()
-
-
 READER_ROUND_WARN_MS = 2.0   # a reader round this long at p99 delays the timestamps behind it
 SEND_LATENESS_WARN_MS = 5.0  # requests this late at p99 were not sent on the schedule
 
@@ -4564,6 +4451,133 @@ class Progress:
 # thread take the GIL back sooner from threads busy connecting; it halves loadgen's p99
 # timestamp error at 64 streams (see code/bench.py loadgen).
 LOADGEN_SWITCH_INTERVAL_S = 0.001
+
+
+# =============================================================================
+# Load runs extension: the streams read by several processes
+# =============================================================================
+
+def split_plan(plan: LoadPlan, num_workers: int) -> List[Tuple[LoadPlan, List[int]]]:
+    """The measured requests of plan dealt to num_workers plans (and which record each
+    request is): in turn, in schedule order, a conversation's turns all to one worker;
+    closed-loop clients shared out alike. Warm-ups stay with the caller."""
+    measured = list(range(plan.num_warmup, len(plan.bodies)))
+    later = set(plan.next_turn.values())
+    shares: List[List[int]] = [[] for _ in range(num_workers)]
+    for position, index in enumerate(index for index in measured if index not in later):
+        chain = [index]
+        while chain[-1] in plan.next_turn:
+            chain.append(plan.next_turn[chain[-1]])
+        shares[position % num_workers] += chain
+    plans = []
+    for number, share in enumerate(shares):
+        if not share:
+            continue
+        local = {index: position for position, index in enumerate(share)}
+        clients = None if plan.concurrency is None else max(1, plan.concurrency // num_workers
+                                                            + (number < plan.concurrency % num_workers))
+        schedule = None if plan.schedule is None else [plan.schedule[index - plan.num_warmup] for index in share]
+        plans.append((dataclasses.replace(
+            plan, bodies=[plan.bodies[index] for index in share], num_warmup=0, concurrency=clients,
+            schedule=schedule, next_turn={local[a]: local[b] for a, b in plan.next_turn.items() if a in local},
+            think_s={local[index]: think for index, think in plan.think_s.items() if index in local}), share))
+    return plans
+
+
+def _load_worker(plan: LoadPlan, connection, on_event=None) -> None:
+    """One process of loadgen --workers: a LoadRun of its share, started when the parent
+    says (a perf_counter reading: one clock for every process on the machine); it sends
+    back its records, its reader's rounds, whether the server was unreachable, and its
+    copy of on_event (instrumentation: a picklable callable that keeps what it saw)."""
+    run, unreachable = LoadRun(plan, on_event=on_event), None
+    try:
+        connection.send("ready")
+        start_at = connection.recv()
+        run.start(start_at)
+        run.wait()
+    except ServerUnreachable as error:
+        unreachable = str(error)
+    except KeyboardInterrupt:
+        run.stop()
+        finish_in_flight(run, grace_s=2.0)
+    finally:
+        run.close()
+    connection.send((run.records, list(run.reader.round_s), unreachable, on_event))
+
+
+class ProcessLoadRun:
+    """A LoadRun over several processes (loadgen --workers): each reads its share of the
+    streams with its own reader thread, so one interpreter lock no longer stamps every
+    stream. Warm-ups run here first; the measured requests go out on one schedule from a
+    start time all processes share. Threads: the main thread calls everything."""
+
+    START_MARGIN_S = 0.05  # between telling the workers the start time and that time
+
+    def __init__(self, plan: LoadPlan, num_workers: int, on_event=None):
+        self.plan, self.local, self.on_event = plan, LoadRun(plan), on_event
+        self.records, self.threads = self.local.records, self.local.threads
+        self.round_s: List[float] = []
+        self.event_copies: list = []  # each worker's on_event, as it came back
+        self.parts = split_plan(plan, num_workers)
+        self.processes: List[Tuple[multiprocessing.Process, object, List[int]]] = []
+
+    def measured(self) -> List[MeasuredRequest]:
+        return self.records[self.plan.num_warmup:]
+
+    def warm_up(self) -> None:
+        self.local.warm_up()
+
+    def start(self) -> None:
+        context = multiprocessing.get_context("spawn")  # NOTE: no fork of a process with threads
+        for part, share in self.parts:
+            ours, theirs = context.Pipe()
+            process = context.Process(target=_load_worker, args=(part, theirs, self.on_event), daemon=True)
+            process.start()
+            self.processes.append((process, ours, share))
+        for _, connection, _ in self.processes:
+            connection.recv()  # ready
+        start_at = time.perf_counter() + self.START_MARGIN_S
+        for _, connection, _ in self.processes:
+            connection.send(start_at)
+
+    def wait(self, poll: Optional[Callable[[], None]] = None, interval_s: float = 0.2) -> None:
+        """Block until every worker has sent its records back, and merge them in."""
+        problems = []
+        try:
+            for process, connection, share in self.processes:
+                while not connection.poll(interval_s):
+                    if poll is not None:
+                        poll()
+                    if not process.is_alive():
+                        raise BadResponse("a loadgen worker process ended without its results")
+                problems.append(self._merge(connection, share))
+        except KeyboardInterrupt:  # NOTE: the workers got it too; they finish what is in flight and report
+            for process, connection, share in self.processes:
+                if not connection.closed and connection.poll(5.0):
+                    self._merge(connection, share)
+            raise
+        unreachable = next((problem for problem in problems if problem), None)
+        if unreachable:
+            raise ServerUnreachable(unreachable)
+
+    def _merge(self, connection, share: List[int]) -> Optional[str]:
+        records, rounds, problem, on_event = connection.recv()
+        connection.close()
+        self.event_copies.append(on_event)
+        for index, record in zip(share, records):
+            record.request_id = self.records[index].request_id
+            self.records[index] = record
+        self.round_s += rounds
+        return problem
+
+    def stop(self) -> None:
+        self.local.stop()
+
+    def close(self) -> None:
+        self.local.close()
+        for process, _, _ in self.processes:
+            if process.is_alive():
+                process.terminate()
 
 
 # =============================================================================

@@ -108,6 +108,7 @@ class _Handler(BaseHTTPRequestHandler):
             self.send_json(404, {"error": {"code": 404, "message": "File Not Found", "type": "not_found_error"}})
 
     def do_POST(self):
+        received_s = time.perf_counter()  # NOTE: first, before reading the body: when the request arrived
         server = self.server.fake
         length = int(self.headers.get("Content-Length", 0))
         body = json.loads(self.rfile.read(length))
@@ -117,7 +118,6 @@ class _Handler(BaseHTTPRequestHandler):
             else:
                 self.send_json(200, {"tokens": list(range(server.tokenizer(body["content"])))})
             return
-        received_s = time.perf_counter()
         with server.arrived:
             server.received_s.append(received_s)
             server.bodies.append(body)

@@ -244,8 +244,10 @@ SERVER_COMMANDS = (
     ["profile", "--url", "URL", "--repeat", "1", "--max-num-seqs", "2", "--prefill-tokens", "16", "--output-tokens",
      "4", "--timeout", "0.5", "--quiet"],
     ["explain", "--url", "URL", "--scrapes", "2", "--scrape-interval", "0.01"],
+    ["loadgen", "--url", "URL", "--trace", "t.jsonl", "--timeout", "0.5", "--scrape-interval", "0.05"],
 )
-SERVER_FLAGS = ("--temperature", "--rate", "--burstiness", "--warmup", "--max-tokens", "--prompt-tokens",
+SERVER_FLAGS = ("--length-scale", "--max-context", "--workers", "--time-scale", "--temperature", "--rate",
+                "--burstiness", "--warmup", "--max-tokens", "--prompt-tokens",
                 "--timeout", "--scrape-interval", "--seed", "--prompt-file", "--shared-prefix-tokens", "--url",
                 "--concurrency", "--model", "--slo-ttft-ms", "--repeat", "--budget-s", "--prefill-tokens",
                 "--output-tokens", "--max-num-seqs", "--scrapes", "--requests")
@@ -265,7 +267,10 @@ def server_flag_cases(rng, count, reports):
             continue
         argv = list(rng.choice(SERVER_COMMANDS))
         argv += [rng.choice(SERVER_FLAGS), rng.choice(ODD_VALUES + ("1", "2", "0.5", "prompt.txt", "http://[::1"))]
-        cases.append(Case("flags server", argv, files={"prompt.txt": rng.choice((b"", b"hello", b"\xff\xfe"))},
+        trace = b'{"arrival_s": 0, "prompt_tokens": 20, "output_tokens": 3}\n{"arrival_s": 0.01, "prompt_tokens": 9, ' \
+                b'"output_tokens": 2, "prefix": "p", "prefix_tokens": 4}\n'
+        cases.append(Case("flags server", argv, files={"prompt.txt": rng.choice((b"", b"hello", b"\xff\xfe")),
+                                                       "t.jsonl": trace},
                           server=[("send", head() + chunked(sse_events(*good_stream())))]))
     return cases
 
@@ -317,9 +322,12 @@ def trace_cases(rng, count):
     row = {"arrival_s": 0.1, "prompt_tokens": 40, "output_tokens": 8, "prefix": "s", "prefix_tokens": 16}
     moon = {"timestamp": 10, "input_length": 600, "output_length": 8, "hash_ids": [1, 2]}
     for _ in range(count):
-        kind = rng.choice(("servesim", "azure", "mooncake"))
+        kind = rng.choice(("servesim", "azure", "mooncake", "conversation"))
         if kind == "servesim":
             lines = [dumps(dict(row, arrival_s=0.1 * i)) for i in range(3)] + [dumps(mutate_json(rng, row))]
+        elif kind == "conversation":
+            turn = {"arrival_s": 0.0, "prompt_tokens": 30, "output_tokens": 4, "conversation": "c", "think_s": 0.5}
+            lines = [dumps(dict(turn, turn=i + 1)) for i in range(3)] + [dumps(mutate_json(rng, dict(turn, turn=4)))]
         elif kind == "mooncake":
             lines = [dumps(dict(moon, timestamp=10 * i)) for i in range(3)] + [dumps(mutate_json(rng, moon))]
         else:
@@ -330,7 +338,8 @@ def trace_cases(rng, count):
         if rng.random() < 0.2:
             lines.insert(rng.randrange(len(lines) + 1), bytes(rng.randrange(256) for _ in range(rng.randrange(1, 30))))
         name = f"t.{'csv' if kind == 'azure' else 'jsonl'}"
-        cases.append(Case(f"trace {kind}", ["simulate", "--trace", name, "--hardware", "l4-24gb"],
+        command = rng.choice((["--hardware", "l4-24gb"], ["--prefix-caching", "--replicas", "2"]))
+        cases.append(Case(f"trace {kind}", ["simulate", "--trace", name, *command],
                           files={name: b"\n".join(lines)}, expected=(0, 2)))
     return cases
 

@@ -18,7 +18,7 @@ import subprocess
 import tempfile
 import unittest
 
-from fake_server import FakeServer
+from fake_server import FakeServer, counting_chat, word_tokens
 from support import REPO_DIR, main
 
 README = os.path.join(REPO_DIR, "README.md")
@@ -90,7 +90,7 @@ class ReadmeTest(unittest.TestCase):
             here = os.getcwd()
             os.chdir(clone)
             try:
-                with FakeServer() as server:
+                with FakeServer(chat=counting_chat(), tokenizer=word_tokens) as server:
                     for command, expected in examples():
                         with self.subTest(command=command):
                             self.run_example(command, expected, server.url)
