@@ -262,6 +262,26 @@ def write_json_file(path: str, value, flag: str) -> None:
         raise UsageError(f"{flag} {path}: cannot write it ({_reason(error)})") from None
 
 
+def write_text_file(path: str, text: str, flag: str) -> None:
+    """text in a file; UsageError naming the flag and path if it cannot be written."""
+    try:
+        with open(path, "w", encoding="utf-8") as handle:
+            handle.write(text)
+    except (OSError, ValueError) as error:
+        raise UsageError(f"{flag} {path}: cannot write it ({_reason(error)})") from None
+
+
+def write_csv_file(path: str, header: Sequence[str], rows: Iterable[Sequence], flag: str) -> None:
+    """rows under header as CSV; UsageError naming the flag and path if it cannot be written."""
+    try:
+        with open(path, "w", encoding="utf-8", newline="") as handle:
+            writer = csv.writer(handle)
+            writer.writerow(header)
+            writer.writerows(rows)
+    except (OSError, ValueError) as error:
+        raise UsageError(f"{flag} {path}: cannot write it ({_reason(error)})") from None
+
+
 def _is_number(value) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
 
@@ -2081,6 +2101,7 @@ class Engine:
         self.num_batched_seqs = 0
         self.num_batched_tokens = 0
         self.max_batch_seqs = 0
+        self.max_waiting = 0           # the longest queue a step left behind
         self.busy_s = 0.0              # virtual seconds spent in steps
         self.kv_peak = 0.0             # highest share of blocks in use after scheduling
         self.kv_block_seconds = 0.0    # blocks in use x step seconds, for the time-weighted mean
@@ -2105,6 +2126,7 @@ class Engine:
         duration_s = self.cost.step_s(num_tokens, num_context_tokens, num_sampled, num_decodes,
                                       decode_context_tokens, len(batch))
         used = scheduler.pool.used_count()
+        self.max_waiting = max(self.max_waiting, len(scheduler.waiting))
         self.num_steps += 1
         self.num_batched_seqs += len(batch)
         self.num_batched_tokens += num_tokens
@@ -2147,6 +2169,7 @@ class Engine:
             "mean_batch_seqs": self.num_batched_seqs / self.num_steps if self.num_steps else 0.0,
             "mean_batch_tokens": self.num_batched_tokens / self.num_steps if self.num_steps else 0.0,
             "max_batch_seqs": self.max_batch_seqs,
+            "max_waiting": self.max_waiting,
             "busy_s": busy,
             "kv_peak": self.kv_peak,
             "kv_mean": self.kv_block_seconds / (busy * scheduler.pool.num_blocks) if busy else 0.0,
@@ -2262,6 +2285,7 @@ class DecodeRun:
         engine.num_batched_seqs += num_seqs * steps
         engine.num_batched_tokens += num_seqs * steps
         engine.max_batch_seqs = max(engine.max_batch_seqs, num_seqs)
+        engine.max_waiting = max(engine.max_waiting, len(scheduler.waiting))  # the queue stands still in a run
         self._take_blocks(running, pool, block_size, steps)
         finished = []
         for request in running:
@@ -2626,6 +2650,23 @@ def add_cost(summary: dict, usd_per_hour: float, num_devices: int) -> dict:
     return summary
 
 
+REQUEST_CSV_HEADER = ("request_id", "arrival_s", "sent_s", "first_token_s", "last_token_s", "prompt_tokens",
+                      "cached_tokens", "output_tokens", "preemptions", "error_kind")
+
+
+def request_csv_rows(records: Sequence) -> Iterator[list]:
+    """One row per request, simulated (Request) or measured (MeasuredRequest), in
+    REQUEST_CSV_HEADER's order; what a record does not know is left empty (a server's
+    preemptions; the arrival of a closed-loop request, which is its send)."""
+    for record in records:
+        span = _token_span(record) or (None, None)
+        measured = not hasattr(record, "generated")  # a measured record counts output_tokens from usage
+        cached = (record.timings or {}).get("cache_n") if measured else record.num_prefix_hit_tokens
+        yield [record.request_id, record.scheduled_s if measured else record.arrival_s, record.sent_s, span[0],
+               span[1], record.prompt_tokens, cached, record.output_tokens if measured else record.generated,
+               None if measured else record.preemptions, record.error_kind]
+
+
 def rejections(requests: Sequence[Request]) -> List[dict]:
     """The requests a run refused, with why (see Scheduler.add)."""
     return [{"request_id": r.request_id, "kind": r.error_kind, "error": r.error} for r in requests if r.error is not None]
@@ -2975,6 +3016,7 @@ def merge_engine_reports(reports: Sequence[dict]) -> dict:
     merged.update(mean_batch_seqs=weighted("mean_batch_seqs", "num_steps"),
                   mean_batch_tokens=weighted("mean_batch_tokens", "num_steps"),
                   max_batch_seqs=max(report["max_batch_seqs"] for report in reports),
+                  max_waiting=max(report["max_waiting"] for report in reports),
                   kv_peak=max(report["kv_peak"] for report in reports), kv_mean=weighted("kv_mean", "busy_s"),
                   prefix_hit_rate=(merged["prefix_hit_tokens"] / merged["prefix_query_tokens"]
                                    if merged["prefix_query_tokens"] else 0.0))
@@ -3903,14 +3945,17 @@ class ServerMetric:
     kind says how a window of scrapes is read: "gauge" is the highest value any scrape
     saw; "counter" the rise from the first scrape to the last (with one scrape, the
     total since the server started); "histogram" the mean over the window, the rise of
-    _sum over the rise of _count, times scale (seconds to ms). metrics are the names
-    vLLM, llama.cpp and SGLang export it under; the first one present is read.
+    _sum over the rise of _count, times scale (seconds to ms), or with quantile set that
+    quantile of the window's buckets (interpolated within a bucket, as Prometheus's
+    histogram_quantile does). metrics are the names vLLM, llama.cpp and SGLang export it
+    under; the first one present is read.
     """
 
     name: str
     kind: str
     metrics: Tuple[str, ...]
     scale: float = 1.0
+    quantile: Optional[float] = None
 
 
 # The one vocabulary loadgen's server window and explain's evidence share.
@@ -3946,6 +3991,8 @@ SERVER_METRICS = (
                                           "sglang:time_per_output_token_seconds"), 1000),
     ServerMetric("e2e_ms", "histogram", ("vllm:e2e_request_latency_seconds",
                                          "sglang:e2e_request_latency_seconds"), 1000),
+    ServerMetric("itl_p99_ms", "histogram", ("vllm:inter_token_latency_seconds",), 1000, quantile=0.99),
+    ServerMetric("tokens_per_step", "histogram", ("vllm:iteration_tokens_total",)),
     ServerMetric("mean_prompt_tokens", "histogram", ("vllm:request_prompt_tokens",)),
     ServerMetric("mean_output_tokens", "histogram", ("vllm:request_generation_tokens",)),
 )
@@ -3961,9 +4008,44 @@ class Reading:
     source: str
 
 
+def _buckets(scrape: Dict[str, list], metric: str) -> Dict[float, float]:
+    """A histogram's cumulative counts by upper bound (le), over its label sets."""
+    counts: Dict[float, float] = {}
+    for labels, value in scrape.get(metric + "_bucket", ()):
+        try:
+            bound = float(labels.get("le", "nan"))
+        except ValueError:
+            continue
+        if not math.isnan(bound) and math.isfinite(value):
+            counts[bound] = counts.get(bound, 0.0) + value
+    return counts
+
+
+def histogram_quantile(quantile: float, last: Dict[str, list], first: Optional[Dict[str, list]],
+                       metric: str) -> Optional[float]:
+    """The quantile of a histogram's observations (since first, when given), interpolated
+    linearly within the bucket it falls in; the highest finite bound when it falls in +Inf."""
+    counts, before = _buckets(last, metric), _buckets(first, metric) if first else {}
+    bounds = sorted(bound for bound in counts if bound != math.inf)
+    total = counts.get(math.inf, 0.0) - before.get(math.inf, 0.0)
+    if not bounds or total <= 0:
+        return None
+    rank, lower, below = quantile * total, 0.0, 0.0
+    for bound in bounds:
+        cumulative = counts[bound] - before.get(bound, 0.0)
+        if cumulative >= rank:
+            inside = cumulative - below
+            return lower + (bound - lower) * ((rank - below) / inside if inside > 0 else 1.0)
+        lower, below = bound, cumulative
+    return bounds[-1]
+
+
 def _read_metric(spec: ServerMetric, metric: str, scrapes: Sequence[Dict[str, list]]) -> Optional[Reading]:
     first, last = scrapes[0], scrapes[-1]
     window = f"over {len(scrapes)} scrapes" if len(scrapes) > 1 else "in one scrape"
+    if spec.kind == "histogram" and spec.quantile is not None:
+        value = histogram_quantile(spec.quantile, last, first if len(scrapes) > 1 else None, metric)
+        return None if value is None else Reading(value * spec.scale, f"{metric} p{spec.quantile * 100:g} {window}")
     if spec.kind == "histogram":
         total, count = metric_total(last, metric + "_sum"), metric_total(last, metric + "_count")
         if total is None or not count:
@@ -4065,6 +4147,72 @@ class MetricsSampler:
     def _loop(self) -> None:
         while not self._stop.wait(self.interval_s):
             self.scrape()
+
+
+# =============================================================================
+# Prometheus export: a simulated run as vLLM's /metrics would show it
+# =============================================================================
+
+# vLLM's histogram bucket bounds (its v1 Prometheus logger), seconds.
+VLLM_TTFT_BUCKETS_S = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0,
+                       20.0, 40.0, 80.0, 160.0, 640.0, 2560.0)
+VLLM_TOKEN_GAP_BUCKETS_S = (0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0,
+                            20.0, 40.0, 80.0)
+VLLM_REQUEST_BUCKETS_S = (0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0, 120.0,
+                          240.0, 480.0, 960.0, 1920.0, 7680.0)
+VLLM_TOKEN_COUNT_BUCKETS = tuple(float(m * 10 ** e) for e in range(7) for m in (1, 2, 5))
+
+
+def _histogram_lines(name: str, labels: str, bounds: Sequence[float], values: Sequence[float],
+                     weights: Optional[Sequence[int]] = None) -> List[str]:
+    """The _bucket, _sum and _count samples of one histogram of values (each weights[i] times)."""
+    weights = weights if weights is not None else [1] * len(values)
+    pairs = sorted(zip(values, weights))
+    lines, index, cumulative = [f"# TYPE {name} histogram"], 0, 0
+    for bound in list(bounds) + [math.inf]:
+        while index < len(pairs) and pairs[index][0] <= bound:
+            cumulative += pairs[index][1]
+            index += 1
+        lines.append(f'{name}_bucket{{{labels},le="{"+Inf" if bound == math.inf else repr(bound)}"}} {cumulative}')
+    total = sum(value * weight for value, weight in pairs)
+    return lines + [f"{name}_sum{{{labels}}} {total!r}", f"{name}_count{{{labels}}} {cumulative}"]
+
+
+def prometheus_export(engine: dict, requests: Sequence[Request], token_log: Optional[TokenLog], model: str,
+                      prefix_caching: bool) -> str:
+    """The text exposition a vLLM server would show for the run: counters and histograms
+    as they stood at its end, gauges at the highest the run reached (a scrape at its
+    busiest moment: at the end every gauge reads 0), so that explain reads it as a scrape.
+    NOTE: vLLM counts prefix-cache queries only with prefix caching on; so does this."""
+    labels = f'model_name="{model}"'
+    done = [r for r in requests if r.error is None and _token_span(r) is not None]
+    ttft, tpot, e2e, itl, _, queue, _ = _latencies_s(done, None, token_log is None)
+    gaps, gap_weights = token_log.gaps() if token_log is not None else (itl, None)
+    lines = []
+    for name, kind, value in (
+            ("vllm:num_requests_running", "gauge", engine["max_batch_seqs"]),
+            ("vllm:num_requests_waiting", "gauge", engine["max_waiting"]),
+            ("vllm:kv_cache_usage_perc", "gauge", engine["kv_peak"]),
+            ("vllm:num_preemptions_total", "counter", engine["num_preemptions"]),
+            ("vllm:prefix_cache_queries_total", "counter", engine["prefix_query_tokens"] if prefix_caching else 0),
+            ("vllm:prefix_cache_hits_total", "counter", engine["prefix_hit_tokens"] if prefix_caching else 0),
+            ("vllm:prompt_tokens_total", "counter", sum(r.prompt_tokens for r in done)),
+            ("vllm:generation_tokens_total", "counter", sum(r.generated for r in done))):
+        lines += [f"# TYPE {name} {kind}", f"{name}{{{labels}}} {value!r}"]
+    for name, bounds, values, weights in (
+            ("vllm:time_to_first_token_seconds", VLLM_TTFT_BUCKETS_S, ttft, None),
+            ("vllm:inter_token_latency_seconds", VLLM_TOKEN_GAP_BUCKETS_S, gaps, gap_weights),
+            ("vllm:request_time_per_output_token_seconds", VLLM_TOKEN_GAP_BUCKETS_S, tpot, None),
+            ("vllm:request_queue_time_seconds", VLLM_REQUEST_BUCKETS_S, queue, None),
+            ("vllm:e2e_request_latency_seconds", VLLM_REQUEST_BUCKETS_S, e2e, None),
+            ("vllm:request_prompt_tokens", VLLM_TOKEN_COUNT_BUCKETS, [r.prompt_tokens for r in done], None)):
+        lines += _histogram_lines(name, labels, bounds, values, weights)
+    steps = engine["num_steps"]
+    lines += ["# TYPE vllm:iteration_tokens_total histogram",  # NOTE: only the total per step is kept: one bucket
+              f'vllm:iteration_tokens_total_bucket{{{labels},le="+Inf"}} {steps}',
+              f"vllm:iteration_tokens_total_sum{{{labels}}} {engine['mean_batch_tokens'] * steps!r}",
+              f"vllm:iteration_tokens_total_count{{{labels}}} {steps}"]
+    return "\n".join(lines) + "\n"
 
 
 # =============================================================================
@@ -5139,15 +5287,22 @@ def slo_from_args(args) -> Optional[Slo]:
 
 
 def run_replicas(spec: EngineSpec, requests: List[Request], concurrency: Optional[int], slo: Optional[Slo],
-                 num_replicas: int = 1, router: str = "round-robin") -> dict:
+                 num_replicas: int = 1, router: str = "round-robin", prometheus_path: Optional[str] = None) -> dict:
     """The report of num_replicas engines of spec behind router (one: run_engine), with
-    its cost at the hardware's price for every device (replicas x tensor-parallel size)."""
+    its cost at the hardware's price for every device (replicas x tensor-parallel size);
+    prometheus_path: where to write the run as vLLM's /metrics would show it."""
     if num_replicas == 1:
-        report = engine_report(run_engine(spec.engine(), requests, concurrency), requests, slo)
+        engine = run_engine(spec.engine(), requests, concurrency)
+        report, token_log = engine_report(engine, requests, slo), engine.token_log
     else:
         run = ReplicaRun([spec.engine() for _ in range(num_replicas)], Router(router))
         run.run(requests, concurrency)
         report = replicas_report(run, requests, slo)
+        token_log = TokenLogs([engine.token_log for engine in run.engines]) if spec.fast else None
+    if prometheus_path:
+        write_text_file(prometheus_path, prometheus_export(report["engine"], requests, token_log,
+                                                           spec.plan.model.name, spec.config.prefix_caching),
+                        "--prometheus")
     devices = num_replicas * spec.plan.tensor_parallel_size
     add_cost(report["summary"], spec.plan.hardware.price_per_hour * devices, devices)
     return report
@@ -5157,7 +5312,9 @@ def run_simulation(args, spec: EngineSpec, concurrency: Optional[int], rate: Opt
     """One simulated run from parsed flags, as the report that text and --json print."""
     plan, requests = spec.plan, _workload(args, rate)
     report = run_replicas(spec, requests, concurrency, slo_from_args(args), getattr(args, "replicas", 1),
-                          getattr(args, "router", "round-robin"))
+                          getattr(args, "router", "round-robin"), getattr(args, "prometheus", None))
+    if getattr(args, "csv", None):
+        write_csv_file(args.csv, REQUEST_CSV_HEADER, request_csv_rows(requests), "--csv")
     if getattr(args, "trace", None):
         arrivals = {"mode": "trace", "trace": args.trace}
     elif concurrency is not None:
@@ -7032,6 +7189,8 @@ def cmd_loadgen(args) -> int:
     add_cost(report["summary"], (args.price_per_hour or 0.0) * args.num_devices, args.num_devices)
     if replay is not None:
         report["replay"] = replay_report(args, replay[0], run.measured(), replay[1], num_changed)
+    if args.csv:
+        write_csv_file(args.csv, REQUEST_CSV_HEADER, request_csv_rows(records), "--csv")
     if args.json or args.json_requests:
         _print_json(report)
     else:
@@ -7413,6 +7572,10 @@ def _add_hardware_flags(parser: argparse.ArgumentParser, of_server: bool = False
                             help="GB/s each way between devices (default: the hardware's NVLink or PCIe)")
 
 
+def _add_csv_flag(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--csv", metavar="FILE", help="write one row per request (times in seconds, tokens) as CSV")
+
+
 def _add_output_flags(parser: argparse.ArgumentParser, what: str = "the full report") -> None:
     parser.add_argument("--json", action="store_true", help=f"print {what} as JSON")
 
@@ -7554,6 +7717,9 @@ def _simulate_flags(parser: argparse.ArgumentParser) -> None:
                                "result beside it, FILE.result.json")
     parser.add_argument("--max-tokens-in-flight", type=positive_int,
                         help="admit only while running requests' lengths stay within N tokens")
+    _add_csv_flag(parser)
+    parser.add_argument("--prometheus", metavar="FILE",
+                        help="write the run as vLLM's /metrics would show it (explain reads it as a scrape)")
     _add_disaggregation_flags(parser)
 
 
@@ -7619,6 +7785,7 @@ def _loadgen_flags(parser: argparse.ArgumentParser) -> None:
     _add_output_flags(parser)
     parser.add_argument("--json-requests", action="store_true",
                         help="include every request's record in the JSON report (implies --json)")
+    _add_csv_flag(parser)
     parser.add_argument("--workers", type=thread_count, default=1,
                         help="processes that send and read the streams, each its share, on one schedule "
                              "(default 1; more for hundreds of streams)")
