@@ -98,7 +98,8 @@ Workload options (simulate, sweep, search):
 simulate, sweep, search: --replicas N behind --router round-robin|least-loaded|
 prefix-affinity (N engines on one clock, a row per replica and the load imbalance).
 simulate alone: --max-tokens-in-flight N (admit only while running requests hold N
-tokens or fewer); --disaggregate with --kv-link-gbs, --prefill-hardware,
+tokens or fewer); --prometheus FILE (the run as vLLM's /metrics, for explain or a
+dashboard) and --csv FILE (a row per request; loadgen takes it too); --job FILE; --disaggregate with --kv-link-gbs, --prefill-hardware,
 --decode-hardware, --prefill-/--decode-max-num-seqs, --prefill-/--decode-max-num-
 batched-tokens, --disaggregate-min-prompt-tokens, --find-kv-link-crossover.
 sweep takes lists: --concurrency 1,8,32 or --rate 1,2,4 (or one --trace), and
@@ -2102,6 +2103,9 @@ class Engine:
         self.num_batched_tokens = 0
         self.max_batch_seqs = 0
         self.max_waiting = 0           # the longest queue a step left behind
+        # (end of step s, running, waiting, KV share in use, preemptions so far, tokens) per
+        # step, when a chart asks for it (a fast engine's run of decode steps is one sample)
+        self.timeline: Optional[List[Tuple[float, int, int, float, int, int]]] = None
         self.busy_s = 0.0              # virtual seconds spent in steps
         self.kv_peak = 0.0             # highest share of blocks in use after scheduling
         self.kv_block_seconds = 0.0    # blocks in use x step seconds, for the time-weighted mean
@@ -2135,6 +2139,9 @@ class Engine:
         self.kv_block_seconds += used * duration_s
         self.kv_peak = max(self.kv_peak, used / scheduler.pool.num_blocks)
         self.clock_s += duration_s
+        if self.timeline is not None:
+            self.timeline.append((self.clock_s, len(batch), len(scheduler.waiting), used / scheduler.pool.num_blocks,
+                                  scheduler.num_preemptions, num_tokens))
         if self.token_log is not None:
             self.token_log.begin_step(self.clock_s)
         return scheduler.update(batch, self.clock_s)
@@ -2181,6 +2188,7 @@ class Engine:
                                 if scheduler.num_prefix_query_tokens else 0.0),
             "num_cut_requests": getattr(scheduler, "num_cut", 0),
             "cost_model": self.cost.describe(),
+            **({"timeline": self.timeline[::max(1, len(self.timeline) // 600)]} if self.timeline else {}),
         }
 
 
@@ -2286,6 +2294,9 @@ class DecodeRun:
         engine.num_batched_tokens += num_seqs * steps
         engine.max_batch_seqs = max(engine.max_batch_seqs, num_seqs)
         engine.max_waiting = max(engine.max_waiting, len(scheduler.waiting))  # the queue stands still in a run
+        if engine.timeline is not None:
+            engine.timeline.append((clock_s, num_seqs, len(scheduler.waiting), used / num_blocks,
+                                    scheduler.num_preemptions, num_seqs))
         self._take_blocks(running, pool, block_size, steps)
         finished = []
         for request in running:
@@ -2406,12 +2417,43 @@ def simulate(scheduler: Scheduler, hardware: Hardware, model: ModelSpec,
     return run_engine(Engine(scheduler, hardware, model, cost, fast), requests, concurrency)
 
 
-def run_engine(engine: Engine, requests: List[Request], concurrency: Optional[int] = None) -> Engine:
-    """Run requests through an engine until every one is done or refused; return it."""
+class RunProgress:
+    """A line on stderr, redrawn at most every interval_s (terminals only): how much of a
+    long job is done, its rate and the time left. update() is cheap between redraws."""
+
+    def __init__(self, total: int, unit: str, enabled: bool, interval_s: float = 0.5):
+        self.total, self.unit, self.enabled, self.interval_s = total, unit, enabled, interval_s
+        self.start_s = self.last_s = time.perf_counter()
+        self.done = 0
+
+    def update(self, done: int, detail: str = "") -> None:
+        self.done = done
+        now_s = time.perf_counter()
+        if not self.enabled or now_s - self.last_s < self.interval_s:
+            return
+        self.last_s = now_s
+        rate = done / (now_s - self.start_s)
+        left = f", {(self.total - done) / rate:.0f} s left" if rate and done < self.total else ""
+        of = f"/{self.total:,}" if self.total else ""
+        sys.stderr.write(f"\r{done:,}{of} {self.unit} done{detail}, {rate:,.1f}/s{left}   ")
+        sys.stderr.flush()
+
+    def close(self) -> None:
+        if self.enabled and time.perf_counter() - self.start_s >= self.interval_s:
+            self.last_s = 0.0
+            self.update(self.done)
+            sys.stderr.write("\n")
+
+
+def run_engine(engine: Engine, requests: List[Request], concurrency: Optional[int] = None,
+               progress: Optional[RunProgress] = None) -> Engine:
+    """Run requests through an engine until every one is done or refused; return it
+    (progress: told the requests done and the virtual clock as they finish)."""
     scheduler = engine.scheduler
     arrivals = Arrivals(requests, concurrency, lambda request, now_s: scheduler.add(request),
                         engine.cost.request_overhead_s)
     arrivals.start()
+    num_done = 0
     while True:
         arrivals.arrive_until(engine.clock_s)
         if not scheduler.has_work():
@@ -2423,6 +2465,9 @@ def run_engine(engine: Engine, requests: List[Request], concurrency: Optional[in
         if finished is None:
             raise RuntimeError("the scheduler has work but can schedule none of it")
         arrivals.finished(finished, engine.clock_s)
+        if progress is not None and finished:
+            num_done += len(finished)
+            progress.update(num_done, f" at {engine.clock_s:,.0f} s simulated")
 
 
 @dataclass(frozen=True)
@@ -2648,6 +2693,16 @@ def add_cost(summary: dict, usd_per_hour: float, num_devices: int) -> dict:
                        "usd_per_million_output_tokens": per_million(summary["output_tok_per_s"]),
                        "usd_per_million_total_tokens": per_million(summary["total_tok_per_s"])}
     return summary
+
+
+def run_latencies_ms(records: Sequence, token_log=None) -> Dict[str, Tuple[List[float], Optional[List[int]]]]:
+    """Every request's TTFT and TPOT and every token gap (ms), with the gaps' weights when a
+    fast engine's token_log holds them: what a distribution chart plots."""
+    timed = [r for r in records if r.error is None and _token_span(r) is not None]
+    ttft, tpot, _, itl, _, _, _ = _latencies_s(timed, None, token_log is None)
+    gaps, weights = token_log.gaps() if token_log is not None else (itl, None)
+    return {"ttft_ms": ([v * 1000 for v in ttft], None), "tpot_ms": ([v * 1000 for v in tpot], None),
+            "itl_ms": ([v * 1000 for v in gaps], weights)}
 
 
 REQUEST_CSV_HEADER = ("request_id", "arrival_s", "sent_s", "first_token_s", "last_token_s", "prompt_tokens",
@@ -4760,7 +4815,7 @@ class PromptText:
     PROMPT_WORDS counts overhead_tokens + tokens_per_word x w prompt tokens (the chat
     template's tokens are the overhead). Shared blocks of a trace become the same words
     in every request that shares them (seeded by the block's key); the rest is the
-    request's own, after a line no other request has."""
+    request's own words, seeded by the run and the request (so no other prompt has them)."""
 
     tokens_per_word: float = 1.0
     overhead_tokens: float = 0.0
@@ -4789,10 +4844,11 @@ class PromptText:
             parts.append(cache.get(name) or cache.setdefault(name, self.words(name, request.prefix_tokens)))
             shared = request.prefix_tokens
         overhead = self.overhead_tokens if request.turn <= 1 else 0.0  # the template's tokens: once a conversation
-        own = request.prompt_tokens - shared - overhead - 4  # 4: about the words of the line below
-        parts.append(f"Request {seed}-{request.request_id}.")
-        if own >= 1:
-            parts.append(self.words(f"own:{seed}:{request.request_id}", own))
+        # NOTE: the request's own text opens with four words seeded by the run and the request,
+        # so it parts from every other prompt at once; words, not digits, which some
+        # tokenizers (Gemma's) split one token per digit.
+        own = request.prompt_tokens - shared - overhead
+        parts.append(self.words(f"own:{seed}:{request.request_id}", max(1.0, own)))
         return " ".join(parts)
 
 
@@ -5287,18 +5343,25 @@ def slo_from_args(args) -> Optional[Slo]:
 
 
 def run_replicas(spec: EngineSpec, requests: List[Request], concurrency: Optional[int], slo: Optional[Slo],
-                 num_replicas: int = 1, router: str = "round-robin", prometheus_path: Optional[str] = None) -> dict:
+                 num_replicas: int = 1, router: str = "round-robin", prometheus_path: Optional[str] = None,
+                 progress: Optional[RunProgress] = None, charts: Optional[dict] = None) -> dict:
     """The report of num_replicas engines of spec behind router (one: run_engine), with
     its cost at the hardware's price for every device (replicas x tensor-parallel size);
-    prometheus_path: where to write the run as vLLM's /metrics would show it."""
+    prometheus_path: where to write the run as vLLM's /metrics would show it; charts: a
+    dict to fill with what a chart of the run needs (a timeline, per-request latencies)."""
+    engines = [spec.engine() for _ in range(num_replicas)]
+    for engine in engines if charts is not None else ():
+        engine.timeline = []
     if num_replicas == 1:
-        engine = run_engine(spec.engine(), requests, concurrency)
-        report, token_log = engine_report(engine, requests, slo), engine.token_log
+        run_engine(engines[0], requests, concurrency, progress)
+        report, token_log = engine_report(engines[0], requests, slo), engines[0].token_log
     else:
-        run = ReplicaRun([spec.engine() for _ in range(num_replicas)], Router(router))
+        run = ReplicaRun(engines, Router(router))
         run.run(requests, concurrency)
         report = replicas_report(run, requests, slo)
         token_log = TokenLogs([engine.token_log for engine in run.engines]) if spec.fast else None
+    if charts is not None:
+        charts.update(run_latencies_ms(requests, token_log))
     if prometheus_path:
         write_text_file(prometheus_path, prometheus_export(report["engine"], requests, token_log,
                                                            spec.plan.model.name, spec.config.prefix_caching),
@@ -5311,8 +5374,13 @@ def run_replicas(spec: EngineSpec, requests: List[Request], concurrency: Optiona
 def run_simulation(args, spec: EngineSpec, concurrency: Optional[int], rate: Optional[float] = None) -> dict:
     """One simulated run from parsed flags, as the report that text and --json print."""
     plan, requests = spec.plan, _workload(args, rate)
+    progress = RunProgress(len(requests), "requests", getattr(args, "show_progress", False))
+    charts = {} if getattr(args, "html", None) or getattr(args, "svg", None) else None
     report = run_replicas(spec, requests, concurrency, slo_from_args(args), getattr(args, "replicas", 1),
-                          getattr(args, "router", "round-robin"), getattr(args, "prometheus", None))
+                          getattr(args, "router", "round-robin"), getattr(args, "prometheus", None), progress, charts)
+    progress.close()
+    if charts is not None:
+        report["chart_latencies"] = charts  # NOTE: taken out again before the report is printed
     if getattr(args, "csv", None):
         write_csv_file(args.csv, REQUEST_CSV_HEADER, request_csv_rows(requests), "--csv")
     if getattr(args, "trace", None):
@@ -6976,6 +7044,199 @@ def format_explain(result: dict, plan: Optional[CapacityPlan]) -> List[str]:
 
 
 # =============================================================================
+# Charts: reports as SVG line charts and self-contained HTML pages
+# =============================================================================
+
+CHART_COLORS = ("#1f6feb", "#d1242f", "#1a7f37", "#9a6700", "#8250df", "#bc4c00")
+
+
+@dataclass(frozen=True)
+class Series:
+    """One line of a chart: (x, y) points in data units, drawn with markers."""
+
+    name: str
+    points: Tuple[Tuple[float, float], ...]
+    dashed: bool = False
+
+
+@dataclass(frozen=True)
+class Mark:
+    """A labelled straight line across a chart: at y (an SLO) or at x (a knee)."""
+
+    label: str
+    x: Optional[float] = None
+    y: Optional[float] = None
+
+
+def nice_ticks(low: float, high: float, most: int = 6) -> List[float]:
+    """Round tick values (1, 2 or 5 times a power of ten apart) covering low..high."""
+    if not high > low:
+        high = low + (abs(low) or 1.0)
+    raw = (high - low) / max(1, most - 1)
+    power = 10 ** math.floor(math.log10(raw))
+    step = next(m * power for m in (1, 2, 5, 10) if m * power >= raw)
+    first = math.floor(low / step) * step
+    count = int(math.ceil((high - first) / step - 1e-9)) + 1
+    return [round(first + index * step, 12) for index in range(count)]
+
+
+def _tick_text(value: float) -> str:
+    return f"{value:,.0f}" if abs(value) >= 100 or value == int(value) else f"{value:g}"
+
+
+def _escape(text: str) -> str:
+    return text.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;").replace('"', "&quot;")
+
+
+def svg_chart(title: str, x_label: str, y_label: str, series: Sequence[Series], marks: Sequence[Mark] = (),
+              width: int = 640, height: int = 360) -> str:
+    """A line chart as one SVG element: axes with ticks and units, a legend, each series a
+    polyline with its points marked, marks as dashed lines. Scales to its container."""
+    points = [point for line in series for point in line.points] or [(0.0, 0.0)]
+    xs = [x for x, _ in points] + [mark.x for mark in marks if mark.x is not None]
+    ys = [y for _, y in points] + [mark.y for mark in marks if mark.y is not None] + [0.0]
+    x_ticks, y_ticks = nice_ticks(min(xs), max(xs)), nice_ticks(min(ys), max(ys))
+    left, right, top, bottom = 64, 16, 40, 52
+    plot_w, plot_h = width - left - right, height - top - bottom
+
+    def sx(x: float) -> float:
+        return left + (x - x_ticks[0]) / (x_ticks[-1] - x_ticks[0]) * plot_w
+
+    def sy(y: float) -> float:
+        return top + plot_h - (y - y_ticks[0]) / (y_ticks[-1] - y_ticks[0]) * plot_h
+    parts = [f'<svg xmlns="http://www.w3.org/2000/svg" viewBox="0 0 {width} {height}" width="100%" '
+             f'role="img" aria-label="{_escape(title)}" font-family="sans-serif" font-size="12">',
+             f'<title>{_escape(title)}</title>',
+             f'<text x="{left}" y="18" font-size="14" font-weight="bold">{_escape(title)}</text>']
+    parts += _svg_axes(x_ticks, y_ticks, sx, sy, left, top, plot_w, plot_h, x_label, y_label, height)
+    for index, line in enumerate(series):
+        color = CHART_COLORS[index % len(CHART_COLORS)]
+        coords = " ".join(f"{sx(x):.1f},{sy(y):.1f}" for x, y in line.points)
+        dash = ' stroke-dasharray="6 4"' if line.dashed else ""
+        parts.append(f'<g class="series" data-name="{_escape(line.name)}"><polyline points="{coords}" fill="none" '
+                     f'stroke="{color}" stroke-width="2"{dash}/>')
+        if len(line.points) <= 60:
+            parts += [f'<circle cx="{sx(x):.1f}" cy="{sy(y):.1f}" r="3" fill="{color}"/>' for x, y in line.points]
+        parts.append("</g>")
+    parts += _svg_marks(marks, sx, sy, left, top, plot_w, plot_h)
+    parts += _svg_legend(series, left + plot_w, top)
+    return "\n".join(parts + ["</svg>"])
+
+
+def _svg_axes(x_ticks, y_ticks, sx, sy, left, top, plot_w, plot_h, x_label, y_label, height) -> List[str]:
+    parts = [f'<rect x="{left}" y="{top}" width="{plot_w}" height="{plot_h}" fill="none" stroke="#888"/>']
+    for x in x_ticks:
+        parts.append(f'<line x1="{sx(x):.1f}" y1="{top}" x2="{sx(x):.1f}" y2="{top + plot_h}" stroke="#eee"/>'
+                     f'<text class="x-tick" x="{sx(x):.1f}" y="{top + plot_h + 16}" text-anchor="middle">'
+                     f'{_tick_text(x)}</text>')
+    for y in y_ticks:
+        parts.append(f'<line x1="{left}" y1="{sy(y):.1f}" x2="{left + plot_w}" y2="{sy(y):.1f}" stroke="#eee"/>'
+                     f'<text class="y-tick" x="{left - 6}" y="{sy(y) + 4:.1f}" text-anchor="end">{_tick_text(y)}</text>')
+    parts.append(f'<text class="x-label" x="{left + plot_w / 2:.0f}" y="{height - 12}" text-anchor="middle">'
+                 f'{_escape(x_label)}</text>')
+    parts.append(f'<text class="y-label" x="14" y="{top + plot_h / 2:.0f}" text-anchor="middle" '
+                 f'transform="rotate(-90 14 {top + plot_h / 2:.0f})">{_escape(y_label)}</text>')
+    return parts
+
+
+def _svg_marks(marks, sx, sy, left, top, plot_w, plot_h) -> List[str]:
+    parts = []
+    for mark in marks:
+        if mark.y is not None:
+            parts.append(f'<g class="mark" data-name="{_escape(mark.label)}"><line x1="{left}" y1="{sy(mark.y):.1f}" '
+                         f'x2="{left + plot_w}" y2="{sy(mark.y):.1f}" stroke="#555" stroke-dasharray="3 3"/>'
+                         f'<text x="{left + 4}" y="{sy(mark.y) - 4:.1f}" fill="#555">{_escape(mark.label)}</text></g>')
+        else:
+            parts.append(f'<g class="mark" data-name="{_escape(mark.label)}"><line x1="{sx(mark.x):.1f}" y1="{top}" '
+                         f'x2="{sx(mark.x):.1f}" y2="{top + plot_h}" stroke="#555" stroke-dasharray="3 3"/>'
+                         f'<text x="{sx(mark.x) + 4:.1f}" y="{top + 14}" fill="#555">{_escape(mark.label)}</text></g>')
+    return parts
+
+
+def _svg_legend(series, right_edge, top) -> List[str]:
+    parts = []
+    for index, line in enumerate(series):
+        y = top + 14 + 16 * index
+        color = CHART_COLORS[index % len(CHART_COLORS)]
+        parts.append(f'<g class="legend"><line x1="{right_edge - 150}" y1="{y - 4}" x2="{right_edge - 130}" '
+                     f'y2="{y - 4}" stroke="{color}" stroke-width="2"/><text x="{right_edge - 124}" y="{y}">'
+                     f'{_escape(line.name)}</text></g>')
+    return parts
+
+
+def html_page(title: str, text_lines: Sequence[str], charts: Sequence[str]) -> str:
+    """One self-contained page: the text report and its charts, inline CSS, no scripts,
+    nothing fetched from anywhere."""
+    style = ("body{font-family:sans-serif;margin:1.5em auto;max-width:1200px;padding:0 1em;color:#1f2328}"
+             "pre{background:#f6f8fa;padding:1em;overflow-x:auto;font-size:13px}"
+             ".charts{display:grid;grid-template-columns:repeat(auto-fit,minmax(320px,1fr));gap:1em}"
+             ".chart{border:1px solid #d0d7de;border-radius:6px;padding:.5em;background:#fff}")
+    charts_html = "".join(f'<div class="chart">{chart}</div>' for chart in charts)
+    return (f'<!doctype html>\n<html lang="en"><head><meta charset="utf-8"><meta name="viewport" '
+            f'content="width=device-width, initial-scale=1"><title>{_escape(title)}</title><style>{style}</style>'
+            f'</head><body><h1>{_escape(title)}</h1><div class="charts">{charts_html}</div>'
+            f'<pre>{_escape(chr(10).join(text_lines))}</pre></body></html>\n')
+
+
+def cdf_series(name: str, values: Sequence[float], weights: Optional[Sequence[int]] = None, most: int = 200) -> Series:
+    """The share (%) of values (each weights[i] times) at or below each value, at most most points."""
+    pairs = sorted((value, weight) for value, weight in zip(values, weights or [1] * len(values))
+                   if value is not None and math.isfinite(value) and weight > 0)
+    total = sum(weight for _, weight in pairs)
+    if not total:
+        return Series(name, ())
+    step, points, cumulative = max(1, len(pairs) // most), [], 0
+    for index, (value, weight) in enumerate(pairs):
+        cumulative += weight
+        if index % step == 0 or index == len(pairs) - 1:
+            points.append((value, 100.0 * cumulative / total))
+    return Series(name, tuple(points))
+
+
+def sweep_charts(runs: Sequence[Tuple[str, Optional[int], dict]], slo: Optional[Slo], axis: str) -> List[str]:
+    """Throughput, TTFT and TPOT against the load of each run (or the tokens cap), the knee
+    (the first load with 90% of the highest throughput) and the SLO lines marked."""
+    loads = [float(cap) if label == "trace" else float(label) for label, cap, _ in runs]
+    summaries = [report["summary"] for _, _, report in runs]
+
+    def line(name: str, figure: Callable[[dict], Optional[float]], dashed: bool = False) -> Series:
+        return Series(name, tuple((load, figure(summary)) for load, summary in zip(loads, summaries)
+                                  if figure(summary) is not None), dashed)
+    throughput = line("output tok/s", lambda summary: summary["output_tok_per_s"])
+    peak = max((y for _, y in throughput.points), default=0.0)
+    knee = next((x for x, y in throughput.points if y >= 0.9 * peak), None) if peak else None
+    x_label = {"rate": "load (requests/s)", "concurrency": "load (concurrent clients)"}.get(axis, "tokens cap")
+    objectives = slo.objectives() if slo else {}
+    charts = [svg_chart("Throughput against load", x_label, "output tokens/s", [throughput],
+                        [Mark(f"knee {knee:g}", x=knee)] if knee is not None else [])]
+    for name, title in (("ttft_ms", "TTFT"), ("tpot_ms", "TPOT")):
+        series = [line(f"{title} p50", lambda summary, n=name: summary[n]["p50"]),
+                  line(f"{title} p95", lambda summary, n=name: summary[n]["p95"], dashed=True)]
+        marks = [Mark(f"SLO {objectives[name]:g} ms", y=objectives[name])] if name in objectives else []
+        charts.append(svg_chart(f"{title} against load", x_label, f"{title} (ms)", series, marks))
+    return charts
+
+
+def simulation_charts(report: dict, latencies: Dict[str, Tuple[List[float], Optional[List[int]]]]) -> List[str]:
+    """A simulated run's timeline (running, waiting, KV use, preemptions, tokens per step)
+    and the distributions of its TTFT, TPOT and ITL."""
+    timeline = report["engine"].get("timeline") or []
+    def over_time(index: int) -> Tuple[Tuple[float, float], ...]:
+        return tuple((sample[0], sample[index]) for sample in timeline)
+    charts = [svg_chart("Requests over the run", "virtual time (s)", "requests",
+                        [Series("running", over_time(1)), Series("waiting", over_time(2))]),
+              svg_chart("KV cache in use", "virtual time (s)", "KV blocks in use (%)", [Series("kv use", tuple(
+                  (t, 100 * kv) for t, kv in over_time(3)))]),
+              svg_chart("Preemptions and tokens per step", "virtual time (s)", "count",
+                        [Series("preemptions so far", over_time(4)), Series("tokens per step", over_time(5))])]
+    for name, title in (("ttft_ms", "TTFT"), ("tpot_ms", "TPOT"), ("itl_ms", "ITL")):
+        values, weights = latencies[name]
+        charts.append(svg_chart(f"{title} distribution", f"{title} (ms)", "requests at or below (%)"
+                                if name != "itl_ms" else "gaps at or below (%)", [cdf_series(title, values, weights)]))
+    return charts
+
+
+# =============================================================================
 # Subcommands: one cmd_* each, from parsed flags to output and an exit code
 # =============================================================================
 
@@ -7018,13 +7279,31 @@ def cmd_job(args) -> int:
     return 0
 
 
+def _shows_progress(args) -> bool:
+    return sys.stderr.isatty() and not getattr(args, "quiet", False)
+
+
+def _write_charts(args, title: str, lines: Sequence[str], charts: Sequence[str]) -> None:
+    """--html FILE: the page of the report and its charts; --svg FILE: the first chart alone."""
+    if args.html:
+        write_text_file(args.html, html_page(title, lines, charts), "--html")
+    if args.svg:
+        write_text_file(args.svg, charts[0] + "\n", "--svg")
+
+
 def cmd_simulate(args) -> int:
     if args.job:
         return cmd_job(args)
+    args.show_progress = _shows_progress(args)
     if args.replicas > 1 and (args.disaggregate or args.find_kv_link_crossover):
         raise UsageError("--replicas with --disaggregate: servesim runs one prefill and one decode engine")
+    args.chart_run = bool(args.html or args.svg)
     spec = build_engine_spec(args)
     report = run_simulation(args, spec, args.concurrency, args.rate)
+    latencies = report.pop("chart_latencies", None)
+    if latencies is not None:
+        _write_charts(args, f"servesim simulate: {report['settings']['model']} on {report['settings']['hardware']}",
+                      format_simulation(report), simulation_charts(report, latencies))
     if args.disaggregate or args.find_kv_link_crossover:
         return cmd_disaggregated(args, spec.plan, report)
     if args.json:
@@ -7044,11 +7323,20 @@ def cmd_sweep(args) -> int:
         loads = [(str(clients), clients, None) for clients in args.concurrency]
     caps = args.max_tokens_in_flight or [None]
     points = [(label, cap, concurrency, rate) for label, concurrency, rate in loads for cap in caps]
+    progress, reports = RunProgress(len(points), "points", _shows_progress(args)), []
+    args.show_progress = False  # NOTE: one line for the sweep, none per point
     with Workers(args.jobs) as workers:
-        reports = workers.map(run_simulation, [
-            (args, dataclasses.replace(spec, config=dataclasses.replace(spec.config, max_tokens_in_flight=cap)),
-             concurrency, rate) for _, cap, concurrency, rate in points])
+        for report in workers.imap(run_simulation, [
+                (args, dataclasses.replace(spec, config=dataclasses.replace(spec.config, max_tokens_in_flight=cap)),
+                 concurrency, rate) for _, cap, concurrency, rate in points]):
+            reports.append(report)
+            progress.update(len(reports))
+    progress.close()
     runs = [(label, cap, report) for (label, cap, _, _), report in zip(points, reports)]
+    if args.html or args.svg:
+        axis = "trace" if args.trace else "rate" if args.rate else "concurrency"
+        _write_charts(args, f"servesim sweep: {spec.plan.model.name} on {spec.plan.devices}",
+                      format_sweep(args, spec.plan, runs), sweep_charts(runs, slo_from_args(args), axis))
     if args.json:
         _print_json({"runs": [run for _, _, run in runs]})
     else:
@@ -7092,6 +7380,9 @@ def _loadgen_plan(args, endpoint: Endpoint, headers: Dict[str, str], model: str,
 
 def _replay_requests(args) -> Tuple[List[Request], int]:
     """The trace's requests for loadgen --trace, fitted by --length-scale and --max-context."""
+    for flag, given in (("--prompt-file", args.prompt_file), ("--shared-prefix-tokens", args.shared_prefix_tokens)):
+        if given:
+            raise UsageError(f"{flag} with --trace: the trace sets every prompt (its lengths and shared prefixes)")
     requests = read_trace(args.trace, args.trace_format, args.time_scale, args.start, args.limit)
     return requests, fit_lengths(requests, args.length_scale, args.max_context)
 
@@ -7150,6 +7441,9 @@ def _request_headers(args) -> Tuple[Dict[str, str], Dict[str, str]]:
 
 
 def cmd_loadgen(args) -> int:
+    if args.trace and args.requests is not None:
+        raise UsageError("--requests with --trace: the trace's requests are sent; --limit N keeps the first N")
+    args.requests = args.requests or 16
     sys.setswitchinterval(LOADGEN_SWITCH_INTERVAL_S)
     endpoint = Endpoint.parse(args.url)
     slo = slo_from_args(args)  # bad flags fail before any request is sent
@@ -7273,7 +7567,8 @@ def cmd_calibrate(args) -> int:
     return 0
 
 
-def _search_runner(args, spec: EngineSpec, workers: Workers) -> Tuple[Callable[[float], dict], Callable]:
+def _search_runner(args, spec: EngineSpec, workers: Workers,
+                   progress: RunProgress) -> Tuple[Callable[[float], dict], Callable]:
     """run_at(load): the seeded run at a rate, a client count or a trace speed-up, and
     run_many(loads), which makes the runs not made yet on the workers; both remember."""
     runs: Dict[float, dict] = {}
@@ -7288,6 +7583,7 @@ def _search_runner(args, spec: EngineSpec, workers: Workers) -> Tuple[Callable[[
     def run_many(loads: Sequence[float]) -> None:
         missing = [load for load in dict.fromkeys(loads) if load not in runs]
         runs.update(zip(missing, workers.map(run_simulation, [arguments(load) for load in missing])))
+        progress.update(len(runs), f", the highest load tried {max(runs):g}" if runs else "")
 
     def run_at(load: float) -> dict:
         run_many([load])
@@ -7302,8 +7598,10 @@ def cmd_search(args) -> int:
     if args.trace and args.by == "concurrency":
         raise UsageError("--by concurrency: a trace has its own arrivals; search speeds the trace up instead")
     spec = build_engine_spec(args)
+    progress = RunProgress(0, "runs", _shows_progress(args))  # NOTE: a search does not know its count ahead
+    args.show_progress = False
     with Workers(args.jobs) as workers:
-        run_at, run_many = _search_runner(args, spec, workers)
+        run_at, run_many = _search_runner(args, spec, workers, progress)
 
         def meets_many(loads: List[float]) -> List[bool]:
             run_many(loads)
@@ -7312,6 +7610,7 @@ def cmd_search(args) -> int:
         passing, failing, num_runs = search_speculatively(
             lambda meets: search_max_load(meets, args.start_load, integer=integer, tolerance=args.tolerance),
             meets_many, args.jobs)
+    progress.close()
     result = {"slo": slo.objectives(), "criterion": slo.criterion, "by": "trace speed-up" if args.trace else args.by,
               "max_load": passing, "first_failing_load": failing, "num_runs": num_runs,
               "run": run_at(passing) if passing is not None else None,
@@ -7572,6 +7871,11 @@ def _add_hardware_flags(parser: argparse.ArgumentParser, of_server: bool = False
                             help="GB/s each way between devices (default: the hardware's NVLink or PCIe)")
 
 
+def _add_chart_flags(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--html", metavar="FILE", help="write the report and its charts as one self-contained page")
+    parser.add_argument("--svg", metavar="FILE", help="write the report's first chart alone, as SVG")
+
+
 def _add_csv_flag(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--csv", metavar="FILE", help="write one row per request (times in seconds, tokens) as CSV")
 
@@ -7707,6 +8011,8 @@ def _capacity_flags(parser: argparse.ArgumentParser) -> None:
 def _simulate_flags(parser: argparse.ArgumentParser) -> None:
     _add_planning_flags(parser)
     _add_replica_flags(parser)
+    _add_chart_flags(parser)
+    parser.add_argument("--quiet", action="store_true", help="no progress on stderr")
     arrivals = parser.add_mutually_exclusive_group(required=True)
     arrivals.add_argument("--trace", help="JSON Lines trace: open loop at each request's arrival_s")
     arrivals.add_argument("--rate", type=positive_float, help="open loop: Poisson arrivals, requests/s")
@@ -7732,6 +8038,8 @@ def _add_jobs_flag(parser: argparse.ArgumentParser) -> None:
 def _sweep_flags(parser: argparse.ArgumentParser) -> None:
     _add_planning_flags(parser)
     _add_replica_flags(parser)
+    _add_chart_flags(parser)
+    parser.add_argument("--quiet", action="store_true", help="no progress on stderr")
     _add_jobs_flag(parser)
     loads = parser.add_mutually_exclusive_group(required=True)
     loads.add_argument("--concurrency", type=int_list, help="closed-loop client counts, e.g. 1,8,32,128,256")
@@ -7760,7 +8068,8 @@ def _loadgen_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--max-context", type=positive_int,
                         help="cut trace requests longer than N tokens (output to N/4 at most, then the prompt's "
                              "end), e.g. a llama.cpp slot's context")
-    parser.add_argument("--requests", type=positive_int, default=16, help="measured requests (default 16)")
+    parser.add_argument("--requests", type=positive_int,
+                        help="measured requests (default 16; with --trace, --limit keeps the first N)")
     parser.add_argument("--warmup", type=non_negative_int, default=0,
                         help="requests sent and finished before the measured ones (default 0)")
     parser.add_argument("--max-tokens", type=positive_int, default=64, help="max_tokens (default 64)")
@@ -7795,6 +8104,7 @@ def _loadgen_flags(parser: argparse.ArgumentParser) -> None:
 def _search_flags(parser: argparse.ArgumentParser) -> None:
     _add_planning_flags(parser)
     _add_replica_flags(parser)
+    parser.add_argument("--quiet", action="store_true", help="no progress on stderr")
     _add_jobs_flag(parser)
     parser.add_argument("--by", choices=("rate", "concurrency"), default="rate",
                         help="search an open-loop rate (default) or a closed-loop client count; with "

@@ -1,0 +1,129 @@
+"""--html and --svg: charts parsed back (xml.etree) and checked against the report's numbers;
+pages with nothing fetched from anywhere; a screenshot in headless Chromium where it exists."""
+
+import json
+import os
+import re
+import shutil
+import subprocess
+import unittest
+import xml.etree.ElementTree as ET
+
+from support import FIXTURES_DIR, ScratchTest, main, run_cli
+
+SVG = "{http://www.w3.org/2000/svg}"
+BURST = os.path.join(FIXTURES_DIR, "burst.jsonl")
+SWEEP = ("sweep", "--concurrency", "1,8,32,128", "--requests", "200", "--slo-ttft-ms", "200", "--slo-tpot-ms", "15")
+
+
+def series_of(svg):
+    """{series name: [(x, y) pixel points]} and the chart's texts."""
+    root = ET.fromstring(svg)
+    lines = {}
+    for group in root.iter(f"{SVG}g"):
+        if group.get("class") == "series":
+            polyline = group.find(f"{SVG}polyline")
+            lines[group.get("data-name")] = [tuple(map(float, pair.split(","))) for pair in
+                                             polyline.get("points").split()]
+    texts = [element.text for element in root.iter(f"{SVG}text")]
+    marks = [group.get("data-name") for group in root.iter(f"{SVG}g") if group.get("class") == "mark"]
+    return root, lines, texts, marks
+
+
+def charts_of(page):
+    return re.findall(r"<svg .*?</svg>", page, flags=re.S)
+
+
+class ChartTest(ScratchTest):
+
+    def test_nice_ticks_are_round_and_cover_the_range(self):
+        self.assertEqual(main.nice_ticks(0, 97), [0, 20, 40, 60, 80, 100])
+        self.assertEqual(main.nice_ticks(1, 256), [0, 100, 200, 300])
+        self.assertEqual(main.nice_ticks(0.2, 0.9), [0.2, 0.4, 0.6, 0.8, 1.0])
+
+    def test_the_sweep_page_plots_each_runs_figures_with_the_knee_and_the_slo_lines(self):
+        page_path, svg_path = os.path.join(self.directory, "s.html"), os.path.join(self.directory, "s.svg")
+        code, out, err = run_cli(*SWEEP, "--html", page_path, "--svg", svg_path, "--json")
+        self.assertEqual((code, err), (0, ""))
+        runs = json.loads(out)["runs"]
+        with open(page_path, encoding="utf-8") as handle:
+            page = handle.read()
+        throughput, ttft, tpot = charts_of(page)
+        root, lines, texts, marks = series_of(throughput)
+        self.assertEqual(list(lines), ["output tok/s"])
+        self.assertEqual(len(lines["output tok/s"]), 4)
+        self.assertIn("load (concurrent clients)", texts)
+        self.assertIn("output tokens/s", texts)
+        # pixel y falls as throughput rises: the order of the points is the order of the figures
+        figures = [run["summary"]["output_tok_per_s"] for run in runs]
+        pixels = [y for _, y in lines["output tok/s"]]
+        self.assertEqual(sorted(range(4), key=lambda i: figures[i]), sorted(range(4), key=lambda i: -pixels[i]))
+        self.assertEqual(len(marks), 1)
+        self.assertTrue(marks[0].startswith("knee "))
+        _, lines, texts, marks = series_of(ttft)
+        self.assertEqual(list(lines), ["TTFT p50", "TTFT p95"])
+        self.assertEqual(marks, ["SLO 200 ms"])
+        self.assertEqual(series_of(tpot)[3], ["SLO 15 ms"])
+        with open(svg_path, encoding="utf-8") as handle:
+            self.assertEqual(handle.read().strip(), throughput.strip())
+
+    def test_a_plotted_value_sits_where_its_ticks_say(self):
+        svg = main.svg_chart("t", "x (s)", "y (ms)", [main.Series("a", ((0.0, 0.0), (10.0, 50.0)))])
+        root, lines, texts, _ = series_of(svg)
+        ticks = {float(t.text): float(t.get("y")) - 4 for t in root.iter(f"{SVG}text") if t.get("class") == "y-tick"}
+        (x0, y0), (x1, y1) = lines["a"]
+        self.assertAlmostEqual(y1, ticks[50.0], places=1)
+        self.assertAlmostEqual(y0, ticks[0.0], places=1)
+
+    def test_the_simulate_page_has_a_timeline_and_three_distributions(self):
+        page_path = os.path.join(self.directory, "r.html")
+        code, out, err = run_cli("simulate", "--hardware", "l4-24gb", "--trace", BURST, "--html", page_path, "--json")
+        self.assertEqual((code, err), (0, ""))
+        report = json.loads(out)
+        self.assertNotIn("chart_latencies", report)
+        with open(page_path, encoding="utf-8") as handle:
+            page = handle.read()
+        charts = charts_of(page)
+        titles = [ET.fromstring(chart).find(f"{SVG}title").text for chart in charts]
+        self.assertEqual(titles, ["Requests over the run", "KV cache in use", "Preemptions and tokens per step",
+                                  "TTFT distribution", "TPOT distribution", "ITL distribution"])
+        _, kv, _, _ = series_of(charts[1])
+        self.assertGreater(len(kv["kv use"]), 10)
+        _, ttft, _, _ = series_of(charts[3])
+        self.assertEqual(len(ttft["TTFT"]), report["summary"]["ttft_ms"]["count"])  # 48 requests: every one
+        _, preempted, _, _ = series_of(charts[2])
+        self.assertIn("preemptions so far", preempted)
+
+    def test_a_page_fetches_nothing_and_runs_no_script(self):
+        page_path = os.path.join(self.directory, "s.html")
+        run_cli(*SWEEP, "--html", page_path)
+        with open(page_path, encoding="utf-8") as handle:
+            page = handle.read()
+        self.assertNotIn("<script", page)
+        for attribute in ("src=", "href=", "url(", "@import"):
+            self.assertNotIn(attribute, page)
+        self.assertEqual(set(re.findall(r"https?://[^\"' ]+", page)), {"http://www.w3.org/2000/svg"})
+
+
+CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
+
+
+@unittest.skipIf(CHROMIUM is None, "headless Chromium is not installed (Debian: apt-get install chromium)")
+class ScreenshotTest(ScratchTest):
+
+    def test_each_page_renders_to_a_screenshot_that_is_not_blank(self):
+        pages = {"sweep": SWEEP, "simulate": ("simulate", "--hardware", "l4-24gb", "--trace", BURST)}
+        for name, argv in pages.items():
+            with self.subTest(page=name):
+                page, shot = os.path.join(self.directory, f"{name}.html"), os.path.join(self.directory, f"{name}.png")
+                self.assertEqual(run_cli(*argv, "--html", page)[0], 0)
+                subprocess.run([CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu", f"--screenshot={shot}",
+                                "--window-size=1200,1600", f"file://{page}"], capture_output=True, timeout=120)
+                with open(shot, "rb") as handle:
+                    png = handle.read()
+                self.assertTrue(png.startswith(b"\x89PNG"))
+                self.assertGreater(len(png), 20_000)  # a blank 1200 x 1600 page compresses to a few KB
+
+
+if __name__ == "__main__":
+    unittest.main()
