@@ -7096,7 +7096,7 @@ def svg_chart(title: str, x_label: str, y_label: str, series: Sequence[Series], 
     xs = [x for x, _ in points] + [mark.x for mark in marks if mark.x is not None]
     ys = [y for _, y in points] + [mark.y for mark in marks if mark.y is not None] + [0.0]
     x_ticks, y_ticks = nice_ticks(min(xs), max(xs)), nice_ticks(min(ys), max(ys))
-    left, right, top, bottom = 64, 16, 40, 52
+    left, right, top, bottom = 64, 30, 30 + 16 * max(1, len(series)), 52  # the legend sits above the plot
     plot_w, plot_h = width - left - right, height - top - bottom
 
     def sx(x: float) -> float:
@@ -7156,7 +7156,7 @@ def _svg_marks(marks, sx, sy, left, top, plot_w, plot_h) -> List[str]:
 def _svg_legend(series, right_edge, top) -> List[str]:
     parts = []
     for index, line in enumerate(series):
-        y = top + 14 + 16 * index
+        y = top - 8 - 16 * (len(series) - 1 - index)
         color = CHART_COLORS[index % len(CHART_COLORS)]
         parts.append(f'<g class="legend"><line x1="{right_edge - 150}" y1="{y - 4}" x2="{right_edge - 130}" '
                      f'y2="{y - 4}" stroke="{color}" stroke-width="2"/><text x="{right_edge - 124}" y="{y}">'
@@ -7169,7 +7169,7 @@ def html_page(title: str, text_lines: Sequence[str], charts: Sequence[str]) -> s
     nothing fetched from anywhere."""
     style = ("body{font-family:sans-serif;margin:1.5em auto;max-width:1200px;padding:0 1em;color:#1f2328}"
              "pre{background:#f6f8fa;padding:1em;overflow-x:auto;font-size:13px}"
-             ".charts{display:grid;grid-template-columns:repeat(auto-fit,minmax(320px,1fr));gap:1em}"
+             ".charts{display:grid;grid-template-columns:repeat(auto-fit,minmax(min(100%,480px),1fr));gap:1em}"
              ".chart{border:1px solid #d0d7de;border-radius:6px;padding:.5em;background:#fff}")
     charts_html = "".join(f'<div class="chart">{chart}</div>' for chart in charts)
     return (f'<!doctype html>\n<html lang="en"><head><meta charset="utf-8"><meta name="viewport" '
@@ -7178,8 +7178,10 @@ def html_page(title: str, text_lines: Sequence[str], charts: Sequence[str]) -> s
             f'<pre>{_escape(chr(10).join(text_lines))}</pre></body></html>\n')
 
 
-def cdf_series(name: str, values: Sequence[float], weights: Optional[Sequence[int]] = None, most: int = 200) -> Series:
-    """The share (%) of values (each weights[i] times) at or below each value, at most most points."""
+def cdf_series(name: str, values: Sequence[float], weights: Optional[Sequence[int]] = None, most: int = 200,
+               upto_pct: float = 100.0) -> Series:
+    """The share (%) of values (each weights[i] times) at or below each value, at most most
+    points, up to the upto_pct percentile (a long tail would squash the rest)."""
     pairs = sorted((value, weight) for value, weight in zip(values, weights or [1] * len(values))
                    if value is not None and math.isfinite(value) and weight > 0)
     total = sum(weight for _, weight in pairs)
@@ -7190,7 +7192,10 @@ def cdf_series(name: str, values: Sequence[float], weights: Optional[Sequence[in
         cumulative += weight
         if index % step == 0 or index == len(pairs) - 1:
             points.append((value, 100.0 * cumulative / total))
-    return Series(name, tuple(points))
+        if 100.0 * cumulative / total >= upto_pct:
+            points.append((value, 100.0 * cumulative / total))
+            break
+    return Series(name, tuple(dict.fromkeys(points)))
 
 
 def sweep_charts(runs: Sequence[Tuple[str, Optional[int], dict]], slo: Optional[Slo], axis: str) -> List[str]:
@@ -7224,15 +7229,17 @@ def simulation_charts(report: dict, latencies: Dict[str, Tuple[List[float], Opti
     def over_time(index: int) -> Tuple[Tuple[float, float], ...]:
         return tuple((sample[0], sample[index]) for sample in timeline)
     charts = [svg_chart("Requests over the run", "virtual time (s)", "requests",
-                        [Series("running", over_time(1)), Series("waiting", over_time(2))]),
+                        [Series("running", over_time(1)), Series("waiting", over_time(2)),
+                         Series("preempted so far", over_time(4), dashed=True)]),
               svg_chart("KV cache in use", "virtual time (s)", "KV blocks in use (%)", [Series("kv use", tuple(
                   (t, 100 * kv) for t, kv in over_time(3)))]),
-              svg_chart("Preemptions and tokens per step", "virtual time (s)", "count",
-                        [Series("preemptions so far", over_time(4)), Series("tokens per step", over_time(5))])]
-    for name, title in (("ttft_ms", "TTFT"), ("tpot_ms", "TPOT"), ("itl_ms", "ITL")):
+              svg_chart("Tokens per step", "virtual time (s)", "tokens", [Series("tokens per step", over_time(5))])]
+    for name, title, upto in (("ttft_ms", "TTFT", 100.0), ("tpot_ms", "TPOT", 100.0), ("itl_ms", "ITL", 99.0)):
         values, weights = latencies[name]
-        charts.append(svg_chart(f"{title} distribution", f"{title} (ms)", "requests at or below (%)"
-                                if name != "itl_ms" else "gaps at or below (%)", [cdf_series(title, values, weights)]))
+        shown = "" if upto == 100 else f" (to p{upto:g})"
+        charts.append(svg_chart(f"{title} distribution{shown}", f"{title} (ms)", "requests at or below (%)"
+                                if name != "itl_ms" else "gaps at or below (%)",
+                                [cdf_series(title, values, weights, upto_pct=upto)]))
     return charts
 
 

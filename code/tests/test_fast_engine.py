@@ -2,12 +2,13 @@
 
 Seeded random workloads over every mode: prefix caching, preemption (small caches),
 chunked prefill on and off, the tokens-in-flight cap, llama.cpp's slots, a step profile,
-tensor parallelism, disaggregation, production trace slices, open and closed loop. Each
-runs with --engine step (the reference) and --engine fast; the two --json reports must
-agree: counts exactly, times to 1e-9 relative.
+tensor parallelism, disaggregation, replicas behind each router, production trace slices,
+open and closed loop. Each runs with --engine step (the reference) and --engine fast; the
+two --json reports must agree: counts exactly, times to 1e-9 relative.
 """
 
 import json
+import multiprocessing
 import os
 import random
 import unittest
@@ -57,6 +58,8 @@ def workload(seed):
                  rng.choice(("0", "200"))]
     if rng.random() < 0.15:
         argv += ["--tensor-parallel-size", "2"]
+    if "--disaggregate" not in argv and rng.random() < 0.2:
+        argv += ["--replicas", rng.choice(("2", "3")), "--router", rng.choice(main.ROUTERS)]
     return argv
 
 
@@ -79,25 +82,30 @@ def report(argv, engine):
     return code, (json.loads(out) if code == 0 else err)
 
 
+def compare_engines(seed):
+    """(the workload ran in both engines, what differs) for one seeded workload."""
+    argv = workload(seed)
+    (code, reference), (fast_code, fast) = report(argv, "step"), report(argv, "fast")
+    if (code, fast_code) != (0, 0):
+        return False, [f"{' '.join(argv)}: exit {code} and {fast_code}: {reference} {fast}"]
+    return True, [f"{' '.join(argv)}: {d}" for d in differences(reference, fast)[:3]]
+
+
 class FastEngineTest(unittest.TestCase):
 
     def test_every_figure_of_the_fast_engine_is_the_step_engines(self):
-        failures, num_runs = [], 0
-        for seed in range(NUM_WORKLOADS):
-            argv = workload(seed)
-            (code, reference), (fast_code, fast) = report(argv, "step"), report(argv, "fast")
-            if (code, fast_code) != (0, 0):
-                failures.append(f"{' '.join(argv)}: exit {code} and {fast_code}: {reference} {fast}")
-                continue
-            num_runs += 1
-            failures += [f"{' '.join(argv)}: {d}" for d in differences(reference, fast)[:3]]
+        # NOTE: the workloads are independent, so they run on every CPU (spawned: no fork of threads)
+        with multiprocessing.get_context("spawn").Pool(min(4, os.cpu_count() or 1)) as pool:
+            outcomes = pool.map(compare_engines, range(NUM_WORKLOADS), chunksize=10)
+        failures = [failure for _, found in outcomes for failure in found]
         self.assertEqual(failures, [], "\n".join(failures[:10]))
-        self.assertEqual(num_runs, NUM_WORKLOADS)
+        self.assertEqual(sum(ran for ran, _ in outcomes), NUM_WORKLOADS)
 
     def test_the_workloads_cover_every_mode(self):
         argvs = [" ".join(workload(seed)) for seed in range(NUM_WORKLOADS)]
         for mode in ("--prefix-caching", "--no-chunked-prefill", "--max-tokens-in-flight", "--disaggregate",
-                     "--tensor-parallel-size", "--trace", "--rate", "--concurrency", "--step-profile", "--kv-tokens 512"):
+                     "--tensor-parallel-size", "--trace", "--rate", "--concurrency", "--step-profile", "--kv-tokens 512",
+                     "--replicas", "prefix-affinity"):
             self.assertGreaterEqual(sum(mode in argv for argv in argvs), 10, mode)
 
     def test_small_caches_do_preempt_in_both_engines(self):
