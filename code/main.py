@@ -4172,6 +4172,7 @@ class MetricsSampler:
         self.interval_s = interval_s
         self.headers = headers
         self.scrapes: List[Dict[str, list]] = []
+        self.times_s: List[float] = []  # perf_counter when each scrape was read
         self.problem: Optional[str] = None
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, daemon=True)
@@ -4186,6 +4187,7 @@ class MetricsSampler:
             self.problem = f"no /metrics (HTTP {status}); llama-server needs --metrics"
             return False
         self.scrapes.append(parse_prometheus(body.decode("utf-8", "replace")))
+        self.times_s.append(time.perf_counter())
         return True
 
     def start(self) -> None:
@@ -4590,7 +4592,9 @@ def loadgen_warnings(report: dict, num_workers: int) -> List[str]:
     """What makes loadgen's own figures unreliable in this run, each with the way out."""
     warnings = []
     rounds, lateness = report["reader_round_ms"], report["send_lateness_ms"]
-    if rounds["count"] and rounds["p99"] > READER_ROUND_WARN_MS:
+    itl_p50 = report["summary"]["itl_ms"].get("p50") or 0.0
+    # NOTE: a late stamp matters beside the gaps it measures: 2 ms is nothing in a 60 ms gap
+    if rounds["count"] and rounds["p99"] > max(READER_ROUND_WARN_MS, 0.05 * itl_p50):
         warnings.append(f"the stream reader's rounds took {rounds['p99']:.1f} ms at p99: token times behind them "
                         f"are late by up to that; use --workers {num_workers * 2}")
     if lateness["count"] and lateness["p99"] > SEND_LATENESS_WARN_MS:
@@ -7057,6 +7061,7 @@ class Series:
     name: str
     points: Tuple[Tuple[float, float], ...]
     dashed: bool = False
+    joined: bool = True  # False: markers only (a scatter)
 
 
 @dataclass(frozen=True)
@@ -7113,9 +7118,10 @@ def svg_chart(title: str, x_label: str, y_label: str, series: Sequence[Series], 
         color = CHART_COLORS[index % len(CHART_COLORS)]
         coords = " ".join(f"{sx(x):.1f},{sy(y):.1f}" for x, y in line.points)
         dash = ' stroke-dasharray="6 4"' if line.dashed else ""
+        width = 2 if line.joined else 0
         parts.append(f'<g class="series" data-name="{_escape(line.name)}"><polyline points="{coords}" fill="none" '
-                     f'stroke="{color}" stroke-width="2"{dash}/>')
-        if len(line.points) <= 60:
+                     f'stroke="{color}" stroke-width="{width}"{dash}/>')
+        if len(line.points) <= 60 or not line.joined:
             parts += [f'<circle cx="{sx(x):.1f}" cy="{sy(y):.1f}" r="3" fill="{color}"/>' for x, y in line.points]
         parts.append("</g>")
     parts += _svg_marks(marks, sx, sy, left, top, plot_w, plot_h)
@@ -7198,7 +7204,8 @@ def cdf_series(name: str, values: Sequence[float], weights: Optional[Sequence[in
     return Series(name, tuple(dict.fromkeys(points)))
 
 
-def sweep_charts(runs: Sequence[Tuple[str, Optional[int], dict]], slo: Optional[Slo], axis: str) -> List[str]:
+def sweep_charts(runs: Sequence[Tuple[str, Optional[int], dict]], slo: Optional[Slo], axis: str,
+                 extra: Sequence[Mark] = ()) -> List[str]:
     """Throughput, TTFT and TPOT against the load of each run (or the tokens cap), the knee
     (the first load with 90% of the highest throughput) and the SLO lines marked."""
     loads = [float(cap) if label == "trace" else float(label) for label, cap, _ in runs]
@@ -7210,15 +7217,16 @@ def sweep_charts(runs: Sequence[Tuple[str, Optional[int], dict]], slo: Optional[
     throughput = line("output tok/s", lambda summary: summary["output_tok_per_s"])
     peak = max((y for _, y in throughput.points), default=0.0)
     knee = next((x for x, y in throughput.points if y >= 0.9 * peak), None) if peak else None
-    x_label = {"rate": "load (requests/s)", "concurrency": "load (concurrent clients)"}.get(axis, "tokens cap")
+    x_label = {"rate": "load (requests/s)", "concurrency": "load (concurrent clients)",
+               "trace speed-up": "load (x the trace's speed)"}.get(axis, "tokens cap")
     objectives = slo.objectives() if slo else {}
     charts = [svg_chart("Throughput against load", x_label, "output tokens/s", [throughput],
-                        [Mark(f"knee {knee:g}", x=knee)] if knee is not None else [])]
+                        ([Mark(f"knee {knee:g}", x=knee)] if knee is not None else []) + list(extra))]
     for name, title in (("ttft_ms", "TTFT"), ("tpot_ms", "TPOT")):
         series = [line(f"{title} p50", lambda summary, n=name: summary[n]["p50"]),
                   line(f"{title} p95", lambda summary, n=name: summary[n]["p95"], dashed=True)]
         marks = [Mark(f"SLO {objectives[name]:g} ms", y=objectives[name])] if name in objectives else []
-        charts.append(svg_chart(f"{title} against load", x_label, f"{title} (ms)", series, marks))
+        charts.append(svg_chart(f"{title} against load", x_label, f"{title} (ms)", series, marks + list(extra)))
     return charts
 
 
@@ -7242,6 +7250,76 @@ def simulation_charts(report: dict, latencies: Dict[str, Tuple[List[float], Opti
                                 [cdf_series(title, values, weights, upto_pct=upto)]))
     return charts
 
+
+def search_charts(runs: Dict[float, dict], answer: Optional[float], slo: Slo, by: str) -> List[str]:
+    """The runs a search made, by load: sweep_charts' three, with the answer marked."""
+    ordered = sorted(runs.items())
+    return sweep_charts([(repr(load), None, report) for load, report in ordered], slo, by,
+                        [Mark(f"answer {answer:.4g}", x=answer)] if answer is not None else [])
+
+
+def plan_charts(report: dict) -> List[str]:
+    """Every simulated point's cost against each objective at the SLO percentile: the
+    front joined, the rest as dots, the chosen point marked."""
+    slo, points = Slo(**report["slo"]), report["points"]
+    simulated = [entry for entry in points if entry["fits"]]
+    charts = []
+    for position, name in enumerate(slo.objectives()):
+        def figure(entry: dict) -> Tuple[float, float]:
+            return (_usd_per_million(entry["result"]), latencies_at_slo(entry["result"], slo)[position])
+        shown = [figure(entry) for entry in simulated if all(map(math.isfinite, figure(entry)))]
+        front = sorted(figure(points[index]) for index in report["pareto_front"]
+                       if all(map(math.isfinite, figure(points[index]))))
+        marks = [Mark(f"SLO {slo.objectives()[name]:g} ms", y=slo.objectives()[name])]
+        if report["answer"] is not None:
+            marks.append(Mark("answer", x=figure(points[report["answer"]])[0]))
+        charts.append(svg_chart(f"Cost against {name[:-3].upper()} p{slo.percentile:g}", "USD per M output tokens",
+                                f"{name[:-3].upper()} p{slo.percentile:g} (ms)",
+                                [Series("every point", tuple(shown), joined=False), Series("Pareto front", tuple(front))],
+                                marks))
+    return charts
+
+
+def compare_charts(rows: Sequence[dict]) -> List[str]:
+    """Measured beside predicted for each compared figure, one point per workload (in order)."""
+    by_clients = all(row["concurrency"] for row in rows)
+    xs = [float(row["concurrency"]) if by_clients else float(index + 1) for index, row in enumerate(rows)]
+    x_label = "concurrency (clients)" if by_clients else "workload (the table's rows, in order)"
+    charts = []
+    for label, _ in COMPARED:
+        measured = tuple((x, row["measured"][label]) for x, row in zip(xs, rows) if row["measured"][label] is not None)
+        predicted = tuple((x, row["predicted"][label]) for x, row in zip(xs, rows)
+                          if row["predicted"][label] is not None)
+        charts.append(svg_chart(f"{label}: measured and predicted", x_label, label + ("" if label == "out tok/s"
+                                                                                     else " (ms)"),
+                                [Series("measured", measured), Series("predicted", predicted, dashed=True)]))
+    return charts
+
+
+def loadgen_charts(records: Sequence, scrapes: Sequence[Tuple[float, Dict[str, list]]]) -> List[str]:
+    """A measured run: requests in flight (loadgen's own count) and the server's running and
+    waiting gauges (its /metrics samples) over the run, and the latency distributions."""
+    sent = sorted(r.sent_s for r in records if r.sent_s is not None)
+    ends = sorted(_token_span(r)[1] for r in records if _token_span(r) is not None)
+    steps: List[Tuple[float, float]] = []
+    for t in sorted(set(sent + ends)):  # a step line: the count holds until the next send or end
+        count = float(bisect.bisect_right(sent, t) - bisect.bisect_right(ends, t))
+        steps += ([(t, steps[-1][1])] if steps else []) + [(t, count)]
+    in_flight = tuple(steps)
+    server = [Series(name, tuple((t, metric_total(scrape, metric) or 0.0) for t, scrape in scrapes
+                                 if metric_total(scrape, metric) is not None))
+              for name, metric in (("server running", "vllm:num_requests_running"),
+                                   ("server waiting", "vllm:num_requests_waiting"),
+                                   ("server running", "llamacpp:requests_processing"),
+                                   ("server waiting", "llamacpp:requests_deferred"))]
+    lines = [Series("in flight (loadgen)", in_flight)] + [series for series in server if series.points]
+    charts = [svg_chart("Requests over the run", "time since the first send (s)", "requests", lines)]
+    latencies = run_latencies_ms(records)
+    for name, title, upto in (("ttft_ms", "TTFT", 100.0), ("tpot_ms", "TPOT", 100.0), ("itl_ms", "ITL", 99.0)):
+        values, weights = latencies[name]
+        charts.append(svg_chart(f"{title} distribution", f"{title} (ms)", "at or below (%)",
+                                [cdf_series(title, values, weights, upto_pct=upto)]))
+    return charts
 
 # =============================================================================
 # Subcommands: one cmd_* each, from parsed flags to output and an exit code
@@ -7480,6 +7558,7 @@ def cmd_loadgen(args) -> int:
     progress.close()
     window = sampler.finish()
     records = [r for r in run.measured() if r.sent_s is not None]
+    origin_s = min((r.sent_s for r in records), default=0.0)
     normalize_times(records)
     settings = dict(_loadgen_settings(args, endpoint, model, interrupted), server_info=server_info)
     if replay is not None:
@@ -7492,6 +7571,10 @@ def cmd_loadgen(args) -> int:
         report["replay"] = replay_report(args, replay[0], run.measured(), replay[1], num_changed)
     if args.csv:
         write_csv_file(args.csv, REQUEST_CSV_HEADER, request_csv_rows(records), "--csv")
+    if args.html or args.svg:
+        scrapes = [(at - origin_s, scrape) for at, scrape in zip(sampler.times_s, sampler.scrapes)]
+        _write_charts(args, f"servesim loadgen: {model} at {endpoint}", format_loadgen(report),
+                      loadgen_charts(records, scrapes))
     if args.json or args.json_requests:
         _print_json(report)
     else:
@@ -7551,6 +7634,9 @@ def cmd_compare(args) -> int:
     for run in reports + predictions:  # both at the price of the device predicted
         add_cost(run["summary"], spec.plan.hardware.price_per_hour * devices, devices)
     rows = compare_rows(reports, predictions)
+    if args.html or args.svg:
+        _write_charts(args, f"servesim compare: {spec.plan.model.name} on {spec.plan.devices}",
+                      format_compare(spec, reports, rows), compare_charts(rows))
     if args.json:
         _print_json({"hardware": spec.plan.hardware.name, "model": spec.plan.model.name,
                      "capacity": spec.plan.to_dict(), "scheduler": asdict(spec.config), "rows": rows})
@@ -7575,9 +7661,10 @@ def cmd_calibrate(args) -> int:
 
 
 def _search_runner(args, spec: EngineSpec, workers: Workers,
-                   progress: RunProgress) -> Tuple[Callable[[float], dict], Callable]:
+                   progress: RunProgress) -> Tuple[Callable[[float], dict], Callable, Dict[float, dict]]:
     """run_at(load): the seeded run at a rate, a client count or a trace speed-up, and
-    run_many(loads), which makes the runs not made yet on the workers; both remember."""
+    run_many(loads), which makes the runs not made yet on the workers; both remember, in
+    the dict of runs by load returned beside them."""
     runs: Dict[float, dict] = {}
 
     def arguments(load: float) -> tuple:
@@ -7595,7 +7682,7 @@ def _search_runner(args, spec: EngineSpec, workers: Workers,
     def run_at(load: float) -> dict:
         run_many([load])
         return runs[load]
-    return run_at, run_many
+    return run_at, run_many, runs
 
 
 def cmd_search(args) -> int:
@@ -7608,7 +7695,7 @@ def cmd_search(args) -> int:
     progress = RunProgress(0, "runs", _shows_progress(args))  # NOTE: a search does not know its count ahead
     args.show_progress = False
     with Workers(args.jobs) as workers:
-        run_at, run_many = _search_runner(args, spec, workers, progress)
+        run_at, run_many, tried = _search_runner(args, spec, workers, progress)
 
         def meets_many(loads: List[float]) -> List[bool]:
             run_many(loads)
@@ -7627,6 +7714,10 @@ def cmd_search(args) -> int:
         limit = diagnose(evidence, spec.plan)["binding"]
         result["binding_above"] = {"budget": limit["budget"], "symptom": limit["symptom"],
                                    "evidence": limit["evidence"]}
+    if args.html or args.svg:
+        _write_charts(args, f"servesim search: {spec.plan.model.name} on {spec.plan.devices}",
+                      format_search(result, slo, spec.plan, args.replicas, args.router),
+                      search_charts(tried, passing, slo, result["by"]))
     if args.json:
         _print_json(result)
     else:
@@ -7675,6 +7766,8 @@ def cmd_plan(args) -> int:
             return 0 if jobs else 1
         results = _run_plan_jobs(jobs, args.jobs, args.quiet)
     report = plan_answer(header, results)
+    if (args.html or args.svg) and results:
+        _write_charts(args, f"servesim plan: {report['model']}", format_plan(report), plan_charts(report))
     if args.json:
         _print_json(report)
     else:
@@ -8057,6 +8150,7 @@ def _sweep_flags(parser: argparse.ArgumentParser) -> None:
 
 
 def _loadgen_flags(parser: argparse.ArgumentParser) -> None:
+    _add_chart_flags(parser)
     _add_slo_flags(parser)
     parser.add_argument("--url", required=True, help="server base URL, e.g. http://127.0.0.1:8080")
     parser.add_argument("--model", help="model name to request (default: the first id of GET /v1/models)")
@@ -8109,6 +8203,7 @@ def _loadgen_flags(parser: argparse.ArgumentParser) -> None:
 
 
 def _search_flags(parser: argparse.ArgumentParser) -> None:
+    _add_chart_flags(parser)
     _add_planning_flags(parser)
     _add_replica_flags(parser)
     parser.add_argument("--quiet", action="store_true", help="no progress on stderr")
@@ -8139,6 +8234,7 @@ def _explain_flags(parser: argparse.ArgumentParser) -> None:
 
 
 def _compare_flags(parser: argparse.ArgumentParser) -> None:
+    _add_chart_flags(parser)
     _add_planning_flags(parser, workload=False)
     parser.add_argument("reports", nargs="+", metavar="REPORT", help="loadgen --json report files")
 
@@ -8208,6 +8304,7 @@ def _add_grid_flags(parser: argparse.ArgumentParser) -> None:
 
 
 def _plan_flags(parser: argparse.ArgumentParser) -> None:
+    _add_chart_flags(parser)
     parser.add_argument("--model", help=f"model preset: {', '.join(MODELS)} (default {DEFAULT_MODEL})")
     parser.add_argument("--model-file", help="read the model from a GGUF file or a Hugging Face config.json instead")
     _add_grid_flags(parser)

@@ -9,6 +9,7 @@ import subprocess
 import unittest
 import xml.etree.ElementTree as ET
 
+from fake_server import FakeServer, counting_chat, word_tokens
 from support import FIXTURES_DIR, ScratchTest, main, run_cli
 
 SVG = "{http://www.w3.org/2000/svg}"
@@ -103,6 +104,50 @@ class ChartTest(ScratchTest):
         for attribute in ("src=", "href=", "url(", "@import"):
             self.assertNotIn(attribute, page)
         self.assertEqual(set(re.findall(r"https?://[^\"' ]+", page)), {"http://www.w3.org/2000/svg"})
+
+
+class EveryReportTest(ScratchTest):
+
+    def page(self, *argv):
+        path = os.path.join(self.directory, "page.html")
+        code, out, err = run_cli(*argv, "--html", path)
+        self.assertEqual(code, 0, err)
+        with open(path, encoding="utf-8") as handle:
+            return [series_of(chart) for chart in charts_of(handle.read())]
+
+    def test_search_marks_its_answer_on_every_chart(self):
+        charts = self.page("search", "--requests", "40", "--slo-ttft-ms", "300", "--tolerance", "0.3", "--quiet")
+        self.assertEqual(len(charts), 3)
+        for _, lines, _, marks in charts:
+            self.assertTrue(any(mark.startswith("answer ") for mark in marks), marks)
+        self.assertGreaterEqual(len(charts[0][1]["output tok/s"]), 3)  # every load the search tried
+
+    def test_plan_plots_every_point_and_its_front(self):
+        charts = self.page("plan", "--model", "llama-3.1-8b", "--hardware", "l4-24gb,h100-sxm-80gb",
+                           "--tensor-parallel-size", "1", "--replicas", "1,2", "--rate", "4", "--requests", "30",
+                           "--slo-ttft-ms", "500", "--slo-tpot-ms", "30", "--quiet")
+        self.assertEqual(len(charts), 2)  # one per objective
+        _, lines, texts, marks = charts[0]
+        self.assertEqual(len(lines["every point"]), 4)
+        self.assertIn("USD per M output tokens", texts)
+        self.assertEqual(marks, ["SLO 500 ms", "answer"])
+
+    def test_loadgen_plots_its_own_in_flight_count_and_the_distributions(self):
+        with FakeServer(chat=counting_chat(), tokenizer=word_tokens) as server:
+            charts = self.page("loadgen", "--url", server.url, "--concurrency", "2", "--requests", "6",
+                               "--scrape-interval", "0.05", "--quiet")
+        titles = [root.find(f"{SVG}title").text for root, _, _, _ in charts]
+        self.assertEqual(titles, ["Requests over the run", "TTFT distribution", "TPOT distribution",
+                                  "ITL distribution"])
+        in_flight = charts[0][1]["in flight (loadgen)"]
+        self.assertEqual(len(in_flight), 2 * 12 - 1)  # a step line: 6 sends and 6 ends, each a rise or a fall
+
+    def test_compare_plots_measured_beside_predicted_by_concurrency(self):
+        reports = [os.path.join(FIXTURES_DIR, "llamacpp", f"c{n}.json") for n in (1, 2, 4)]
+        charts = self.page("compare", *reports, "--step-profile", os.path.join(FIXTURES_DIR, "llamacpp",
+                                                                              "profile.json"))
+        self.assertEqual([list(lines) for _, lines, _, _ in charts], [["measured", "predicted"]] * 3)
+        self.assertIn("concurrency (clients)", charts[0][2])
 
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
