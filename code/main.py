@@ -97,6 +97,8 @@ Workload options (simulate, sweep, search):
 
 simulate, sweep, search: --replicas N behind --router round-robin|least-loaded|
 prefix-affinity (N engines on one clock, a row per replica and the load imbalance).
+--html FILE (sweep, simulate, search, plan, compare, loadgen): the report and its charts
+as one self-contained page; --svg FILE: its first chart alone; --quiet: no progress.
 simulate alone: --max-tokens-in-flight N (admit only while running requests hold N
 tokens or fewer); --prometheus FILE (the run as vLLM's /metrics, for explain or a
 dashboard) and --csv FILE (a row per request; loadgen takes it too); --job FILE; --disaggregate with --kv-link-gbs, --prefill-hardware,
@@ -5222,7 +5224,8 @@ class Workers:
     answer never depends on the number of jobs. Use it as a context manager."""
 
     def __init__(self, jobs: int):
-        self.jobs = max(1, jobs)
+        # NOTE: a daemonic process (a pool's worker) may not start processes: it runs alone
+        self.jobs = 1 if multiprocessing.current_process().daemon else max(1, jobs)
         self.pool = None
 
     def __enter__(self) -> "Workers":
@@ -7540,7 +7543,8 @@ def cmd_loadgen(args) -> int:
         requests, num_changed = _replay_requests(args)
         replay = (requests, calibrate_prompt_text(endpoint, headers, model, args.timeout))
     plan = _loadgen_plan(args, endpoint, headers, model, replay)
-    run = ProcessLoadRun(plan, args.workers) if args.workers > 1 else LoadRun(plan)
+    several = args.workers > 1 and not multiprocessing.current_process().daemon  # see Workers
+    run = ProcessLoadRun(plan, args.workers) if several else LoadRun(plan)
     sampler = MetricsSampler(endpoint, args.scrape_interval, auth)
     progress = Progress(run.measured(), sys.stderr.isatty() and not args.quiet)
     interrupted = False
@@ -7564,7 +7568,7 @@ def cmd_loadgen(args) -> int:
     if replay is not None:
         settings["num_requests"] = len(replay[0])
     report = build_loadgen_report(settings, records, window, sampler.problem, slo, args.json_requests)
-    report["reader_round_ms"] = distribution_ms(run.round_s if args.workers > 1 else list(run.reader.round_s))
+    report["reader_round_ms"] = distribution_ms(run.round_s if several else list(run.reader.round_s))
     report["warnings"] = loadgen_warnings(report, args.workers)
     add_cost(report["summary"], (args.price_per_hour or 0.0) * args.num_devices, args.num_devices)
     if replay is not None:

@@ -5,8 +5,10 @@ import json
 import os
 import re
 import shutil
+import struct
 import subprocess
 import unittest
+import zlib
 import xml.etree.ElementTree as ET
 
 from fake_server import FakeServer, counting_chat, word_tokens
@@ -153,25 +155,70 @@ class EveryReportTest(ScratchTest):
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 
 
+def png_rows(data):
+    """The rows of an 8-bit RGB or RGBA PNG as bytes per pixel and a list of unfiltered rows."""
+    width, height, depth, color = struct.unpack(">IIBB", data[16:26])
+    assert depth == 8 and color in (2, 6), (depth, color)
+    stride, chunks, offset = 3 if color == 2 else 4, [], 8
+    while offset < len(data):
+        length, kind = struct.unpack(">I4s", data[offset:offset + 8])
+        if kind == b"IDAT":
+            chunks.append(data[offset + 8:offset + 8 + length])
+        offset += 12 + length
+    raw, rows, previous = zlib.decompress(b"".join(chunks)), [], bytearray(width * stride)
+    for y in range(height):
+        line = raw[y * (width * stride + 1):(y + 1) * (width * stride + 1)]
+        kind, row = line[0], bytearray(line[1:])
+        for x in range(len(row)):
+            a = row[x - stride] if x >= stride else 0
+            b, c = previous[x], previous[x - stride] if x >= stride else 0
+            row[x] = (row[x] + (0, a, b, (a + b) // 2, paeth(a, b, c))[kind]) & 0xFF
+        rows.append(bytes(row))
+        previous = row
+    return stride, rows
+
+
+def paeth(a, b, c):
+    p = a + b - c
+    pa, pb, pc = abs(p - a), abs(p - b), abs(p - c)
+    return a if pa <= pb and pa <= pc else b if pb <= pc else c
+
+
 @unittest.skipIf(CHROMIUM is None, "headless Chromium is not installed (Debian: apt-get install chromium)")
 class ScreenshotTest(ScratchTest):
 
-    def test_each_page_renders_to_a_screenshot_that_is_not_blank(self):
-        pages = {"sweep": SWEEP, "simulate": ("simulate", "--hardware", "l4-24gb", "--trace", BURST)}
-        browsers = {}
-        for name, argv in pages.items():  # NOTE: both browsers at once: each takes seconds to start
-            page, shot = os.path.join(self.directory, f"{name}.html"), os.path.join(self.directory, f"{name}.png")
-            self.assertEqual(run_cli(*argv, "--html", page)[0], 0)
-            browsers[name] = (shot, subprocess.Popen(
-                [CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu", f"--screenshot={shot}",
-                 "--window-size=1200,1600", f"file://{page}"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
-        for name, (shot, browser) in browsers.items():
+    PAGE_HEIGHT = 1300  # px of the screenshot each page gets
+
+    def test_each_kind_of_report_renders_to_a_screenshot_that_is_not_blank(self):
+        reports = [os.path.join(FIXTURES_DIR, "llamacpp", f"c{n}.json") for n in (1, 2, 4)]
+        pages = {"sweep": SWEEP, "simulate": ("simulate", "--hardware", "l4-24gb", "--trace", BURST),
+                 "search": ("search", "--requests", "40", "--slo-ttft-ms", "300", "--tolerance", "0.3", "--quiet"),
+                 "plan": ("plan", "--hardware", "l4-24gb,h100-sxm-80gb", "--tensor-parallel-size", "1", "--rate", "4",
+                          "--requests", "30", "--replicas", "1,2", "--slo-ttft-ms", "500", "--quiet"),
+                 "compare": ("compare", *reports, "--step-profile", os.path.join(FIXTURES_DIR, "llamacpp",
+                                                                                "profile.json"))}
+        with FakeServer(chat=counting_chat(), tokenizer=word_tokens) as server:
+            pages["loadgen"] = ("loadgen", "--url", server.url, "--requests", "4", "--scrape-interval", "0.05",
+                                "--quiet")
+            for name, argv in pages.items():
+                self.assertEqual(run_cli(*argv, "--html", os.path.join(self.directory, f"{name}.html"))[0], 0, name)
+        # NOTE: one browser for every page (it takes seconds to start): the pages stacked in frames
+        frames = "".join(f'<iframe src="{name}.html" width="1200" height="{self.PAGE_HEIGHT}" '
+                         f'style="display:block;border:0"></iframe>' for name in pages)
+        self.write("all.html", f"<!doctype html><body style='margin:0'>{frames}</body>")
+        shot = os.path.join(self.directory, "all.png")
+        subprocess.run([CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu", "--hide-scrollbars",
+                        "--force-device-scale-factor=0.25",  # a quarter: enough to see ink, quick to decode
+                        f"--screenshot={shot}", f"--window-size=1200,{self.PAGE_HEIGHT * len(pages)}",
+                        f"file://{os.path.join(self.directory, 'all.html')}"], capture_output=True, timeout=120)
+        with open(shot, "rb") as handle:
+            stride, rows = png_rows(handle.read())
+        band_height = len(rows) // len(pages)
+        for index, name in enumerate(pages):
             with self.subTest(page=name):
-                browser.wait(timeout=120)
-                with open(shot, "rb") as handle:
-                    png = handle.read()
-                self.assertTrue(png.startswith(b"\x89PNG"))
-                self.assertGreater(len(png), 20_000)  # a blank 1200 x 1600 page compresses to a few KB
+                band = rows[index * band_height:(index + 1) * band_height]
+                inked = sum(1 for row in band for x in range(0, len(row), stride) if row[x] < 200)
+                self.assertGreater(inked, 1000, f"{name}: a blank screenshot")  # text and lines, not white
 
 
 if __name__ == "__main__":

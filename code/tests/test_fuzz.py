@@ -7,7 +7,9 @@ runs more of the same.
 """
 
 import json
+import multiprocessing
 import os
+import tempfile
 import unittest
 
 import fuzz_cases
@@ -25,13 +27,19 @@ def reference_reports():
     return loadgen, simulate
 
 
+def problems_of(case):
+    """What went wrong with one case, run in a scratch folder of its own."""
+    with tempfile.TemporaryDirectory() as directory:
+        return [f"{case.describe()}: {problem}" for problem in fuzz_cases.run_case(main, case, directory)[0]]
+
+
 class FuzzTest(ScratchTest):
 
     def test_no_case_crashes_hangs_exits_wrongly_or_shows_the_key(self):
-        failures = []
-        for case in fuzz_cases.generate(SEED, NUM_CASES, *reference_reports()):
-            problems = fuzz_cases.run_case(main, case, self.directory)[0]
-            failures += [f"{case.describe()}: {problem}" for problem in problems]
+        cases = fuzz_cases.generate(SEED, NUM_CASES, *reference_reports())
+        # NOTE: the cases are independent, so they run on every CPU (spawned: no fork of threads)
+        with multiprocessing.get_context("spawn").Pool(min(4, os.cpu_count() or 1)) as pool:
+            failures = [problem for found in pool.map(problems_of, cases, chunksize=10) for problem in found]
         self.assertEqual(failures, [], "\n".join(failures[:20]))
 
     def test_the_families_are_all_there(self):
