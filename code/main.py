@@ -4833,8 +4833,19 @@ class PromptText:
 
     def prompt(self, request: Request, seed: int, cache: Dict[str, str]) -> str:
         """request's prompt; cache keeps the text of each shared block (made once)."""
-        parts, shared = [], 0
-        if request.conversation is not None:  # its text is its own; what it shares is the conversation before it
+        parts, shared = self._shared(request, cache)
+        overhead = self.overhead_tokens if request.turn <= 1 else 0.0  # the template's tokens: once a conversation
+        # NOTE: the request's own words are seeded by the run and the request, so it parts
+        # from every other prompt at once; words, not digits, which some tokenizers
+        # (Gemma's) split one token per digit.
+        own = request.prompt_tokens - shared - overhead
+        return " ".join(parts + [self.words(f"own:{seed}:{request.request_id}", max(1.0, own))])
+
+    def _shared(self, request: Request, cache: Dict[str, str]) -> Tuple[List[str], int]:
+        """The text of the blocks request shares, and their tokens. A conversation turn has
+        none of its own: what it shares is the conversation before it, sent as messages."""
+        blocks: List[Tuple[str, int]] = []
+        if request.conversation is not None:
             pass
         elif request.prefix_blocks:
             per_block = request.prefix_block_tokens
@@ -4842,20 +4853,11 @@ class PromptText:
                 tokens = min(per_block, request.prefix_tokens - index * per_block)
                 if tokens <= 0:
                     break
-                name = f"block:{key}:{tokens}"
-                parts.append(cache.get(name) or cache.setdefault(name, self.words(name, tokens)))
-                shared += tokens
+                blocks.append((f"block:{key}:{tokens}", tokens))
         elif request.prefix is not None and request.prefix_tokens:
-            name = f"prefix:{request.prefix}:{request.prefix_tokens}"
-            parts.append(cache.get(name) or cache.setdefault(name, self.words(name, request.prefix_tokens)))
-            shared = request.prefix_tokens
-        overhead = self.overhead_tokens if request.turn <= 1 else 0.0  # the template's tokens: once a conversation
-        # NOTE: the request's own text opens with four words seeded by the run and the request,
-        # so it parts from every other prompt at once; words, not digits, which some
-        # tokenizers (Gemma's) split one token per digit.
-        own = request.prompt_tokens - shared - overhead
-        parts.append(self.words(f"own:{seed}:{request.request_id}", max(1.0, own)))
-        return " ".join(parts)
+            blocks.append((f"prefix:{request.prefix}:{request.prefix_tokens}", request.prefix_tokens))
+        parts = [cache.get(name) or cache.setdefault(name, self.words(name, tokens)) for name, tokens in blocks]
+        return parts, sum(tokens for _, tokens in blocks)
 
 
 SAMPLE_WORDS = (64, 512)  # the two probe lengths: their difference gives tokens per word
@@ -7065,6 +7067,7 @@ class Series:
     points: Tuple[Tuple[float, float], ...]
     dashed: bool = False
     joined: bool = True  # False: markers only (a scatter)
+    notes: Tuple[str, ...] = ()  # a short text beside each point (an error, a noise), or none
 
 
 @dataclass(frozen=True)
@@ -7097,7 +7100,7 @@ def _escape(text: str) -> str:
 
 
 def svg_chart(title: str, x_label: str, y_label: str, series: Sequence[Series], marks: Sequence[Mark] = (),
-              width: int = 640, height: int = 360) -> str:
+              width: int = 540, height: int = 330) -> str:
     """A line chart as one SVG element: axes with ticks and units, a legend, each series a
     polyline with its points marked, marks as dashed lines. Scales to its container."""
     points = [point for line in series for point in line.points] or [(0.0, 0.0)]
@@ -7126,6 +7129,8 @@ def svg_chart(title: str, x_label: str, y_label: str, series: Sequence[Series], 
                      f'stroke="{color}" stroke-width="{width}"{dash}/>')
         if len(line.points) <= 60 or not line.joined:
             parts += [f'<circle cx="{sx(x):.1f}" cy="{sy(y):.1f}" r="3" fill="{color}"/>' for x, y in line.points]
+        parts += [f'<text class="note" x="{sx(x) + 5:.1f}" y="{sy(y) + 14:.1f}" fill="{color}">{_escape(note)}</text>'
+                  for (x, y), note in zip(line.points, line.notes) if note]
         parts.append("</g>")
     parts += _svg_marks(marks, sx, sy, left, top, plot_w, plot_h)
     parts += _svg_legend(series, left + plot_w, top)
@@ -7164,11 +7169,12 @@ def _svg_marks(marks, sx, sy, left, top, plot_w, plot_h) -> List[str]:
 
 def _svg_legend(series, right_edge, top) -> List[str]:
     parts = []
+    left = right_edge - 26 - 6.6 * max((len(line.name) for line in series), default=0)  # ~6.6 px a character
     for index, line in enumerate(series):
         y = top - 8 - 16 * (len(series) - 1 - index)
         color = CHART_COLORS[index % len(CHART_COLORS)]
-        parts.append(f'<g class="legend"><line x1="{right_edge - 150}" y1="{y - 4}" x2="{right_edge - 130}" '
-                     f'y2="{y - 4}" stroke="{color}" stroke-width="2"/><text x="{right_edge - 124}" y="{y}">'
+        parts.append(f'<g class="legend"><line x1="{left:.0f}" y1="{y - 4}" x2="{left + 20:.0f}" y2="{y - 4}" '
+                     f'stroke="{color}" stroke-width="2"/><text x="{left + 26:.0f}" y="{y}">'
                      f'{_escape(line.name)}</text></g>')
     return parts
 
@@ -7290,12 +7296,17 @@ def compare_charts(rows: Sequence[dict]) -> List[str]:
     x_label = "concurrency (clients)" if by_clients else "workload (the table's rows, in order)"
     charts = []
     for label, _ in COMPARED:
-        measured = tuple((x, row["measured"][label]) for x, row in zip(xs, rows) if row["measured"][label] is not None)
-        predicted = tuple((x, row["predicted"][label]) for x, row in zip(xs, rows)
-                          if row["predicted"][label] is not None)
-        charts.append(svg_chart(f"{label}: measured and predicted", x_label, label + ("" if label == "out tok/s"
-                                                                                     else " (ms)"),
-                                [Series("measured", measured), Series("predicted", predicted, dashed=True)]))
+        shown = [(x, row) for x, row in zip(xs, rows)
+                 if row["measured"][label] is not None and row["predicted"][label] is not None]
+        noise = tuple(f"noise {row['spread'][label]:.0%}" if row["spread"].get(label) is not None else ""
+                      for _, row in shown)
+        error = tuple(f"{row['error'][label]:+.0%}" if row["error"][label] is not None else "" for _, row in shown)
+        charts.append(svg_chart(
+            f"{label}: measured and predicted", x_label, label + ("" if label == "out tok/s" else " (ms)"),
+            [Series("measured (its run-to-run noise)", tuple((x, row["measured"][label]) for x, row in shown),
+                    notes=noise),
+             Series("predicted (its error)", tuple((x, row["predicted"][label]) for x, row in shown), dashed=True,
+                    notes=error)]))
     return charts
 
 

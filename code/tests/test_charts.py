@@ -148,7 +148,8 @@ class EveryReportTest(ScratchTest):
         reports = [os.path.join(FIXTURES_DIR, "llamacpp", f"c{n}.json") for n in (1, 2, 4)]
         charts = self.page("compare", *reports, "--step-profile", os.path.join(FIXTURES_DIR, "llamacpp",
                                                                               "profile.json"))
-        self.assertEqual([list(lines) for _, lines, _, _ in charts], [["measured", "predicted"]] * 3)
+        self.assertEqual([list(lines) for _, lines, _, _ in charts],
+                         [["measured (its run-to-run noise)", "predicted (its error)"]] * 3)
         self.assertIn("concurrency (clients)", charts[0][2])
 
 
