@@ -582,50 +582,42 @@ class ModelSpec:
 # at ~197 tokens per step on an H100 and ~269 on an L4 (the reference figures the
 # capacity report is tested against). Prices are on-demand USD per GPU-hour as one
 # public source listed them on the date given; they move, so --price-per-hour overrides.
+DATASHEET_GPU = dict(mfu=0.5, mbu=0.75, step_overhead_ms=1.0)  # what every GPU preset shares (see above)
 HARDWARE: Dict[str, Hardware] = {
     hw.name: hw for hw in (
         # H100 SXM5 80GB: nvidia-smi 81,559 MiB; HBM3 3.35 TB/s; 989.4 TFLOPS dense BF16,
-        # 1,978.9 FP8. Price: median of 37 providers, aimultiple.com GPU index, 2026-05-20.
-        Hardware("h100-sxm-80gb", memory_gib=79.6, bandwidth_gbs=3350, tflops=989.4,
-                 mfu=0.5, mbu=0.75, step_overhead_ms=1.0, reserve_gib=2.0,
-                 interconnect_gbs=450,  # NVLink 4: 900 GB/s both ways
-                 fp8_tflops=1978.9, price_per_hour=2.95),
-        # H200 SXM 141GB: nvidia-smi 143,771 MiB; HBM3e 4.8 TB/s; the H100's die: 989.4
-        # TFLOPS dense BF16, 1,978.9 FP8. Price: Spheron on-demand, 2026-03-17.
-        Hardware("h200-sxm-141gb", memory_gib=140.4, bandwidth_gbs=4800, tflops=989.4,
-                 mfu=0.5, mbu=0.75, step_overhead_ms=1.0, reserve_gib=2.0,
-                 interconnect_gbs=450,  # NVLink 4: 900 GB/s both ways
-                 fp8_tflops=1978.9, price_per_hour=4.54),
+        # 1,978.9 FP8; NVLink 4, 900 GB/s both ways. Price: median of 37 providers,
+        # aimultiple.com GPU index, 2026-05-20.
+        Hardware("h100-sxm-80gb", memory_gib=79.6, bandwidth_gbs=3350, tflops=989.4, fp8_tflops=1978.9,
+                 interconnect_gbs=450, reserve_gib=2.0, price_per_hour=2.95, **DATASHEET_GPU),
+        # H200 SXM 141GB: nvidia-smi 143,771 MiB; HBM3e 4.8 TB/s; the H100's die (989.4 TFLOPS
+        # dense BF16, 1,978.9 FP8, NVLink 4). Price: Spheron on-demand, 2026-03-17.
+        Hardware("h200-sxm-141gb", 140.4, 4800, 989.4, fp8_tflops=1978.9, interconnect_gbs=450,
+                 reserve_gib=2.0, price_per_hour=4.54, **DATASHEET_GPU),
         # B200 (HGX B200) 180GB: nvidia-smi 183,359 MiB; HBM3e 8 TB/s; 2,250 TFLOPS dense
-        # BF16, 4,500 FP8 (half the datasheet's sparse figures). Price: Spheron on-demand, 2026-03-17.
-        Hardware("b200-180gb", memory_gib=179.1, bandwidth_gbs=8000, tflops=2250,
-                 mfu=0.5, mbu=0.75, step_overhead_ms=1.0, reserve_gib=2.0,
-                 interconnect_gbs=900,  # NVLink 5: 1.8 TB/s both ways
-                 fp8_tflops=4500, price_per_hour=6.03),
-        # AMD MI300X 192GB: HBM3 5.3 TB/s; 1,307.4 TFLOPS dense BF16, 2,614.9 FP8. Price:
-        # median listing, cliffcenter.com AMD inference economics note, 2026-05-18.
-        Hardware("mi300x-192gb", memory_gib=191.5, bandwidth_gbs=5300, tflops=1307.4,
-                 mfu=0.5, mbu=0.75, step_overhead_ms=1.0, reserve_gib=2.0,
-                 interconnect_gbs=448,  # Infinity Fabric: 7 links x 64 GB/s each way
-                 fp8_tflops=2614.9, price_per_hour=1.99),
-        # A100 SXM4 80GB: nvidia-smi 81,920 MiB; HBM2e 2,039 GB/s; 312 TFLOPS dense BF16; no FP8.
-        # Price: middle of the $1.49-2.49 typical on-demand range, pricegpu.pages.dev, early 2026.
-        Hardware("a100-sxm-80gb", memory_gib=80.0, bandwidth_gbs=2039, tflops=312,
-                 mfu=0.5, mbu=0.75, step_overhead_ms=1.0, reserve_gib=2.0,
-                 interconnect_gbs=300,  # NVLink 3: 600 GB/s both ways
-                 price_per_hour=1.99),
-        # L40S 48GB: nvidia-smi 46,068 MiB; GDDR6 864 GB/s; 362.05 TFLOPS dense BF16, 733 FP8.
-        # Price: Lambda on-demand as gpuadvisor.com listed it, May 2026.
-        Hardware("l40s-48gb", memory_gib=45.0, bandwidth_gbs=864, tflops=362.05,
-                 mfu=0.5, mbu=0.75, step_overhead_ms=1.0, reserve_gib=1.5,
-                 interconnect_gbs=32,  # no NVLink: PCIe 4.0 x16
-                 fp8_tflops=733, price_per_hour=1.40),
-        # L4 24GB: nvidia-smi 23,034 MiB; GDDR6 300 GB/s; 121 TFLOPS dense BF16, 242.5 FP8.
-        # Price: Google Cloud g2-standard-4 (one L4) on demand, us-central1, 2025 price list.
-        Hardware("l4-24gb", memory_gib=22.5, bandwidth_gbs=300, tflops=121,
-                 mfu=0.5, mbu=0.75, step_overhead_ms=1.0, reserve_gib=1.5,
-                 interconnect_gbs=32,  # no NVLink: PCIe 4.0 x16
-                 fp8_tflops=242.5, price_per_hour=0.71),
+        # BF16, 4,500 FP8 (half the datasheet's sparse figures); NVLink 5, 1.8 TB/s both ways.
+        # Price: Spheron on-demand, 2026-03-17.
+        Hardware("b200-180gb", memory_gib=179.1, bandwidth_gbs=8000, tflops=2250, reserve_gib=2.0,
+                 fp8_tflops=4500, interconnect_gbs=900, price_per_hour=6.03, **DATASHEET_GPU),
+        # AMD MI300X 192GB: HBM3 5.3 TB/s; 1,307.4 TFLOPS dense BF16, 2,614.9 FP8; Infinity
+        # Fabric, 7 links x 64 GB/s each way. Price: median listing, cliffcenter.com AMD
+        # inference economics note, 2026-05-18.
+        Hardware("mi300x-192gb", 191.5, 5300, 1307.4, reserve_gib=2.0, interconnect_gbs=448,
+                 fp8_tflops=2614.9, price_per_hour=1.99, **DATASHEET_GPU),
+        # A100 SXM4 80GB: nvidia-smi 81,920 MiB; HBM2e 2,039 GB/s; 312 TFLOPS dense BF16; no FP8;
+        # NVLink 3, 600 GB/s both ways. Price: middle of the $1.49-2.49 typical on-demand range,
+        # pricegpu.pages.dev, early 2026.
+        Hardware("a100-sxm-80gb", memory_gib=80.0, bandwidth_gbs=2039, tflops=312, reserve_gib=2.0,
+                 interconnect_gbs=300, price_per_hour=1.99, **DATASHEET_GPU),
+        # L40S 48GB: nvidia-smi 46,068 MiB; GDDR6 864 GB/s; 362.05 TFLOPS dense BF16, 733 FP8;
+        # no NVLink, PCIe 4.0 x16. Price: Lambda on-demand as gpuadvisor.com listed it, May 2026.
+        Hardware("l40s-48gb", 45.0, 864, 362.05, fp8_tflops=733, interconnect_gbs=32, reserve_gib=1.5,
+                 price_per_hour=1.40, **DATASHEET_GPU),
+        # L4 24GB: nvidia-smi 23,034 MiB; GDDR6 300 GB/s; 121 TFLOPS dense BF16, 242.5 FP8; no
+        # NVLink, PCIe 4.0 x16. Price: Google Cloud g2-standard-4 (one L4) on demand, us-central1,
+        # 2025 price list.
+        Hardware("l4-24gb", memory_gib=22.5, bandwidth_gbs=300, tflops=121, fp8_tflops=242.5,
+                 reserve_gib=1.5, interconnect_gbs=32, price_per_hour=0.71, **DATASHEET_GPU),
         # A 4-vCPU machine running llama.cpp: effective figures, not datasheet peaks
         # (mfu = mbu = 1), meant to be calibrated against a real server.
         Hardware("cpu-4vcpu", memory_gib=16.0, bandwidth_gbs=20, tflops=0.1,
@@ -7986,6 +7978,10 @@ def _add_hardware_flags(parser: argparse.ArgumentParser, of_server: bool = False
                             help="GB/s each way between devices (default: the hardware's NVLink or PCIe)")
 
 
+def _add_quiet_flag(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--quiet", action="store_true", help="no progress on stderr")
+
+
 def _add_chart_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--html", metavar="FILE", help="write the report and its charts as one self-contained page")
     parser.add_argument("--svg", metavar="FILE", help="write the report's first chart alone, as SVG")
@@ -8123,11 +8119,16 @@ def _capacity_flags(parser: argparse.ArgumentParser) -> None:
     _add_max_model_len_flag(parser, for_capacity=True)
 
 
-def _simulate_flags(parser: argparse.ArgumentParser) -> None:
+def _add_run_flags(parser: argparse.ArgumentParser) -> None:
+    """What simulate, sweep and search take: a plan's flags, replicas, charts, --quiet."""
     _add_planning_flags(parser)
     _add_replica_flags(parser)
     _add_chart_flags(parser)
-    parser.add_argument("--quiet", action="store_true", help="no progress on stderr")
+    _add_quiet_flag(parser)
+
+
+def _simulate_flags(parser: argparse.ArgumentParser) -> None:
+    _add_run_flags(parser)
     arrivals = parser.add_mutually_exclusive_group(required=True)
     arrivals.add_argument("--trace", help="JSON Lines trace: open loop at each request's arrival_s")
     arrivals.add_argument("--rate", type=positive_float, help="open loop: Poisson arrivals, requests/s")
@@ -8151,10 +8152,7 @@ def _add_jobs_flag(parser: argparse.ArgumentParser) -> None:
 
 
 def _sweep_flags(parser: argparse.ArgumentParser) -> None:
-    _add_planning_flags(parser)
-    _add_replica_flags(parser)
-    _add_chart_flags(parser)
-    parser.add_argument("--quiet", action="store_true", help="no progress on stderr")
+    _add_run_flags(parser)
     _add_jobs_flag(parser)
     loads = parser.add_mutually_exclusive_group(required=True)
     loads.add_argument("--concurrency", type=int_list, help="closed-loop client counts, e.g. 1,8,32,128,256")
@@ -8214,14 +8212,11 @@ def _loadgen_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--workers", type=thread_count, default=1,
                         help="processes that send and read the streams, each its share, on one schedule "
                              "(default 1; more for hundreds of streams)")
-    parser.add_argument("--quiet", action="store_true", help="no progress line on stderr")
+    _add_quiet_flag(parser)
 
 
 def _search_flags(parser: argparse.ArgumentParser) -> None:
-    _add_chart_flags(parser)
-    _add_planning_flags(parser)
-    _add_replica_flags(parser)
-    parser.add_argument("--quiet", action="store_true", help="no progress on stderr")
+    _add_run_flags(parser)
     _add_jobs_flag(parser)
     parser.add_argument("--by", choices=("rate", "concurrency"), default="rate",
                         help="search an open-loop rate (default) or a closed-loop client count; with "
@@ -8283,7 +8278,7 @@ def _profile_flags(parser: argparse.ArgumentParser) -> None:
                         help="seconds one request may take (default 120)")
     parser.add_argument("--out", help="write the profile as JSON, for --step-profile")
     _add_output_flags(parser, "the profile")
-    parser.add_argument("--quiet", action="store_true", help="no progress lines on stderr")
+    _add_quiet_flag(parser)
 
 
 def _parse_hardware_list(text: str) -> Optional[List[str]]:
@@ -8348,7 +8343,7 @@ def _plan_flags(parser: argparse.ArgumentParser) -> None:
     where.add_argument("--emit", metavar="DIR", help="write plan.json and a job file per point instead of running")
     where.add_argument("--collect", metavar="DIR",
                        help="the answer from the results simulate --job wrote beside --emit's jobs")
-    parser.add_argument("--quiet", action="store_true", help="no progress on stderr")
+    _add_quiet_flag(parser)
 
 
 # (name, help, description, the function adding its flags, the function it runs)
