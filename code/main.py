@@ -3183,15 +3183,29 @@ def _wall_clock(text: str, where: str, minutes: Dict[str, int]) -> Tuple[int, fl
         raise UsageError(f"{where}: TIMESTAMP must look like 2023-11-16 18:15:46.6805900, got {text!r}") from None
 
 
+def _csv_rows(lines: List[str], path: str) -> Iterator[Tuple[int, List[str]]]:
+    """(line number, cells) of each CSV row; UsageError naming the line the csv module
+    refuses (a NUL byte, on Python before 3.11)."""
+    reader = csv.reader(lines)
+    while True:
+        try:
+            row = next(reader)
+        except StopIteration:
+            return
+        except csv.Error as error:
+            raise UsageError(f"--trace {path}:{reader.line_num}: not CSV ({error})") from None
+        yield reader.line_num, row
+
+
 def _azure_rows(lines: List[str], path: str) -> Iterator[TraceRow]:
     """Azure LLM inference trace CSV: TIMESTAMP (wall clock), ContextTokens, GeneratedTokens."""
-    reader = csv.reader(lines)
-    header = next(reader, None)
+    rows = _csv_rows(lines, path)
+    header = next(rows, (1, None))[1]
     if header is None or [column.strip() for column in header[:3]] != list(AZURE_COLUMNS):
         raise UsageError(f"--trace {path}:1: expected the header {','.join(AZURE_COLUMNS)}, got {header!r}")
     origin = None  # the first whole second: arrivals stay small numbers, exact to the microsecond
     minutes: Dict[str, int] = {}
-    for lineno, row in enumerate(reader, start=2):
+    for lineno, row in rows:
         if not row:
             continue
         where = f"--trace {path}:{lineno}"
@@ -7978,6 +7992,15 @@ def _add_hardware_flags(parser: argparse.ArgumentParser, of_server: bool = False
                             help="GB/s each way between devices (default: the hardware's NVLink or PCIe)")
 
 
+def _add_server_flags(parser: argparse.ArgumentParser) -> None:
+    """The server loadgen and profile talk to, and how long one request may take."""
+    parser.add_argument("--url", required=True, help="server base URL, e.g. http://127.0.0.1:8080")
+    parser.add_argument("--model", help="model name to request (default: the first id of GET /v1/models)")
+    parser.add_argument("--api-key", help="Bearer token (default: $OPENAI_API_KEY); never printed")
+    parser.add_argument("--timeout", type=positive_float, default=120.0,
+                        help="seconds one request may take, stalls included (default 120)")
+
+
 def _add_quiet_flag(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--quiet", action="store_true", help="no progress on stderr")
 
@@ -8165,9 +8188,7 @@ def _sweep_flags(parser: argparse.ArgumentParser) -> None:
 def _loadgen_flags(parser: argparse.ArgumentParser) -> None:
     _add_chart_flags(parser)
     _add_slo_flags(parser)
-    parser.add_argument("--url", required=True, help="server base URL, e.g. http://127.0.0.1:8080")
-    parser.add_argument("--model", help="model name to request (default: the first id of GET /v1/models)")
-    parser.add_argument("--api-key", help="Bearer token (default: $OPENAI_API_KEY); never printed")
+    _add_server_flags(parser)
     parser.add_argument("--concurrency", type=thread_count,
                         help="closed loop: N clients (default 1); with --rate: most requests in flight")
     loads = parser.add_mutually_exclusive_group()
@@ -8198,8 +8219,6 @@ def _loadgen_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--prompt-file", help="use this text as the body of every prompt")
     parser.add_argument("--shared-prefix-tokens", type=non_negative_int, default=0,
                         help="the same N leading words in every prompt, for prefix caching")
-    parser.add_argument("--timeout", type=positive_float, default=120.0,
-                        help="seconds one request may take, stalls included (default 120)")
     parser.add_argument("--seed", type=int,
                         help="seed for prompts and arrivals (default: a fresh one per run, reported in "
                              "--json; a repeated seed repeats the prompts, which a server may have cached)")
@@ -8258,24 +8277,20 @@ def _calibrate_flags(parser: argparse.ArgumentParser) -> None:
 
 
 def _profile_flags(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--url", required=True, help="server base URL, e.g. http://127.0.0.1:8080")
-    parser.add_argument("--model", help="model name to request (default: the first id of GET /v1/models)")
-    parser.add_argument("--api-key", help="Bearer token (default: $OPENAI_API_KEY); never printed")
+    _add_server_flags(parser)
     parser.add_argument("--max-num-seqs", "--parallel", dest="max_num_seqs", type=positive_int,
                         help="decode batches 1..N to time (default: the server's slots from /props, else 8)")
     parser.add_argument("--prefill-tokens", type=int_list,
                         help="prompt lengths to time, e.g. 16,64,256 (default: powers of two from 16 to half a "
                              "slot's context, at most 2,048 on llama.cpp and 4,096 elsewhere)")
+    parser.add_argument("--repeat", type=positive_int, default=3, help="runs per point (default %(default)s)")
     parser.add_argument("--prompt-tokens", type=positive_int, default=32,
                         help="prompt length of the decode points (default %(default)s)")
     parser.add_argument("--output-tokens", type=positive_int, default=64,
                         help="tokens each decode request generates, ignore_eos (default %(default)s)")
-    parser.add_argument("--repeat", type=positive_int, default=3, help="runs per point (default %(default)s)")
     parser.add_argument("--budget-s", type=positive_float, default=600.0,
                         help="seconds the whole profile may take; points that would pass it are skipped "
                              "(default %(default)s)")
-    parser.add_argument("--timeout", type=positive_float, default=120.0,
-                        help="seconds one request may take (default 120)")
     parser.add_argument("--out", help="write the profile as JSON, for --step-profile")
     _add_output_flags(parser, "the profile")
     _add_quiet_flag(parser)
