@@ -299,6 +299,7 @@ def _check_number(where: str, name: str, value, least: float, what: str = "a num
 
 MAX_COUNT = 10_000_000  # the most requests, tokens or sequences any flag or file may ask for
 MAX_REPLICAS = 1024     # engines behind one router: each is a scheduler and a block pool in memory
+MAX_LAYERS = 100_000    # transformer blocks a model file may name (today's largest have a few hundred)
 
 
 def _check_int(where: str, name: str, value, least: int, most: int = MAX_COUNT) -> int:
@@ -1039,6 +1040,8 @@ def model_from_config(path: str) -> ModelSpec:
     nested = config.object("text_config", None)  # multimodal configs nest the decoder
     text = JsonObject(dict(config.value, **nested.value), where) if nested else config
     hidden, layers = text.integer("hidden_size", 1), text.integer("num_hidden_layers", 1)
+    if layers > MAX_LAYERS:  # NOTE: some layer rules are counted layer by layer
+        raise text.fail("num_hidden_layers", f"at most {MAX_LAYERS:,}", layers)
     heads = text.integer("num_attention_heads", 1)
     kv_heads = text.integer("num_key_value_heads", 1, heads)
     head_dim = text.integer("head_dim", 1, hidden // heads)
