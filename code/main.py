@@ -5563,6 +5563,18 @@ def _median_or_none(values: Sequence[Optional[float]]) -> Optional[float]:
     return statistics.median(known) if known else None
 
 
+def measured_hit_rate(report: dict) -> Optional[float]:
+    """The share of prompt tokens a measured server served from its prefix cache: its
+    /metrics (vLLM, SGLang), else llama.cpp's cache_n timings; None when it says neither."""
+    window, timings = report.get("server") or {}, report.get("server_timings") or {}
+    if window.get("prefix_hit_rate") is not None:
+        return window["prefix_hit_rate"]
+    prompt_tokens = report["summary"].get("prompt_tokens")
+    if timings.get("cached_prompt_tokens") is not None and prompt_tokens:
+        return timings["cached_prompt_tokens"] / prompt_tokens
+    return None
+
+
 def compare_rows(reports: Sequence[dict], predictions: Sequence[dict]) -> List[dict]:
     """One row per workload: measured (the median over reports of the same workload,
     repeated runs), predicted, the relative error of each figure and the run-to-run
@@ -5586,6 +5598,9 @@ def compare_rows(reports: Sequence[dict], predictions: Sequence[dict]) -> List[d
                         for label in row["measured"]}
         row["spread"] = {label: _spread([run[label] for run in measured_runs]) for label, _ in COMPARED}
         row["cost_model"] = prediction["engine"]["cost_model"]
+        if replay:
+            row["prefix_hit_rate"] = {"measured": measured_hit_rate(runs[0][0]),
+                                      "predicted": prediction["engine"]["prefix_hit_rate"]}
         if "cost" in prediction["summary"]:
             row["usd_per_million_output_tokens"] = {
                 "measured": _median_or_none([report["summary"]["cost"]["usd_per_million_output_tokens"]
@@ -6735,16 +6750,14 @@ SERVER_LINE = (("mean_batch", "mean batch", "{:.2f}"), ("max_running", "max runn
 
 def _format_replay(report: dict) -> List[str]:
     """What a trace replay asked for beside what the server counted and cached."""
-    replay, window, timings = report["replay"], report.get("server") or {}, report.get("server_timings") or {}
+    replay = report["replay"]
     lines = [f"replay {os.path.basename(replay['trace'])}: {replay['num_requests']:,} requests, "
              f"{replay['num_length_changes']:,} scaled or cut to fit"]
     if replay["achieved_prompt_tokens"]:
         wanted, achieved = replay["wanted_prompt_tokens"], replay["achieved_prompt_tokens"]
         lines.append(f"prompt tokens per request wanted {wanted:.1f} achieved {achieved:.1f} "
                      f"({achieved / wanted - 1:+.1%}; sized by {replay['prompt_text']['source']})")
-    server_hits = window.get("prefix_hit_rate")
-    if server_hits is None and timings.get("cached_prompt_tokens") is not None and report["summary"]["prompt_tokens"]:
-        server_hits = timings["cached_prompt_tokens"] / report["summary"]["prompt_tokens"]
+    server_hits = measured_hit_rate(report)
     measured = "unknown (no /metrics prefix counters or timings)" if server_hits is None else f"{server_hits:.1%}"
     return lines + [f"prefix cache hits: server {measured}, at most {replay['workload_hit_rate']:.1%} "
                     f"for this workload (every shared block already seen)"]
@@ -6802,6 +6815,10 @@ def format_loadgen(report: dict) -> List[str]:
                 seen.add(entry["kind"])
                 lines.append(f"  request {entry['request_id']} {entry['kind']}: {entry['error']}")
     return lines
+
+
+def _share(value: Optional[float]) -> str:
+    return "unknown" if value is None else f"{value:.1%}"
 
 
 def _load_label(row: dict) -> str:
@@ -6883,6 +6900,9 @@ def format_compare(spec: EngineSpec, reports: Sequence[dict], rows: Sequence[dic
     lines = [f"compare {plan.model.name} on {plan.devices} ({scheduler_text(spec)}) with loadgen at "
              f"{', '.join(servers)}; times in ms"]
     lines += _format_compare_table(rows) + [_format_compare_totals(compare_totals(rows))]
+    lines += [f"prefix cache hits on {_load_label(row)}: server {_share(row['prefix_hit_rate']['measured'])}, "
+              f"simulated {_share(row['prefix_hit_rate']['predicted'])} for the same requests"
+              for row in rows if "prefix_hit_rate" in row]
     costs = [(row, row["usd_per_million_output_tokens"]) for row in rows if "usd_per_million_output_tokens" in row]
     if costs:
         n = plan.tensor_parallel_size
