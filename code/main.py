@@ -7783,18 +7783,13 @@ def _plan_inputs(args) -> None:
 
 
 def _run_plan_jobs(jobs: List[dict], num_jobs: int, quiet: bool) -> List[dict]:
-    """Every job's result in grid order, with progress on stderr (redrawn on a terminal,
-    a line per tenth otherwise)."""
-    results, tty = [], sys.stderr.isatty()
+    """Every job's result in grid order, with progress on stderr (a terminal, not --quiet)."""
+    results, progress = [], RunProgress(len(jobs), "points", sys.stderr.isatty() and not quiet)
     with Workers(num_jobs) as workers:
         for result in workers.imap(run_job, [(job,) for job in jobs]):
             results.append(result)
-            done, total = len(results), len(jobs)
-            if quiet or not (tty or done * 10 // total != (done - 1) * 10 // total):
-                continue
-            sys.stderr.write(f"{chr(13) if tty else ''}plan {done}/{total} points simulated"
-                             f"{chr(10) if not tty or done == total else ''}")
-            sys.stderr.flush()
+            progress.update(len(results))
+    progress.close()
     return results
 
 
