@@ -8337,9 +8337,11 @@ def _add_grid_flags(parser: argparse.ArgumentParser) -> None:
     grid.add_argument("--tensor-parallel-size", type=int_list, default=[1, 2, 4, 8],
                       help="devices per engine (default 1,2,4,8)")
     grid.add_argument("--replicas", type=int_list, default=[1, 2, 4], help="engines behind the router (default 1,2,4)")
-    grid.add_argument("--max-num-seqs", type=int_list, default=[256], help="(default 256)")
-    grid.add_argument("--max-num-batched-tokens", type=int_list, default=[8192], help="(default 8192)")
-    grid.add_argument("--prefix-caching", type=on_off_list, default=[False], help="on, off or on,off (default off)")
+    grid.add_argument("--max-num-seqs", type=int_list, default=[256], help="sequences per step (default 256)")
+    grid.add_argument("--max-num-batched-tokens", type=int_list, default=[8192],
+                      help="tokens per step, prefill chunks included (default 8192)")
+    grid.add_argument("--prefix-caching", type=on_off_list, default=[False],
+                      help="prefix caching on, off, or on,off for both (default off)")
     grid.add_argument("--disaggregate", action="store_true",
                       help="also try a prefill engine and a decode engine of each hardware x tensor-parallel size")
     grid.add_argument("--kv-link-gbs", type=positive_float, default=50.0,
