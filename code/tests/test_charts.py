@@ -33,6 +33,14 @@ def series_of(svg):
     return root, lines, texts, marks
 
 
+def data_at(root, axis, pixel):
+    """The data value at a pixel, read off the chart's own tick labels (linear axes)."""
+    ticks = [(float(t.text.replace(",", "")), float(t.get(axis)) - (4 if axis == "y" else 0))
+             for t in root.iter(f"{SVG}text") if t.get("class") == f"{axis}-tick"]
+    (low, low_px), (high, high_px) = ticks[0], ticks[-1]
+    return low + (pixel - low_px) / (high_px - low_px) * (high - low)
+
+
 def charts_of(page):
     return re.findall(r"<svg .*?</svg>", page, flags=re.S)
 
@@ -57,10 +65,11 @@ class ChartTest(ScratchTest):
         self.assertEqual(len(lines["output tok/s"]), 4)
         self.assertIn("load (concurrent clients)", texts)
         self.assertIn("output tokens/s", texts)
-        # pixel y falls as throughput rises: the order of the points is the order of the figures
+        # read each point back through the axes' ticks: it is the report's figure at the run's load
         figures = [run["summary"]["output_tok_per_s"] for run in runs]
-        pixels = [y for _, y in lines["output tok/s"]]
-        self.assertEqual(sorted(range(4), key=lambda i: figures[i]), sorted(range(4), key=lambda i: -pixels[i]))
+        for (x, y), load, figure in zip(lines["output tok/s"], (1, 8, 32, 128), figures):
+            self.assertAlmostEqual(data_at(root, "x", x), load, delta=0.01 * 128)
+            self.assertAlmostEqual(data_at(root, "y", y), figure, delta=0.005 * max(figures))
         self.assertEqual(len(marks), 1)
         self.assertTrue(marks[0].startswith("knee "))
         _, lines, texts, marks = series_of(ttft)
