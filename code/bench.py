@@ -144,7 +144,7 @@ async def _stub_stream(reader, writer):
         if delay > 0:
             await asyncio.sleep(delay)
         # NOTE: stamp as late as possible: the error measured runs from here to the client.
-        writer.write(head + repr(time.perf_counter()).encode() + b"}\n\n")
+        writer.write(head + repr(time.perf_counter()).encode() + b', "i": ' + str(index).encode() + b"}\n\n")
     tail = {"choices": [{"index": 0, "delta": {}, "finish_reason": "length"}],
             "usage": {"prompt_tokens": 8, "completion_tokens": STUB_TOKENS}}
     writer.write(b"data: " + json.dumps(tail).encode() + b"\n\ndata: [DONE]\n\n")
@@ -216,17 +216,20 @@ class StampErrors:
     the stub stamped it (ms). Picklable, so each --workers process keeps its own copy."""
 
     def __init__(self):
-        self.errors_ms = []
+        self.errors_ms, self.first_ms = [], []  # every event's error; the first token's (TTFT's)
 
     def __call__(self, at, event):
         if "t" in event:
             self.errors_ms.append((at - event["t"]) * 1000)
+            if event.get("i") == 0:
+                self.first_ms.append((at - event["t"]) * 1000)
 
 
 def loadgen_workers_once(endpoint, concurrency, num_workers):
     """One closed-loop run of 2 x concurrency stub streams over num_workers processes:
-    (first-event error p50, every-event error p99 in ms, failures), the error being read
-    time less the stub's stamp (so the stub's own lateness under load is left out)."""
+    (first-token error p50, every-event error p99 in ms, failures, every-event error p50),
+    the error being read time less the stub's stamp (so the stub's own lateness under load
+    is left out)."""
     bodies = [main.chat_body("stub", "hi", STUB_TOKENS, True, 0.0)] * concurrency * 2
     plan = main.LoadPlan(endpoint, bodies, {"Content-Type": "application/json"}, 0, concurrency, None, 120.0)
     collector = StampErrors()
@@ -238,7 +241,9 @@ def loadgen_workers_once(endpoint, concurrency, num_workers):
         run.close()
     copies = run.event_copies if num_workers > 1 else [collector]
     errors_ms = sorted(error for copy in copies for error in copy.errors_ms)
-    return _percentile(errors_ms, 50), _percentile(errors_ms, 99), [r.error for r in run.records if r.error is not None]
+    first_ms = sorted(error for copy in copies for error in copy.first_ms)
+    return (_percentile(first_ms, 50), _percentile(errors_ms, 99), [r.error for r in run.records if r.error is not None],
+            _percentile(errors_ms, 50))
 
 
 def bench_workers(repeat):
@@ -250,13 +255,13 @@ def bench_workers(repeat):
         for concurrency in (256, 512):
             for num_workers in (1, 2):
                 runs = [loadgen_workers_once(endpoint, concurrency, num_workers) for _ in range(repeat)]
-                p50 = [run[0] for run in runs]
-                p99 = [run[1] for run in runs]
+                ttft, p99, every = [run[0] for run in runs], [run[1] for run in runs], [run[3] for run in runs]
                 failed = sum(len(run[2]) for run in runs)
                 print(f"workers  c={concurrency:<3} --workers {num_workers}: {2 * concurrency} streams x {STUB_TOKENS} "
-                      f"tokens, {repeat} runs, {failed} failed; timestamp error p50 {statistics.median(p50):.2f} ms "
-                      f"({min(p50):.2f}-{max(p50):.2f}), p99 {statistics.median(p99):.2f} ms "
-                      f"({min(p99):.2f}-{max(p99):.2f})")
+                      f"tokens, {repeat} runs, {failed} failed; timestamp error, ms, median (min-max) of runs: "
+                      f"first token p50 {statistics.median(ttft):.2f} ({min(ttft):.2f}-{max(ttft):.2f}), every "
+                      f"token p50 {statistics.median(every):.2f} ({min(every):.2f}-{max(every):.2f}), p99 "
+                      f"{statistics.median(p99):.2f} ({min(p99):.2f}-{max(p99):.2f})")
     finally:
         stub.kill()
         stub.wait()
