@@ -6448,8 +6448,11 @@ def emit_plan(directory: str, header: dict, jobs: Sequence[dict]) -> None:
     workload compressed inside) for a batch system to run anywhere with simulate --job."""
     try:
         os.makedirs(directory, exist_ok=True)
+        for name in os.listdir(directory):  # NOTE: an earlier plan's jobs would be run and ignored
+            if re.fullmatch(r"job-\d{4,}(\.result)?\.json", name):
+                os.remove(os.path.join(directory, name))
     except OSError as error:
-        raise UsageError(f"--emit {directory}: cannot make the folder ({error.strerror})")
+        raise UsageError(f"--emit {directory}: cannot make the folder or clear its old jobs ({error.strerror})")
     encoded = _encode_rows(jobs[0]["workload"]) if jobs else ""
     for number, job in enumerate(jobs):
         on_disk = {key: value for key, value in job.items() if key != "workload"}

@@ -84,6 +84,9 @@ class PlanRunsAnywhereTest(ScratchTest):
     def test_emit_then_job_then_collect_gives_the_local_answer(self):
         local = run_plan("--jobs", "2", "--json")
         folder = os.path.join(self.directory, "grid")
+        os.makedirs(folder)
+        self.write("grid/job-0099.json", "{}")  # an earlier, bigger plan's: cleared
+        self.write("grid/job-0099.result.json", "{}")
         code, out, err = run_cli(*GRID, "--emit", folder)
         self.assertEqual((code, err), (0, ""))
         self.assertIn(f"wrote {folder}/plan.json and 12 jobs (job-0000.json .. job-0011.json)", out)
