@@ -2692,14 +2692,21 @@ def add_cost(summary: dict, usd_per_hour: float, num_devices: int) -> dict:
     return summary
 
 
-def run_latencies_ms(records: Sequence, token_log=None) -> Dict[str, Tuple[List[float], Optional[List[int]]]]:
-    """Every request's TTFT and TPOT and every token gap (ms), with the gaps' weights when a
-    fast engine's token_log holds them: what a distribution chart plots."""
+def run_latencies_s(records: Sequence, token_log=None) -> Dict[str, Tuple[List[float], Optional[List[int]]]]:
+    """Every completed request's TTFT, TPOT, e2e and queue time and every token gap
+    (seconds), each with weights where a fast engine's token_log holds the gaps as such:
+    what a distribution (a chart, a histogram) is made of."""
     timed = [r for r in records if r.error is None and _token_span(r) is not None]
-    ttft, tpot, _, itl, _, _, _ = _latencies_s(timed, None, token_log is None)
+    ttft, tpot, e2e, itl, _, queue, _ = _latencies_s(timed, None, token_log is None)
     gaps, weights = token_log.gaps() if token_log is not None else (itl, None)
-    return {"ttft_ms": ([v * 1000 for v in ttft], None), "tpot_ms": ([v * 1000 for v in tpot], None),
-            "itl_ms": ([v * 1000 for v in gaps], weights)}
+    return {"ttft": (ttft, None), "tpot": (tpot, None), "e2e": (e2e, None), "queue": (queue, None),
+            "itl": (gaps, weights)}
+
+
+def run_latencies_ms(records: Sequence, token_log=None) -> Dict[str, Tuple[List[float], Optional[List[int]]]]:
+    """run_latencies_s() in ms, under the summary's names (ttft_ms, tpot_ms, itl_ms, ...)."""
+    return {f"{name}_ms": ([value * 1000 for value in values], weights)
+            for name, (values, weights) in run_latencies_s(records, token_log).items()}
 
 
 REQUEST_CSV_HEADER = ("request_id", "arrival_s", "sent_s", "first_token_s", "last_token_s", "prompt_tokens",
@@ -4254,8 +4261,7 @@ def prometheus_export(engine: dict, requests: Sequence[Request], token_log: Opti
     NOTE: vLLM counts prefix-cache queries only with prefix caching on; so does this."""
     labels = f'model_name="{model}"'
     done = [r for r in requests if r.error is None and _token_span(r) is not None]
-    ttft, tpot, e2e, itl, _, queue, _ = _latencies_s(done, None, token_log is None)
-    gaps, gap_weights = token_log.gaps() if token_log is not None else (itl, None)
+    latencies = run_latencies_s(done, token_log)
     lines = []
     for name, kind, value in (
             ("vllm:num_requests_running", "gauge", engine["max_batch_seqs"]),
@@ -4267,13 +4273,13 @@ def prometheus_export(engine: dict, requests: Sequence[Request], token_log: Opti
             ("vllm:prompt_tokens_total", "counter", sum(r.prompt_tokens for r in done)),
             ("vllm:generation_tokens_total", "counter", sum(r.generated for r in done))):
         lines += [f"# TYPE {name} {kind}", f"{name}{{{labels}}} {value!r}"]
-    for name, bounds, values, weights in (
-            ("vllm:time_to_first_token_seconds", VLLM_TTFT_BUCKETS_S, ttft, None),
-            ("vllm:inter_token_latency_seconds", VLLM_TOKEN_GAP_BUCKETS_S, gaps, gap_weights),
-            ("vllm:request_time_per_output_token_seconds", VLLM_TOKEN_GAP_BUCKETS_S, tpot, None),
-            ("vllm:request_queue_time_seconds", VLLM_REQUEST_BUCKETS_S, queue, None),
-            ("vllm:e2e_request_latency_seconds", VLLM_REQUEST_BUCKETS_S, e2e, None),
-            ("vllm:request_prompt_tokens", VLLM_TOKEN_COUNT_BUCKETS, [r.prompt_tokens for r in done], None)):
+    for name, bounds, (values, weights) in (
+            ("vllm:time_to_first_token_seconds", VLLM_TTFT_BUCKETS_S, latencies["ttft"]),
+            ("vllm:inter_token_latency_seconds", VLLM_TOKEN_GAP_BUCKETS_S, latencies["itl"]),
+            ("vllm:request_time_per_output_token_seconds", VLLM_TOKEN_GAP_BUCKETS_S, latencies["tpot"]),
+            ("vllm:request_queue_time_seconds", VLLM_REQUEST_BUCKETS_S, latencies["queue"]),
+            ("vllm:e2e_request_latency_seconds", VLLM_REQUEST_BUCKETS_S, latencies["e2e"]),
+            ("vllm:request_prompt_tokens", VLLM_TOKEN_COUNT_BUCKETS, ([r.prompt_tokens for r in done], None))):
         lines += _histogram_lines(name, labels, bounds, values, weights)
     steps = engine["num_steps"]
     lines += ["# TYPE vllm:iteration_tokens_total histogram",  # NOTE: only the total per step is kept: one bucket
@@ -4733,11 +4739,16 @@ class ProcessLoadRun:
 
     def __init__(self, plan: LoadPlan, num_workers: int, on_event=None):
         self.plan, self.local, self.on_event = plan, LoadRun(plan), on_event
-        self.records, self.threads = self.local.records, self.local.threads
+        self.records = self.local.records
         self.round_s: List[float] = []
         self.event_copies: list = []  # each worker's on_event, as it came back
         self.parts = split_plan(plan, num_workers)
         self.processes: List[Tuple[multiprocessing.Process, object, List[int]]] = []
+
+    @property
+    def threads(self) -> List[threading.Thread]:
+        """This process's sending threads (the warm-ups'): the workers' are their own."""
+        return self.local.threads
 
     def measured(self) -> List[MeasuredRequest]:
         return self.records[self.plan.num_warmup:]
@@ -5276,6 +5287,11 @@ def _resolve(args) -> Tuple[Hardware, ModelSpec]:
     return hardware, get_preset(MODELS, args.model or DEFAULT_MODEL, "--model")
 
 
+def lacks_link(hardware: Hardware, tensor_parallel_size: int) -> bool:
+    """Tensor parallelism over devices the hardware names no link between."""
+    return tensor_parallel_size > 1 and not hardware.interconnect_gbs
+
+
 def _device_overrides(args, hardware: Hardware) -> Hardware:
     """The hardware with the flags that restate its figures (link, price) applied."""
     changes = {field: getattr(args, flag) for field, flag in (("interconnect_gbs", "interconnect_gbs"),
@@ -5294,7 +5310,7 @@ def build_plan(args, hardware: Optional[Hardware] = None, kv_tokens: Optional[in
     hardware = _device_overrides(args, hardware or default_hardware)
     model = with_precision(model, getattr(args, "dtype", None) or "auto", getattr(args, "quantization", None),
                            getattr(args, "kv_cache_dtype", None) or "auto")
-    if getattr(args, "tensor_parallel_size", 1) > 1 and not hardware.interconnect_gbs:
+    if lacks_link(hardware, getattr(args, "tensor_parallel_size", 1)):
         raise UsageError(f"--tensor-parallel-size {args.tensor_parallel_size}: {hardware.name} names no link "
                          f"between devices; give --interconnect-gbs")
     return plan_capacity(hardware, model, args.gpu_memory_utilization, args.block_size, args.kv_tokens or kv_tokens,
@@ -6320,8 +6336,8 @@ def _point_args(args, point: PlanPoint) -> argparse.Namespace:
 def plan_job(args, point: PlanPoint, rows: List[list], longest: int) -> dict:
     """The self-contained job of one point (engine, workload, SLO: no file beside it);
     CapacityError saying why the point does not fit."""
-    hardware = get_preset(HARDWARE, point.hardware, "--hardware")
-    if point.tensor_parallel_size > 1 and not (args.interconnect_gbs or hardware.interconnect_gbs):
+    hardware = _device_overrides(args, get_preset(HARDWARE, point.hardware, "--hardware"))
+    if lacks_link(hardware, point.tensor_parallel_size):  # NOTE: here a point that does not fit, not bad input
         raise CapacityError(f"{hardware.name} names no link between devices for tensor parallelism")
     spec = build_engine_spec(_point_args(args, point))
     needed = -(-longest // spec.plan.block_size)
