@@ -238,12 +238,30 @@ def _reason(error: Exception) -> str:
     return error.strerror if isinstance(error, OSError) and error.strerror else str(error)
 
 
+# What a compressed file starts with, and the standard-library module that opens it.
+COMPRESSED_MAGIC = ((b"\x1f\x8b", "gzip"), (b"BZh", "bz2"), (b"\xfd7zXZ\x00", "lzma"))
+
+
+def decompressed(data: bytes) -> bytes:
+    """data, decompressed when it is gzip, bzip2 or xz (ValueError when it is broken)."""
+    for magic, name in COMPRESSED_MAGIC:
+        if data.startswith(magic):
+            try:
+                return __import__(name).decompress(data)
+            except Exception as error:  # NOTE: each module raises its own error types (OSError, EOFError, LZMAError)
+                raise ValueError(f"a broken {name} file: {error}") from None
+    return data
+
+
 def read_text_file(path: str, where: str) -> str:
-    """A file's text; UsageError starting with where (the flag and the path) if unreadable."""
+    """A file's text: UTF-8 (a leading byte-order mark dropped, as spreadsheets write
+    it), read through gzip, bzip2 or xz compression; UsageError starting with where
+    (the flag and the path) if unreadable."""
     try:
-        with open(path, encoding="utf-8") as handle:
-            return handle.read()
-    except (OSError, UnicodeDecodeError, ValueError) as error:  # ValueError: a NUL byte in the path
+        with open(path, "rb") as handle:
+            data = decompressed(handle.read())
+        return io.TextIOWrapper(io.BytesIO(data), encoding="utf-8-sig").read()  # newlines as text mode reads them
+    except (OSError, UnicodeDecodeError, ValueError) as error:  # ValueError: a NUL byte in the path, a broken archive
         raise UsageError(f"{where}: cannot read it ({_reason(error)})") from None
 
 

@@ -1,5 +1,7 @@
 """Trace formats: the project's JSON Lines, the Azure CSV and the Mooncake JSON Lines."""
 
+import gzip
+import importlib
 import json
 import os
 import tempfile
@@ -87,6 +89,24 @@ class TraceTest(ScratchTest):
                                 f"--trace {bad_mooncake}:2: missing output_length, hash_ids")
         ids = self.write("ids.jsonl", mooncake_line(0, 10, 1, ["a"]))
         self.assert_usage_error(("simulate", "--trace", ids), f"--trace {ids}:1: hash_ids must be a list of integers")
+
+    def test_compressed_traces_and_a_byte_order_mark_read_as_the_plain_file(self):
+        expected = [(r.arrival_s, r.prompt_tokens, r.max_tokens) for r in main.read_trace(self.write("a.csv", AZURE))]
+        encoded = AZURE.replace("\n", "\r\n").encode()
+        for name, module in (("a.csv.gz", "gzip"), ("a.csv.bz2", "bz2"), ("a.csv.xz", "lzma"), ("bom.csv", None)):
+            with self.subTest(name):
+                try:
+                    data = importlib.import_module(module).compress(encoded) if module else b"\xef\xbb\xbf" + encoded
+                except ImportError:
+                    self.skipTest(f"this Python was built without {module}")
+                requests = main.read_trace(self.write(name, data))
+                self.assertEqual([(r.arrival_s, r.prompt_tokens, r.max_tokens) for r in requests], expected)
+        mooncake = self.write("mc.jsonl", b"\xef\xbb\xbf" + mooncake_line(0, 1024, 10, [0, 1]).encode())
+        self.assertEqual(main.read_trace(mooncake)[0].prefix_tokens, 1024)
+
+    def test_a_truncated_archive_exits_2_naming_it(self):
+        broken = self.write("cut.csv.gz", gzip.compress(AZURE.encode())[:40])
+        self.assert_usage_error(("simulate", "--trace", broken), f"--trace {broken}: cannot read it (a broken gzip file:")
 
     def test_an_unknown_format_exits_2(self):
         self.assert_usage_error(("simulate", "--trace", self.write("x.txt", "hello\n")), "not a trace this reads")
