@@ -3506,6 +3506,9 @@ def finish_record(record: MeasuredRequest) -> None:
     record.token_times = spread_token_times(record.chunk_times, counts)
 
 
+SSE_FIELDS = ("", "event", "id", "retry")  # a server-sent event line other than data: ("" is a comment)
+
+
 class StreamParser:
     """Folds an OpenAI-compatible server-sent event stream into a MeasuredRequest.
 
@@ -3523,6 +3526,8 @@ class StreamParser:
         self.pending: List[str] = []   # data lines of an event spread over several lines
         self.pending_at = 0.0
         self.over = False
+        self.seen_data = False
+        self.other_text: List[str] = []  # lines that are no SSE field, kept until a data line (4 KiB)
 
     def feed(self, raw: bytes, at: float) -> bool:
         if self.over:
@@ -3535,7 +3540,10 @@ class StreamParser:
             return not self.over
         name, _, value = line.partition(":")
         if name != "data":
+            if not self.seen_data and name not in SSE_FIELDS and sum(map(len, self.other_text)) < 4096:
+                self.other_text.append(line)
             return True  # a ":" comment (keep-alive), or event:, id:, retry:
+        self.seen_data = True
         if value.startswith(" "):
             value = value[1:]
         if not self.pending:
@@ -3550,8 +3558,25 @@ class StreamParser:
     def end(self) -> None:
         if self.pending and not self.over:
             self._apply(_decode_event("\n".join(self.pending)), self.pending_at)
+        if not self.seen_data and self.other_text:
+            self._not_a_stream("\n".join(self.other_text))
         self.over = True
         finish_record(self.record)
+
+    def _not_a_stream(self, text: str) -> None:
+        """Fail a 200 answer that carried no event at all with what it was instead: a
+        server that ignores stream: true answers one JSON completion."""
+        try:
+            payload = json.loads(text)
+        except ValueError:
+            payload = None
+        if isinstance(payload, dict) and payload.get("error"):
+            self.record.fail("stream-error", _error_text(payload["error"]))
+        elif isinstance(payload, dict) and "choices" in payload:
+            self.record.fail("bad-response", "the server answered one JSON completion, not an event stream: "
+                                             "it does not stream (the request asked for stream: true)")
+        else:
+            self.record.fail("bad-response", f"the answer is not an event stream (it starts {text[:60]!r})")
 
     def _apply(self, event, at: float) -> None:
         record = self.record

@@ -123,6 +123,19 @@ class StreamParsingTest(unittest.TestCase):
         record = parse(stream)
         self.assertEqual((record.error_kind, record.error), ("stream-error", "engine died (internal_error)"))
 
+    def test_one_json_completion_instead_of_a_stream_says_the_server_does_not_stream(self):
+        completion = {"choices": [{"index": 0, "message": {"role": "assistant", "content": "Hi"}, "finish_reason": "stop"}],
+                      "usage": {"prompt_tokens": 5, "completion_tokens": 1}}
+        record = parse(json.dumps(completion, indent=2).encode())
+        self.assertEqual((record.error_kind, record.error), (
+            "bad-response", "the server answered one JSON completion, not an event stream: it does not stream "
+                            "(the request asked for stream: true)"))
+        record = parse(b'{"error": {"message": "model not loaded", "type": "unavailable"}}')
+        self.assertEqual((record.error_kind, record.error), ("stream-error", "model not loaded (unavailable)"))
+        record = parse(b"<html>gateway says hello</html>\n")
+        self.assertEqual((record.error_kind, record.error), (
+            "bad-response", "the answer is not an event stream (it starts '<html>gateway says hello</html>')"))
+
 class HttpStreamTest(unittest.TestCase):
     """The same streams over HTTP from the fake server: framing, flush boundaries, errors."""
 
