@@ -3438,7 +3438,17 @@ TIMINGS_KEPT = ("prompt_n", "prompt_ms", "cache_n", "predicted_n", "predicted_ms
 DONE = "[DONE]"
 
 
+_JSON_DECODER = json.JSONDecoder()
+
+
 def _decode_event(text: str):
+    """One event's data: a JSON object, DONE, or None (not JSON, or only part of it)."""
+    if text[:1] == "{":  # NOTE: the usual event, decoded without json.loads' wrapper: a third less per token
+        try:
+            event, end = _JSON_DECODER.raw_decode(text)
+        except ValueError:
+            return None
+        return event if end == len(text) or not text[end:].strip() else None
     if text.strip() == DONE:
         return DONE
     try:
@@ -3594,11 +3604,40 @@ class StreamParser:
             record.fail("stream-error", _error_text(event["error"]))
             self.over = True
             return
+        if self._read_plain_event(event, at):
+            return
         try:
             self._read_event(JsonObject(event, "the stream", error=BadResponse), at)
         except BadResponse as error:
             record.fail("bad-stream", str(error))
             self.over = True
+
+    def _read_plain_event(self, event: dict, at: float) -> bool:
+        """_read_event for the common chunk (a list of choices, each with a delta object or
+        none and a string or null finish_reason; no usage, no timings), without a JsonObject
+        per field: those checks cost more than the rest of reading a token, at every token
+        of every stream. False, having changed nothing, for any other shape."""
+        choices = event.get("choices")
+        if type(choices) is not list or event.get("usage") is not None or event.get("timings") is not None:
+            return False
+        for choice in choices:
+            if type(choice) is not dict:
+                return False
+            delta, finish = choice.get("delta"), choice.get("finish_reason")
+            if (delta is not None and type(delta) is not dict) or (finish is not None and type(finish) is not str):
+                return False
+        record, carried = self.record, False
+        for choice in choices:
+            delta, finish = choice.get("delta") or {}, choice.get("finish_reason")
+            carried = carried or any(map(delta.get, OUTPUT_DELTA_FIELDS))
+            if record.answer is not None and type(delta.get("content")) is str:
+                record.answer.append(delta["content"])
+            if finish is not None:
+                record.finish_reason = finish
+        if carried:
+            record.chunk_times.append(at)
+            record.chunk_usage.append(None)
+        return True
 
     def _read_event(self, event: "JsonObject", at: float) -> None:
         """The parts of one chat.completion.chunk that matter, each checked before use."""
