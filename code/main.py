@@ -1385,6 +1385,10 @@ def prefill_table(decode: Sequence[Tuple[int, float]], prefill: Sequence[Tuple[i
     return [(1, one_token if one_token <= first_cost else first_cost / first_tokens)] + points
 
 
+SERVER_FLAGS = ("slots", "slot_context_tokens", "max_num_seqs", "kv_tokens", "max_num_batched_tokens", "block_size",
+                "max_model_len")  # what a server may tell of its flags (discover_server), each a positive integer
+
+
 @dataclass(frozen=True)
 class StepProfile:
     """A server's step cost as `profile` measured it (seconds).
@@ -1403,7 +1407,7 @@ class StepProfile:
     mixed_overlap_s: float
     server: str
     measured: str          # where and when: "llama.cpp b11434 on AMD EPYC (2 CPUs), 2026-12-01"
-    server_info: dict      # kind, slots, slot_context_tokens: the defaults of the server's flags
+    server_info: dict      # what the server told of its flags (SERVER_FLAGS, kind): the defaults of a prediction
     request_overhead_s: float = 0.0  # fixed front-end time of a request (network, HTTP, tokenizing)
     prefill_factors: Tuple[Tuple[int, float], ...] = ((1, 1.0),)  # k prompts together / one prompt as long
 
@@ -1426,8 +1430,8 @@ def read_step_profile(path: str) -> StepProfile:
     machine = data.object("machine", {}) or JsonObject({}, where)
     measured = (f"{server.string('kind', 'a server')} {server.string('build', '')}".strip()
                 + f" on {machine.string('cpu', 'an unnamed machine')}, {data.string('date', 'undated')[:10]}")
-    info = {"kind": server.string("kind", "unknown"), "slots": server.integer("slots", 1, None),
-            "slot_context_tokens": server.integer("slot_context_tokens", 1, None)}
+    info = dict({name: server.integer(name, 1, None) for name in SERVER_FLAGS}, kind=server.string("kind", "unknown"),
+                prefix_caching=server.boolean("prefix_caching", None))
     factors = sorted([(1, 1.0)] + [(point.integer("num_prompts", 2), point.number("factor", above=0))
                                    for point in data.objects("prefill_batch_factors", [])])
     return StepProfile(path, tuple(decode), tuple(prefill), data.number("decode_context_tokens", 0, 0.0),
@@ -4650,26 +4654,70 @@ def discover_model(endpoint: Endpoint, headers: Dict[str, str], timeout_s: float
         raise BadResponse(f"{error}; pass --model") from None
 
 
+def _positive_int(value) -> Optional[int]:
+    """value when it is an integer >= 1, else None (a server's "unset" is -1, 0 or null)."""
+    return value if isinstance(value, int) and not isinstance(value, bool) and value >= 1 else None
+
+
+def _llamacpp_props(endpoint: Endpoint, headers: Dict[str, str], timeout_s: float) -> dict:
+    props = JsonObject(endpoint.get_json("/props", timeout_s, headers), "/props", error=BadResponse)
+    generation = props.object("default_generation_settings", {}) or JsonObject({}, "/props")
+    return {"kind": "llama.cpp", "build": props.string("build_info", ""), "slots": props.integer("total_slots", 1),
+            "slot_context_tokens": generation.integer("n_ctx", 1, None), "model_path": props.string("model_path", "")}
+
+
+def _sglang_server_info(endpoint: Endpoint, headers: Dict[str, str], timeout_s: float) -> dict:
+    """SGLang's flags from GET /get_server_info: --max-running-requests, the KV pool's
+    tokens (max_total_num_tokens, at the top or in internal_states), --chunked-prefill-size
+    and --context-length. {} when the answer is not SGLang's."""
+    info = endpoint.get_json("/get_server_info", timeout_s, headers)
+    if not isinstance(info, dict) or not {"max_running_requests", "chunked_prefill_size"} & set(info):
+        return {}
+    states = info.get("internal_states")
+    state = states[0] if isinstance(states, list) and states and isinstance(states[0], dict) else {}
+    found = {"max_num_seqs": _positive_int(info.get("max_running_requests") or state.get("max_running_requests")),
+             "kv_tokens": _positive_int(info.get("max_total_num_tokens") or state.get("max_total_num_tokens")),
+             "max_num_batched_tokens": _positive_int(info.get("chunked_prefill_size")),
+             "max_model_len": _positive_int(info.get("context_length"))}
+    if isinstance(info.get("disable_radix_cache"), bool):
+        found["prefix_caching"] = not info["disable_radix_cache"]  # RadixAttention: on unless disabled
+    version = info.get("version")
+    return dict({"kind": "sglang", "build": version if isinstance(version, str) else ""},
+                **{name: value for name, value in found.items() if value is not None})
+
+
+def _vllm_models(endpoint: Endpoint, headers: Dict[str, str], timeout_s: float) -> dict:
+    """vLLM's max_model_len from GET /v1/models, and its KV cache from the labels of
+    vllm:cache_config_info in /metrics (num_gpu_blocks x block_size)."""
+    listed = JsonObject(endpoint.get_json("/v1/models", timeout_s, headers), "/v1/models", error=BadResponse).objects("data")
+    if not listed or not listed[0].integer("max_model_len", 1, None):
+        return {}
+    info = {"kind": "vllm", "max_model_len": listed[0].integer("max_model_len", 1)}
+    status, body = endpoint.get("/metrics", timeout_s, headers)
+    configs = parse_prometheus(body.decode("utf-8", "replace")).get("vllm:cache_config_info", []) if status == 200 else []
+    labels = configs[0][0] if configs else {}
+    blocks, block_size = (int(labels[name]) if labels.get(name, "").isdigit() else 0
+                          for name in ("num_gpu_blocks", "block_size"))
+    if blocks and block_size:
+        info.update(kv_tokens=blocks * block_size, block_size=block_size)
+    if labels.get("enable_prefix_caching") in ("True", "False"):
+        info["prefix_caching"] = labels["enable_prefix_caching"] == "True"
+    return info
+
+
 def discover_server(endpoint: Endpoint, headers: Dict[str, str], timeout_s: float) -> dict:
     """What the server says of itself, where it does (best effort; {} when it says
-    nothing): llama.cpp's GET /props (kind, build, slots, context per slot, model path)
-    or vLLM's max_model_len in GET /v1/models."""
+    nothing): llama.cpp's GET /props (build, slots, context per slot, model path),
+    SGLang's GET /get_server_info, or vLLM's GET /v1/models and cache_config_info.
+    Flags it learns go by SERVER_FLAGS' names."""
     timeout_s = min(timeout_s, 5.0)
-    try:
-        props = JsonObject(endpoint.get_json("/props", timeout_s, headers), "/props", error=BadResponse)
-        generation = props.object("default_generation_settings", {}) or JsonObject({}, "/props")
-        return {"kind": "llama.cpp", "build": props.string("build_info", ""), "slots": props.integer("total_slots", 1),
-                "slot_context_tokens": generation.integer("n_ctx", 1, None),
-                "model_path": props.string("model_path", "")}
-    except BadResponse:
-        pass
-    try:
-        listed = JsonObject(endpoint.get_json("/v1/models", timeout_s, headers), "/v1/models",
-                            error=BadResponse).objects("data")
-        if listed and listed[0].integer("max_model_len", 1, None):
-            return {"kind": "vllm", "max_model_len": listed[0].integer("max_model_len", 1)}
-    except BadResponse:
-        pass
+    for probe in (_llamacpp_props, _sglang_server_info, _vllm_models):
+        try:
+            info = probe(endpoint, headers, timeout_s)
+        except BadResponse:
+            continue
+        if info:
+            return info
     return {}
 
 
@@ -5406,12 +5454,13 @@ SCHEDULER_DEFAULTS = {  # what each server does when its flags are left out
 }
 
 
-def _server_defaults(args, server: dict) -> Tuple[str, int, Optional[int]]:
-    """(scheduler, sequences, KV tokens) the flags ask for, or the measured server has
-    (server: what a loadgen report or a step profile recorded of it)."""
+def _server_defaults(args, server: dict) -> Tuple[str, int, Optional[int], Optional[int]]:
+    """(scheduler, sequences, KV tokens, tokens per step) the flags ask for, or the
+    measured server has (server: what a loadgen report or a step profile recorded of it,
+    under SERVER_FLAGS' names; None: the memory plan's, the scheduler's default)."""
     scheduler = args.scheduler or ("llamacpp" if server.get("kind") == "llama.cpp" else "vllm")
-    slots = args.max_num_seqs or server.get("slots") or 256
-    kv_tokens = None
+    slots = args.max_num_seqs or server.get("slots") or server.get("max_num_seqs") or 256
+    kv_tokens = server.get("kv_tokens")  # the cache the server allocated: truer than the memory arithmetic
     if scheduler == "llamacpp" and server.get("slot_context_tokens"):
         kv_tokens = slots * server["slot_context_tokens"]  # llama.cpp --ctx-size is split across the slots
     if scheduler == "llamacpp":
@@ -5421,7 +5470,7 @@ def _server_defaults(args, server: dict) -> Tuple[str, int, Optional[int]]:
             if on:
                 raise UsageError(f"{flag} with --scheduler llamacpp: llama.cpp has no such mode (its slots "
                                  f"reuse only the prompt each held last)")
-    return scheduler, slots, kv_tokens
+    return scheduler, slots, kv_tokens, server.get("max_num_batched_tokens")
 
 
 def build_engine_spec(args, hardware: Optional[Hardware] = None, server: Optional[dict] = None,
@@ -5432,11 +5481,12 @@ def build_engine_spec(args, hardware: Optional[Hardware] = None, server: Optiona
     slots, context per slot). config_changes override knobs (a sweep's cap, a phase's limits)."""
     profile = read_step_profile(args.step_profile) if getattr(args, "step_profile", None) else None
     server = server or (profile.server_info if profile else {})
-    scheduler, slots, kv_tokens = _server_defaults(args, server)
+    scheduler, slots, kv_tokens, step_tokens = _server_defaults(args, server)
     defaults = SCHEDULER_DEFAULTS[scheduler]
     cap = getattr(args, "max_tokens_in_flight", None)
-    config = SchedulerConfig(slots, args.max_num_batched_tokens or defaults["max_num_batched_tokens"],
-                             args.block_size, args.chunked_prefill, args.prefix_caching, args.max_model_len,
+    prefix_caching = bool(server.get("prefix_caching")) if args.prefix_caching is None else args.prefix_caching
+    config = SchedulerConfig(slots, args.max_num_batched_tokens or step_tokens or defaults["max_num_batched_tokens"],
+                             args.block_size, args.chunked_prefill, prefix_caching, args.max_model_len,
                              None if isinstance(cap, list) else cap, scheduler)  # sweep: one run per cap
     config = dataclasses.replace(config, **config_changes)
     return EngineSpec(build_plan(args, hardware, kv_tokens, config.max_num_seqs), config,
@@ -5562,7 +5612,7 @@ LOADGEN_REPORT_SHAPE = {
                  "seed": "int?", "max_tokens": "int", "ignore_eos": "bool?", "shared_prefix_tokens": "int?",
                  "server_info": "object?"},
     "summary": SUMMARY_SHAPE, "server": "object?"}
-SERVER_INFO_SHAPE = {"kind": "str?", "slots": "int?", "slot_context_tokens": "int?"}
+SERVER_INFO_SHAPE = dict({name: "int?" for name in SERVER_FLAGS}, kind="str?", prefix_caching="bool?")
 WINDOW_SHAPE = dict({spec.name: "real?" for spec in SERVER_METRICS}, mean_batch="real?", server="str?")
 LENIENT_SUMMARY_SHAPE = dict({name: "number?" for name in ("num_completed", "prompt_tokens", "output_tokens")},
                              **{f"{name}_ms?": {"count": "int?", "p50": "number?", "p95": "number?", "p99": "number?"}
@@ -6994,12 +7044,28 @@ def scheduler_text(spec: EngineSpec) -> str:
     return f"{plan.num_kv_tokens:,} KV tokens, max-num-seqs {config.max_num_seqs}"
 
 
+SERVER_FLAG_NAMES = {"max_num_seqs": "max-num-seqs {:,}", "kv_tokens": "{:,} KV tokens",
+                     "max_num_batched_tokens": "max-num-batched-tokens {:,}"}
+
+
+def server_flags_text(server: dict) -> Optional[str]:
+    """The flags a vLLM or SGLang server told of itself, which a prediction takes where
+    the command line leaves them unsaid (llama.cpp's slots show in scheduler_text)."""
+    told = [text.format(server[name]) for name, text in SERVER_FLAG_NAMES.items() if server.get(name)]
+    if isinstance(server.get("prefix_caching"), bool):
+        told.append(f"prefix caching {'on' if server['prefix_caching'] else 'off'}")
+    if not told or server.get("kind") == "llama.cpp":
+        return None
+    return f"the server's own settings ({server.get('kind', 'server')}), used where no flag says otherwise: " + ", ".join(told)
+
+
 def format_compare(spec: EngineSpec, reports: Sequence[dict], rows: Sequence[dict]) -> List[str]:
     """Measured beside predicted per run, with the relative error of each figure."""
     plan = spec.plan
     servers = sorted({report["settings"]["url"] for report in reports})
     lines = [f"compare {plan.model.name} on {plan.devices} ({scheduler_text(spec)}) with loadgen at "
              f"{', '.join(servers)}; times in ms"]
+    lines += [text for text in (server_flags_text(measured_server(reports[0])),) if text]
     lines += _format_compare_table(rows) + [_format_compare_totals(compare_totals(rows))]
     lines += [f"prefix cache hits on {_load_label(row)}: server {_share(row['prefix_hit_rate']['measured'])}, "
               f"simulated {_share(row['prefix_hit_rate']['predicted'])} for the same requests"
@@ -8176,8 +8242,9 @@ def _add_scheduler_flags(parser: argparse.ArgumentParser, of_server: bool = Fals
                              "the roofline prices what it does not cover")
     parser.add_argument("--no-chunked-prefill", dest="chunked_prefill", action="store_false",
                         help="admit a prompt only if all of it fits the step's token budget")
-    parser.add_argument("--prefix-caching", action="store_true",
-                        help="reuse full KV blocks of prompts that share a prefix")
+    parser.add_argument("--prefix-caching", "--enable-prefix-caching", action=argparse.BooleanOptionalAction,
+                        help="reuse full KV blocks of prompts that share a prefix (default: what the measured "
+                             "server said, else off)")
 
 
 def _add_replica_flags(parser: argparse.ArgumentParser) -> None:

@@ -4,7 +4,8 @@
         run_cli("loadgen", "--url", server.url, ...)
 
 chat(handler, body) writes the answer to one POST /v1/chat/completions; metrics is a
-list of /metrics texts served in turn (the last one repeats), or None for a 404.
+list of /metrics texts served in turn (the last one repeats), or None for a 404; pages
+maps other GET paths (/props, /get_server_info, ...) to the JSON they answer.
 """
 
 import json
@@ -92,7 +93,9 @@ class _Handler(BaseHTTPRequestHandler):
     def do_GET(self):
         server = self.server.fake
         server.headers_seen.append(dict(self.headers))
-        if self.path == "/v1/models":
+        if self.path in server.pages:
+            self.send_json(200, server.pages[self.path])
+        elif self.path == "/v1/models":
             self.send_json(200, {"object": "list", "data": [{"id": name} for name in server.models]})
         elif self.path == "/metrics" and server.metrics:
             with server.lock:
@@ -161,8 +164,9 @@ class FakeServer:
     (index, body) -> handler, so each request can get its own script.
     """
 
-    def __init__(self, chat=None, metrics=None, models=("fake-model",), per_request=False, tokenizer=None):
+    def __init__(self, chat=None, metrics=None, models=("fake-model",), per_request=False, tokenizer=None, pages=None):
         self.chat = chat or stream_of(standard_stream())
+        self.pages = dict(pages or {})  # path -> the JSON a GET of it answers (a server's own endpoints)
         self.per_request = per_request
         self.metrics = list(metrics) if metrics else None
         self.models = models

@@ -10,6 +10,7 @@ import time
 import unittest
 
 from fake_engine import FakeEngine
+from fake_server import FakeServer
 from support import CODE_DIR, ScratchTest, main, run_cli, run_json
 
 DECODE_MS = {1: 9.0, 2: 19.0, 3: 31.0, 4: 27.0}  # not monotone: CPU matrix kernels tile
@@ -249,13 +250,18 @@ class SlotSchedulerTest(unittest.TestCase):
         self.assertIn("--prefix-caching with --scheduler llamacpp", err)
 
 
+def loadgen_report(concurrency, tpot_ms, server="llama.cpp"):
+    """A closed-loop loadgen --json report of 8 requests (40 prompt, 16 output tokens)."""
+    summary = {"num_requests": 8, "num_completed": 8, "prompt_tokens": 8 * 40, "output_tokens": 8 * 16,
+               "output_tok_per_s": 100.0, "ttft_ms": {"p50": 50.0}, "tpot_ms": {"p50": tpot_ms}}
+    return {"settings": {"url": "http://h", "mode": "closed", "concurrency": concurrency, "max_tokens": 16,
+                         "ignore_eos": True}, "summary": summary, "server": {"server": server, "mean_batch": 1.0}}
+
+
 class CompareWithLlamaCppReportsTest(ScratchTest):
 
     def report(self, concurrency, tpot_ms, server="llama.cpp"):
-        summary = {"num_requests": 8, "num_completed": 8, "prompt_tokens": 8 * 40, "output_tokens": 8 * 16,
-                   "output_tok_per_s": 100.0, "ttft_ms": {"p50": 50.0}, "tpot_ms": {"p50": tpot_ms}}
-        return {"settings": {"url": "http://h", "mode": "closed", "concurrency": concurrency, "max_tokens": 16,
-                             "ignore_eos": True}, "summary": summary, "server": {"server": server, "mean_batch": 1.0}}
+        return loadgen_report(concurrency, tpot_ms, server)
 
     def test_compare_replays_a_llama_cpp_report_with_llama_cpps_scheduling(self):
         path = self.write("c1.json", self.report(1, 20.0))
@@ -278,6 +284,57 @@ class CompareWithLlamaCppReportsTest(ScratchTest):
         self.assertEqual(text[1].split(), ["measured", "|", "predicted", "|", "error", "|", "noise"])
         self.assertRegex(text[-2], r"^median \|error\|: out tok/s [+-]?\d+% \(noise 0%\), ttft p50 \d+% \(noise 0%\), "
                                    r"tpot p50 \d+% \(noise 10%\)$")
+
+
+class ServerFlagsTest(ScratchTest):
+    """The flags vLLM and SGLang tell of themselves become the prediction's defaults."""
+
+    SGLANG_INFO = {"version": "0.5.4", "max_running_requests": 48, "chunked_prefill_size": 4096,
+                   "context_length": 8192, "page_size": 1, "disable_radix_cache": False,
+                   "internal_states": [{"max_total_num_tokens": 300000}]}
+    VLLM_METRICS = ('# TYPE vllm:cache_config_info gauge\nvllm:cache_config_info{block_size="16",cache_dtype="auto",'
+                    'enable_prefix_caching="True",num_gpu_blocks="2000"} 1.0\n')
+
+    def discover(self, **server):
+        with FakeServer(**server) as fake:
+            return main.discover_server(main.Endpoint.parse(fake.url), {}, 5.0)
+
+    def test_sglang_server_info_gives_its_sequences_kv_pool_and_chunk(self):
+        self.assertEqual(self.discover(pages={"/get_server_info": self.SGLANG_INFO}), {
+            "kind": "sglang", "build": "0.5.4", "max_num_seqs": 48, "kv_tokens": 300000,
+            "max_num_batched_tokens": 4096, "max_model_len": 8192, "prefix_caching": True})
+        unset = dict(self.SGLANG_INFO, max_running_requests=None, chunked_prefill_size=-1, internal_states=[],
+                     disable_radix_cache=None)
+        self.assertEqual(self.discover(pages={"/get_server_info": unset}),
+                         {"kind": "sglang", "build": "0.5.4", "max_model_len": 8192})
+
+    def test_vllm_gives_its_context_and_the_kv_cache_its_metrics_label(self):
+        models = {"/v1/models": {"object": "list", "data": [{"id": "m", "max_model_len": 4096}]}}
+        self.assertEqual(self.discover(pages=models, metrics=[self.VLLM_METRICS]),
+                         {"kind": "vllm", "max_model_len": 4096, "kv_tokens": 32000, "block_size": 16,
+                          "prefix_caching": True})
+        self.assertEqual(self.discover(pages=models), {"kind": "vllm", "max_model_len": 4096})
+
+    def test_a_server_that_tells_nothing_or_nonsense_gives_nothing(self):
+        self.assertEqual(self.discover(), {})
+        self.assertEqual(self.discover(pages={"/get_server_info": [1, 2], "/props": {"total_slots": "four"}}), {})
+
+    def test_compare_predicts_with_the_servers_flags_unless_a_flag_says_otherwise(self):
+        report = loadgen_report(1, 20.0, server="sglang")
+        report["settings"]["server_info"] = {"kind": "sglang", "max_num_seqs": 48, "kv_tokens": 300000,
+                                             "max_num_batched_tokens": 4096, "prefix_caching": True}
+        path = self.write("s1.json", report)
+        result = run_json("compare", path, *GEMMA)
+        self.assertEqual((result["capacity"]["num_kv_tokens"], result["scheduler"]["max_num_seqs"],
+                          result["scheduler"]["max_num_batched_tokens"], result["scheduler"]["prefix_caching"]),
+                         (300000, 48, 4096, True))
+        lines = run_cli("compare", path, *GEMMA)[1].splitlines()
+        self.assertIn("(300,000 KV tokens, max-num-seqs 48)", lines[0])
+        self.assertEqual(lines[1], "the server's own settings (sglang), used where no flag says otherwise: "
+                                   "max-num-seqs 48, 300,000 KV tokens, max-num-batched-tokens 4,096, prefix caching on")
+        result = run_json("compare", path, *GEMMA, "--max-num-seqs", "8", "--kv-tokens", "8192", "--no-prefix-caching")
+        self.assertEqual((result["capacity"]["num_kv_tokens"], result["scheduler"]["max_num_seqs"],
+                          result["scheduler"]["prefix_caching"]), (8192, 8, False))
 
 
 class ProfileStopsTest(ScratchTest):
