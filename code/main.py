@@ -6914,6 +6914,21 @@ def _format_replay(report: dict) -> List[str]:
                     f"for this workload (every shared block already seen)"]
 
 
+SERVER_FLAG_NAMES = {"max_num_seqs": "max-num-seqs {:,}", "kv_tokens": "{:,} KV tokens",
+                     "max_num_batched_tokens": "max-num-batched-tokens {:,}"}
+
+
+def server_flags_text(server: dict) -> Optional[str]:
+    """The flags a vLLM or SGLang server told of itself (a prediction takes them where the
+    command line leaves them unsaid; llama.cpp's slots show in scheduler_text)."""
+    told = [text.format(server[name]) for name, text in SERVER_FLAG_NAMES.items() if server.get(name)]
+    if isinstance(server.get("prefix_caching"), bool):
+        told.append(f"prefix caching {'on' if server['prefix_caching'] else 'off'}")
+    if not told or server.get("kind") == "llama.cpp":
+        return None
+    return f"the server's own settings ({server.get('kind', 'server')}): " + ", ".join(told)
+
+
 def format_loadgen(report: dict) -> List[str]:
     settings, summary = report["settings"], report["summary"]
     if settings["mode"] == "trace":
@@ -6927,6 +6942,7 @@ def format_loadgen(report: dict) -> List[str]:
         how = f"closed loop concurrency {settings['concurrency']}"
     lines = [f"loadgen {settings['model']} at {settings['url']} {summary['num_requests']:,} requests {how}"
              + ("" if settings["mode"] == "trace" else f" max tokens {settings['max_tokens']}")]
+    lines += [text for text in (server_flags_text(settings.get("server_info") or {}),) if text]
     completed = summary["num_completed"]
     if completed:
         counts = report["token_counts"]
@@ -7044,28 +7060,14 @@ def scheduler_text(spec: EngineSpec) -> str:
     return f"{plan.num_kv_tokens:,} KV tokens, max-num-seqs {config.max_num_seqs}"
 
 
-SERVER_FLAG_NAMES = {"max_num_seqs": "max-num-seqs {:,}", "kv_tokens": "{:,} KV tokens",
-                     "max_num_batched_tokens": "max-num-batched-tokens {:,}"}
-
-
-def server_flags_text(server: dict) -> Optional[str]:
-    """The flags a vLLM or SGLang server told of itself, which a prediction takes where
-    the command line leaves them unsaid (llama.cpp's slots show in scheduler_text)."""
-    told = [text.format(server[name]) for name, text in SERVER_FLAG_NAMES.items() if server.get(name)]
-    if isinstance(server.get("prefix_caching"), bool):
-        told.append(f"prefix caching {'on' if server['prefix_caching'] else 'off'}")
-    if not told or server.get("kind") == "llama.cpp":
-        return None
-    return f"the server's own settings ({server.get('kind', 'server')}), used where no flag says otherwise: " + ", ".join(told)
-
-
 def format_compare(spec: EngineSpec, reports: Sequence[dict], rows: Sequence[dict]) -> List[str]:
     """Measured beside predicted per run, with the relative error of each figure."""
     plan = spec.plan
     servers = sorted({report["settings"]["url"] for report in reports})
     lines = [f"compare {plan.model.name} on {plan.devices} ({scheduler_text(spec)}) with loadgen at "
              f"{', '.join(servers)}; times in ms"]
-    lines += [text for text in (server_flags_text(measured_server(reports[0])),) if text]
+    told = server_flags_text(measured_server(reports[0]))
+    lines += [f"{told}; the prediction takes them where no flag says otherwise"] if told else []
     lines += _format_compare_table(rows) + [_format_compare_totals(compare_totals(rows))]
     lines += [f"prefix cache hits on {_load_label(row)}: server {_share(row['prefix_hit_rate']['measured'])}, "
               f"simulated {_share(row['prefix_hit_rate']['predicted'])} for the same requests"

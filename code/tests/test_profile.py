@@ -315,6 +315,13 @@ class ServerFlagsTest(ScratchTest):
                           "prefix_caching": True})
         self.assertEqual(self.discover(pages=models), {"kind": "vllm", "max_model_len": 4096})
 
+    def test_loadgen_names_the_settings_the_server_told(self):
+        with FakeServer(pages={"/get_server_info": self.SGLANG_INFO}) as fake:
+            code, out, err = run_cli("loadgen", "--url", fake.url, "--requests", "2", "--concurrency", "1")
+        self.assertEqual((code, out.splitlines()[1]), (0, (
+            "the server's own settings (sglang): max-num-seqs 48, 300,000 KV tokens, max-num-batched-tokens 4,096, "
+            "prefix caching on")))
+
     def test_a_server_that_tells_nothing_or_nonsense_gives_nothing(self):
         self.assertEqual(self.discover(), {})
         self.assertEqual(self.discover(pages={"/get_server_info": [1, 2], "/props": {"total_slots": "four"}}), {})
@@ -330,8 +337,9 @@ class ServerFlagsTest(ScratchTest):
                          (300000, 48, 4096, True))
         lines = run_cli("compare", path, *GEMMA)[1].splitlines()
         self.assertIn("(300,000 KV tokens, max-num-seqs 48)", lines[0])
-        self.assertEqual(lines[1], "the server's own settings (sglang), used where no flag says otherwise: "
-                                   "max-num-seqs 48, 300,000 KV tokens, max-num-batched-tokens 4,096, prefix caching on")
+        self.assertEqual(lines[1], "the server's own settings (sglang): max-num-seqs 48, 300,000 KV tokens, "
+                                   "max-num-batched-tokens 4,096, prefix caching on; the prediction takes them where "
+                                   "no flag says otherwise")
         result = run_json("compare", path, *GEMMA, "--max-num-seqs", "8", "--kv-tokens", "8192", "--no-prefix-caching")
         self.assertEqual((result["capacity"]["num_kv_tokens"], result["scheduler"]["max_num_seqs"],
                           result["scheduler"]["prefix_caching"]), (8192, 8, False))
