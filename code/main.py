@@ -3436,6 +3436,7 @@ class MeasuredRequest:
             self.error_kind, self.error = kind, redact(message)
 
 
+CHAT_PATH, COMPLETIONS_PATH = "/v1/chat/completions", "/v1/completions"  # the two OpenAI APIs (--endpoint)
 OUTPUT_DELTA_FIELDS = ("content", "reasoning_content", "reasoning", "tool_calls")
 MAX_TOKENS_PER_REQUEST = 10_000_000  # a usage count above it is a broken stream, not a request
 TIMINGS_KEPT = ("prompt_n", "prompt_ms", "cache_n", "predicted_n", "predicted_ms", "predicted_per_token_ms")
@@ -3618,7 +3619,7 @@ class StreamParser:
 
     def _read_plain_event(self, event: dict, at: float) -> bool:
         """_read_event for the common chunk (a list of choices, each with a delta object or
-        none and a string or null finish_reason; no usage, no timings), without a JsonObject
+        none, or a completion's text, and a string or null finish_reason; no usage, no timings), without a JsonObject
         per field: those checks cost more than the rest of reading a token, at every token
         of every stream. False, having changed nothing, for any other shape."""
         choices = event.get("choices")
@@ -3627,15 +3628,17 @@ class StreamParser:
         for choice in choices:
             if type(choice) is not dict:
                 return False
-            delta, finish = choice.get("delta"), choice.get("finish_reason")
-            if (delta is not None and type(delta) is not dict) or (finish is not None and type(finish) is not str):
+            delta, finish, text = choice.get("delta"), choice.get("finish_reason"), choice.get("text")
+            if ((delta is not None and type(delta) is not dict) or (finish is not None and type(finish) is not str)
+                    or (text is not None and type(text) is not str)):
                 return False
         record, carried = self.record, False
         for choice in choices:
-            delta, finish = choice.get("delta") or {}, choice.get("finish_reason")
-            carried = carried or any(map(delta.get, OUTPUT_DELTA_FIELDS))
-            if record.answer is not None and type(delta.get("content")) is str:
-                record.answer.append(delta["content"])
+            delta, finish, text = choice.get("delta") or {}, choice.get("finish_reason"), choice.get("text")
+            carried = carried or bool(text) or any(map(delta.get, OUTPUT_DELTA_FIELDS))
+            content = delta.get("content") if text is None else text
+            if record.answer is not None and type(content) is str:
+                record.answer.append(content)
             if finish is not None:
                 record.finish_reason = finish
         if carried:
@@ -3649,10 +3652,12 @@ class StreamParser:
         carried = False
         for choice in event.objects("choices", []):
             delta = choice.object("delta", {}) or JsonObject({}, "the stream")
-            if any(delta.value.get(name) for name in OUTPUT_DELTA_FIELDS):
+            text = choice.string("text", None)  # /v1/completions: the text itself, no delta
+            if text or any(delta.value.get(name) for name in OUTPUT_DELTA_FIELDS):
                 carried = True
-            if record.answer is not None and isinstance(delta.value.get("content"), str):
-                record.answer.append(delta.value["content"])
+            content = delta.value.get("content") if text is None else text
+            if record.answer is not None and isinstance(content, str):
+                record.answer.append(content)
             record.finish_reason = choice.string("finish_reason", record.finish_reason)
         usage = event.object("usage", None)
         if usage is not None:
@@ -4000,7 +4005,7 @@ def _http_error_message(body: bytes) -> str:
 
 def stream_chat(endpoint: Endpoint, body: bytes, headers: Dict[str, str], record: MeasuredRequest,
                 reader: StreamReader, timeout_s: float,
-                on_event: Optional[Callable[[float, dict], None]] = None) -> None:
+                on_event: Optional[Callable[[float, dict], None]] = None, api_path: str = CHAT_PATH) -> None:
     """POST one streaming chat completion; return when its answer is recorded (on a
     worker thread, which blocks here).
 
@@ -4017,7 +4022,7 @@ def stream_chat(endpoint: Endpoint, body: bytes, headers: Dict[str, str], record
         parser.end()
         return
     try:
-        sock.sendall(endpoint.request_bytes("POST", "/v1/chat/completions", headers, body))
+        sock.sendall(endpoint.request_bytes("POST", api_path, headers, body))
         record.status, response_headers, rest = read_response_head(sock)
         body_reader = HttpBody(response_headers)
         if record.status != 200:
@@ -4049,11 +4054,13 @@ def _error_body(sock: socket.socket, body_reader: "HttpBody", rest: bytes, deadl
     return payload
 
 
-def chat_body(model: str, prompt: str, max_tokens: int, ignore_eos: bool, temperature: float) -> bytes:
-    """The JSON body of one streaming chat completion (built before the run starts)."""
-    body = {"model": model, "messages": [{"role": "user", "content": prompt}],
-            "max_tokens": max_tokens, "temperature": temperature, "stream": True,
-            "stream_options": {"include_usage": True}}
+def chat_body(model: str, prompt: str, max_tokens: int, ignore_eos: bool, temperature: float,
+              api_path: str = CHAT_PATH) -> bytes:
+    """The JSON body of one streaming completion (built before the run starts): a chat's one
+    user message, or for /v1/completions (a base model without a chat template) the bare prompt."""
+    text = {"prompt": prompt} if api_path == COMPLETIONS_PATH else {"messages": [{"role": "user", "content": prompt}]}
+    body = dict(model=model, **text, max_tokens=max_tokens, temperature=temperature, stream=True,
+                stream_options={"include_usage": True})
     if ignore_eos:
         body["ignore_eos"] = True  # llama.cpp, vLLM and SGLang all accept it
     return json.dumps(body).encode("utf-8")
@@ -4431,6 +4438,12 @@ class LoadPlan:
     # it ends, its body's one message the new text, sent after the conversation so far.
     next_turn: Dict[int, int] = field(default_factory=dict)  # record index -> the next turn's
     think_s: Dict[int, float] = field(default_factory=dict)  # record index of a later turn -> seconds
+    api_path: str = CHAT_PATH            # --endpoint: chat completions, or completions of a bare prompt
+
+
+def _body_text(data: dict) -> str:
+    """The prompt text of a request body: its last message's, or a completion's prompt."""
+    return data["messages"][-1]["content"] if "messages" in data else data["prompt"]
 
 
 class LoadRun:
@@ -4566,7 +4579,7 @@ class LoadRun:
             self._send_one(index, history)
             while index in self.plan.next_turn and not self.stopping.is_set():
                 record, after = self.records[index], self.plan.next_turn[index]
-                history = list(history) + [json.loads(self.plan.bodies[index])["messages"][-1],
+                history = list(history) + [{"role": "user", "content": _body_text(json.loads(self.plan.bodies[index]))},
                                            {"role": "assistant", "content": "".join(record.answer or ())}]
                 self.sleep(self.plan.think_s.get(after, 0.0))
                 if self.stopping.is_set():
@@ -4582,13 +4595,16 @@ class LoadRun:
         record, body = self.records[index], self.plan.bodies[index]
         if history:  # NOTE: the body's own message goes after the conversation so far
             data = json.loads(body)
-            data["messages"] = list(history) + data["messages"]
+            if "messages" in data:
+                data["messages"] = list(history) + data["messages"]
+            else:  # a bare prompt: the conversation as one text, each turn on its own line
+                data["prompt"] = "\n".join([message["content"] for message in history] + [data["prompt"]])
             body = json.dumps(data).encode("utf-8")
         if index in self.plan.next_turn:
             record.answer = []
         try:
             stream_chat(self.plan.endpoint, body, self.plan.headers, record,
-                        self.reader, self.plan.timeout_s, self.on_event)
+                        self.reader, self.plan.timeout_s, self.on_event, self.plan.api_path)
         except ServerUnreachable as error:
             record.fail("unreachable", str(error))
             self.unreachable = error
@@ -5029,28 +5045,29 @@ def _tokenize_count(endpoint: Endpoint, headers: Dict[str, str], model: str, tex
 
 
 def _usage_prompt_tokens(endpoint: Endpoint, headers: Dict[str, str], model: str, text: str,
-                         timeout_s: float) -> int:
-    """The prompt tokens a chat request of text counts (usage), from a one-token answer."""
+                         timeout_s: float, api_path: str = CHAT_PATH) -> int:
+    """The prompt tokens a request of text counts (usage), from a one-token answer."""
     record = MeasuredRequest(-1)
     with StreamReader() as reader:
-        stream_chat(endpoint, chat_body(model, text, 1, False, 0.0), dict(headers, **{"Content-Type":
-                    "application/json"}), record, reader, timeout_s)
+        stream_chat(endpoint, chat_body(model, text, 1, False, 0.0, api_path), dict(headers, **{"Content-Type":
+                    "application/json"}), record, reader, timeout_s, api_path=api_path)
     if record.error is not None or record.token_counts == "chunks" or record.prompt_tokens <= 0:
         raise BadResponse(f"{endpoint}: a probe request to size the prompts failed or reported no usage "
                           f"({record.error or 'no usage.prompt_tokens'})")
     return record.prompt_tokens
 
 
-def calibrate_prompt_text(endpoint: Endpoint, headers: Dict[str, str], model: str, timeout_s: float) -> PromptText:
+def calibrate_prompt_text(endpoint: Endpoint, headers: Dict[str, str], model: str, timeout_s: float,
+                          api_path: str = CHAT_PATH) -> PromptText:
     """Measure PromptText's two figures once per run: tokens per word from /tokenize of two
-    texts where the server has it (else from the usage of two one-token chats), and the
-    chat template's overhead from the usage of one chat."""
+    texts where the server has it (else from the usage of two one-token requests), and the
+    chat template's overhead (a bare prompt's: its special tokens) from the usage of one."""
     short, long = (PromptText().words(f"sample-{n}", n) for n in SAMPLE_WORDS)  # n words each
     counts = [_tokenize_count(endpoint, headers, model, text, timeout_s) for text in (short, long)]
     source = "/tokenize"
-    short_usage = _usage_prompt_tokens(endpoint, headers, model, short, timeout_s)
+    short_usage = _usage_prompt_tokens(endpoint, headers, model, short, timeout_s, api_path)
     if None in counts or counts[1] <= counts[0]:
-        counts, source = [short_usage, _usage_prompt_tokens(endpoint, headers, model, long, timeout_s)], "usage"
+        counts, source = [short_usage, _usage_prompt_tokens(endpoint, headers, model, long, timeout_s, api_path)], "usage"
     per_word = (counts[1] - counts[0]) / (SAMPLE_WORDS[1] - SAMPLE_WORDS[0])
     if not 0.2 <= per_word <= 5:
         raise BadResponse(f"{endpoint}: {per_word:.2f} tokens per word from {source}: not a tokenizer's count")
@@ -5154,6 +5171,7 @@ class ProfileSettings:
     repeat: int             # runs per point
     budget_s: float         # wall time for the whole profile; points that would pass it are skipped
     timeout_s: float
+    api_path: str = CHAT_PATH  # --endpoint: chat completions, or completions of a bare prompt
 
 
 class Profiler:
@@ -5187,7 +5205,7 @@ class Profiler:
         sampler = MetricsSampler(self.endpoint, 3600.0, {k: v for k, v in self.headers.items()
                                                           if k == "Authorization"})
         run = LoadRun(LoadPlan(self.endpoint, bodies, self.headers, 0, concurrency, schedule,
-                               self.settings.timeout_s))
+                               self.settings.timeout_s, api_path=self.settings.api_path))
         try:
             if scrape:
                 sampler.scrape()
@@ -5205,7 +5223,7 @@ class Profiler:
 
     def bodies(self, num: int, prompt_tokens: int, max_tokens: int) -> List[bytes]:
         self.seed += 1  # fresh prompts every run: nothing served from a cache the last run filled
-        return [chat_body(self.model, prompt, max_tokens, True, 0.0)
+        return [chat_body(self.model, prompt, max_tokens, True, 0.0, self.settings.api_path)
                 for prompt in build_prompts(num, prompt_tokens, 0, self.seed)]
 
     def measure_decode(self, batch: int) -> None:
@@ -6941,7 +6959,8 @@ def format_loadgen(report: dict) -> List[str]:
     else:
         how = f"closed loop concurrency {settings['concurrency']}"
     lines = [f"loadgen {settings['model']} at {settings['url']} {summary['num_requests']:,} requests {how}"
-             + ("" if settings["mode"] == "trace" else f" max tokens {settings['max_tokens']}")]
+             + ("" if settings["mode"] == "trace" else f" max tokens {settings['max_tokens']}")
+             + (" (bare prompts to /v1/completions)" if settings.get("endpoint") == COMPLETIONS_PATH else "")]
     lines += [text for text in (server_flags_text(settings.get("server_info") or {}),) if text]
     completed = summary["num_completed"]
     if completed:
@@ -7659,20 +7678,22 @@ def _loadgen_plan(args, endpoint: Endpoint, headers: Dict[str, str], model: str,
     num_generated = args.warmup + (0 if replay else args.requests)
     prompts = build_prompts(num_generated, args.prompt_tokens, args.shared_prefix_tokens, args.seed,
                             _read_prompt_file(args.prompt_file))
-    bodies = [chat_body(model, prompt, args.max_tokens, args.ignore_eos, args.temperature) for prompt in prompts]
+    bodies = [chat_body(model, prompt, args.max_tokens, args.ignore_eos, args.temperature, args.endpoint)
+              for prompt in prompts]
     if replay is None:
         schedule = open_loop_schedule(args.requests, args.rate, args.burstiness, args.seed) if args.rate else None
-        return LoadPlan(endpoint, bodies, headers, args.warmup, args.concurrency, schedule, args.timeout)
+        return LoadPlan(endpoint, bodies, headers, args.warmup, args.concurrency, schedule, args.timeout,
+                        api_path=args.endpoint)
     requests, text = replay
     blocks: Dict[str, str] = {}
     bodies += [chat_body(model, text.prompt(request, args.seed, blocks), request.max_tokens, args.ignore_eos,
-                         args.temperature) for request in requests]
+                         args.temperature, args.endpoint) for request in requests]
     index_of = {request: args.warmup + position for position, request in enumerate(requests)}
     next_turn = {index_of[before]: index_of[after] for before, after in follow_ups(requests).items()}
     later = set(next_turn.values())
     return LoadPlan(endpoint, bodies, headers, args.warmup, args.concurrency,
                     [None if index_of[r] in later else r.arrival_s for r in requests], args.timeout,
-                    next_turn, {index_of[r]: r.think_s for r in requests if index_of[r] in later})
+                    next_turn, {index_of[r]: r.think_s for r in requests if index_of[r] in later}, args.endpoint)
 
 
 def _replay_requests(args) -> Tuple[List[Request], int]:
@@ -7711,7 +7732,7 @@ def _loadgen_settings(args, endpoint: Endpoint, model: str, interrupted: bool) -
         "shared_prefix_tokens": args.shared_prefix_tokens, "timeout_s": args.timeout, "seed": args.seed,
         "scrape_interval_s": args.scrape_interval, "interrupted": interrupted,
         "price_per_hour": args.price_per_hour, "num_devices": args.num_devices, "trace": args.trace,
-        "workers": args.workers,
+        "workers": args.workers, "endpoint": args.endpoint,
     }
 
 
@@ -7750,7 +7771,7 @@ def cmd_loadgen(args) -> int:
     replay = None
     if args.trace:
         requests, num_changed = _replay_requests(args)
-        replay = (requests, calibrate_prompt_text(endpoint, headers, model, args.timeout))
+        replay = (requests, calibrate_prompt_text(endpoint, headers, model, args.timeout, args.endpoint))
     plan = _loadgen_plan(args, endpoint, headers, model, replay)
     several = args.workers > 1 and not multiprocessing.current_process().daemon  # see Workers
     run = ProcessLoadRun(plan, args.workers) if several else LoadRun(plan)
@@ -7812,7 +7833,8 @@ def cmd_profile(args) -> int:
     server = discover_server(endpoint, auth, args.timeout)
     num_batches = args.max_num_seqs or server.get("slots") or 8
     settings = ProfileSettings(tuple(range(1, num_batches + 1)), tuple(args.prefill_tokens or _prefill_grid(server)),
-                               args.prompt_tokens, args.output_tokens, args.repeat, args.budget_s, args.timeout)
+                               args.prompt_tokens, args.output_tokens, args.repeat, args.budget_s, args.timeout,
+                               args.endpoint)
     start = time.perf_counter()
 
     def say(text: str) -> None:
@@ -8184,6 +8206,9 @@ def _add_server_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--url", required=True, help="server base URL, e.g. http://127.0.0.1:8080")
     parser.add_argument("--model", help="model name to request (default: the first id of GET /v1/models)")
     parser.add_argument("--api-key", help="Bearer token (default: $OPENAI_API_KEY); never printed")
+    parser.add_argument("--endpoint", choices=(CHAT_PATH, COMPLETIONS_PATH), default=CHAT_PATH,
+                        help="the API to call: chat completions (default), or /v1/completions with a bare prompt "
+                             "(a base model without a chat template; vllm bench serve's default)")
     parser.add_argument("--timeout", type=positive_float, default=120.0,
                         help="seconds one request may take, stalls included (default 120)")
 

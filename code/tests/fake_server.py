@@ -78,6 +78,25 @@ def counting_chat(tokenizer=word_tokens, overhead=9, answer=("Sure", " thing", "
     return handle
 
 
+def text_chunk(text="", finish=None, usage=None):
+    """One /v1/completions stream event: the text itself, no delta."""
+    event = {"object": "text_completion", "choices": [{"index": 0, "text": text, "finish_reason": finish}]}
+    if usage is not None:
+        event = {"object": "text_completion", "choices": [],
+                 "usage": {"prompt_tokens": usage[0], "completion_tokens": usage[1], "total_tokens": sum(usage)}}
+    return event
+
+
+def counting_completion(tokenizer=word_tokens, overhead=1, answer=("Sure", " thing", ".")):
+    """counting_chat for /v1/completions: the bare prompt counted (plus a BOS token), the
+    answer as text chunks."""
+    def handle(handler, body):
+        events = [text_chunk(piece) for piece in answer] + [text_chunk(finish="stop")]
+        events.append(text_chunk(usage=(tokenizer(body["prompt"]) + overhead, len(answer))))
+        stream_of(sse(*events))(handler, body)
+    return handle
+
+
 def error_response(status, payload):
     def handle(handler, body):
         handler.send_json(status, payload)
@@ -122,6 +141,7 @@ class _Handler(BaseHTTPRequestHandler):
                 self.send_json(200, {"tokens": list(range(server.tokenizer(body["content"])))})
             return
         with server.arrived:
+            server.paths.append(self.path)
             server.received_s.append(received_s)
             server.bodies.append(body)
             server.headers_seen.append(dict(self.headers))
@@ -171,6 +191,7 @@ class FakeServer:
         self.metrics = list(metrics) if metrics else None
         self.models = models
         self.bodies = []
+        self.paths = []            # the path each chat or completion request was posted to
         self.received_s = []       # perf_counter when each chat request's body had arrived
         self.tokenizer = tokenizer  # text -> token count for POST /tokenize (llama.cpp's shape), or a 404
         self.headers_seen = []

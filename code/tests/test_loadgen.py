@@ -10,7 +10,8 @@ import threading
 import unittest
 from unittest import mock
 
-from fake_server import FakeServer, chunk, error_response, sse, standard_stream, stream_of
+from fake_server import (FakeServer, chunk, counting_completion, error_response, sse, standard_stream, stream_of,
+                         text_chunk)
 from support import CODE_DIR, main, run_cli
 
 LLAMA_400 = {"error": {"code": 400, "message": "request (1124 tokens) exceeds the available context size "
@@ -135,6 +136,12 @@ class StreamParsingTest(unittest.TestCase):
         record = parse(b"<html>gateway says hello</html>\n")
         self.assertEqual((record.error_kind, record.error), (
             "bad-response", "the answer is not an event stream (it starts '<html>gateway says hello</html>')"))
+
+    def test_a_completions_stream_counts_its_text_chunks(self):
+        record = parse(sse(text_chunk("Once"), text_chunk(" upon"), text_chunk("", finish="length"),
+                           text_chunk(usage=(7, 2))))
+        self.assertEqual((record.error, record.chunk_times, record.output_tokens, record.prompt_tokens,
+                          record.finish_reason), (None, [1.0, 3.0], 2, 7, "length"))  # lines 1 and 3
 
 class HttpStreamTest(unittest.TestCase):
     """The same streams over HTTP from the fake server: framing, flush boundaries, errors."""
@@ -321,6 +328,19 @@ class LoadgenCliTest(unittest.TestCase):
         self.assertEqual((body["stream"], body["stream_options"]), (True, {"include_usage": True}))
         self.assertEqual((body["max_tokens"], body["ignore_eos"], body["temperature"]), (32, True, 0.5))
         self.assertEqual(body["messages"][0]["role"], "user")
+
+    def test_endpoint_completions_posts_a_bare_prompt_and_reads_text_chunks(self):
+        with FakeServer(chat=counting_completion()) as server:
+            code, out, err = run_cli("loadgen", "--url", server.url, "--endpoint", "/v1/completions", "--requests",
+                                     "3", "--concurrency", "1", "--max-tokens", "3", "--prompt-tokens", "20", "--json")
+            paths, bodies = list(server.paths), list(server.bodies)
+        self.assertEqual((code, err), (0, ""))
+        report = json.loads(out)
+        self.assertEqual(paths, ["/v1/completions"] * 3)
+        self.assertEqual([(type(body["prompt"]), "messages" in body, body["max_tokens"]) for body in bodies],
+                         [(str, False, 3)] * 3)
+        self.assertEqual((report["settings"]["endpoint"], report["summary"]["num_completed"],
+                          report["summary"]["output_tokens"]), ("/v1/completions", 3, 9))
 
     def test_model_flag_overrides_the_first_listed_model(self):
         with FakeServer(models=("first", "second")) as server:

@@ -5,7 +5,7 @@ import os
 import statistics
 import unittest
 
-from fake_server import FakeServer, counting_chat, word_tokens
+from fake_server import FakeServer, counting_chat, counting_completion, word_tokens
 from support import ScratchTest, main, run_cli
 
 
@@ -107,6 +107,16 @@ class ReplayTest(ScratchTest):
         replayed = report["replay"]["requests"]
         self.assertEqual([row[4] for row in replayed], ["conversation c"] * 3)
         self.assertEqual([row[5] for row in replayed], [row[1] for row in replayed])  # the prefix: all so far
+
+    def test_a_conversation_over_completions_sends_the_whole_conversation_as_one_prompt(self):
+        rows = [{"arrival_s": 0.0, "prompt_tokens": 40, "output_tokens": 2, "conversation": "c", "turn": 1},
+                {"arrival_s": 0.0, "prompt_tokens": 20, "output_tokens": 2, "conversation": "c", "turn": 2}]
+        trace = self.write("c.jsonl", rows_text(rows))
+        with FakeServer(chat=counting_completion(answer=("the", " answer")), tokenizer=word_tokens) as server:
+            self.loadgen(server, trace, "--endpoint", "/v1/completions")
+            first, second = server.bodies[-2:]
+        self.assertEqual(second["prompt"].split("\n")[:2], [first["prompt"], "the answer"])
+        self.assertEqual(len(second["prompt"].split("\n")), 3)
 
     def test_compare_predicts_the_very_requests_that_were_sent(self):
         rows = [{"arrival_s": index * 0.02, "prompt_tokens": 120 + 10 * index, "output_tokens": 2,
