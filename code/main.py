@@ -5647,6 +5647,10 @@ def check_loadgen_report(report, where: str) -> dict:
     check_shape(data, {"server?": WINDOW_SHAPE})
     if report["settings"].get("concurrency") == 0 or report["settings"]["max_tokens"] == 0:
         raise UsageError(f"{where}: settings.concurrency and settings.max_tokens must be at least 1")
+    for block, name in (("summary", "num_requests"), ("settings", "concurrency"), ("settings", "max_tokens"),
+                        ("settings", "shared_prefix_tokens")):  # NOTE: a prediction replays these many
+        if (report[block].get(name) or 0) > MAX_COUNT:
+            raise UsageError(f"{where}: {block}.{name} must be at most {MAX_COUNT:,}, got {report[block][name]:,}")
     return report
 
 

@@ -104,6 +104,14 @@ class CalibrateTest(ScratchTest):
         self.assertEqual(code, 2)
         self.assertIn("empty.json: no request completed", err)
 
+    def test_a_report_asking_for_more_requests_than_any_run_holds_exits_2(self):
+        report = simulated_report(1)
+        report["summary"]["num_requests"] = 10 ** 30
+        path = self.write("huge.json", report)
+        code, _, err = run_cli("compare", path, *FLAGS)
+        self.assertEqual((code, err), (2, f"servesim: error: {path}: summary.num_requests must be at most 10,000,000, "
+                                          f"got {10 ** 30:,}\n"))
+
     def test_an_open_loop_report_exits_2(self):
         report = simulated_report(1)
         report["settings"].update(mode="open", rate=2.0)
