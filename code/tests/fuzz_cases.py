@@ -36,6 +36,7 @@ class Case:
     files: dict = field(default_factory=dict)      # name -> bytes
     server: list = None                              # chat script (see FaultServer), or None
     models: list = None                              # /v1/models script, or None for a proper answer
+    info: bytes = None                               # the body of GET /get_server_info (SGLang's), or a 404
     expected: tuple = (0, 1, 2)
 
     def describe(self):
@@ -80,8 +81,8 @@ class FaultServer:
     /v1/models the models script: a list of ("send", bytes), ("sleep", s), ("close",),
     ("reset",) or ("echo-auth",) (an HTTP 401 whose body repeats the Authorization header)."""
 
-    def __init__(self, chat, models=None):
-        self.chat, self.models = chat, models
+    def __init__(self, chat, models=None, info=None):
+        self.chat, self.models, self.info = chat, models, info
 
     def __enter__(self):
         owner = self
@@ -118,8 +119,10 @@ class FaultServer:
                 body = b'{"data": [{"id": "fuzz-model"}]}'
                 script = self.models or [("send", b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n%s"
                                           % (len(body), body))]
-            elif path.endswith("/chat/completions"):
+            elif path.endswith("/completions"):  # chat or not (--endpoint): the same script
                 script = self.chat
+            elif path.endswith("/get_server_info") and self.info is not None:
+                script = [("send", b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n%s" % (len(self.info), self.info))]
             else:
                 script = [("send", b"HTTP/1.1 404 Not Found\r\nContent-Length: 0\r\n\r\n")]
             for step in script:
@@ -193,6 +196,7 @@ def loadgen_cases(rng):
         argv = ["loadgen", "--url", "URL", "--requests", "2", "--concurrency", str(rng.choice((1, 2))),
                 "--timeout", "0.5", "--scrape-interval", "0.05", "--max-tokens", "3", "--api-key", SECRET,
                 "--json-requests" if rng.random() < 0.5 else "--json"]
+        argv += ["--endpoint", "/v1/completions"] if rng.random() < 0.3 else []
         cases.append(Case(f"server {name}", argv, server=script, expected=(exit_code,)))
     for name, script in (("models-reset", [("reset",)]), ("models-stall", [("sleep", 1.5)]),
                          ("models-close", [("close",)]), ("models-not-json", [("send", b"HTTP/1.1 200 OK\r\n"
@@ -201,6 +205,12 @@ def loadgen_cases(rng):
                          ("models-odd", [("send", b'HTTP/1.1 200 OK\r\nContent-Length: 19\r\n\r\n{"data": [{"id":7}]}')])):
         cases.append(Case(f"discovery {name}", ["loadgen", "--url", "URL", "--requests", "1", "--timeout", "0.5"],
                           server=fault_scripts(rng)["good"][0], models=script, expected=(1,)))
+    info = {"version": "0.5.4", "max_running_requests": 48, "chunked_prefill_size": 4096, "context_length": 8192,
+            "disable_radix_cache": False, "internal_states": [{"max_total_num_tokens": 300000}]}
+    for _ in range(3):  # SGLang's own settings, odd: discovery is best effort, the run goes on
+        cases.append(Case("discovery odd server info", ["loadgen", "--url", "URL", "--requests", "1", "--timeout",
+                                                        "0.5", "--json"], server=fault_scripts(rng)["good"][0],
+                          info=dumps(mutate_json(rng, info)), expected=(0,)))
     for key in ("sk\r\ninjected: 1", "ключ", "tab\there", "\x7fdel"):
         cases.append(Case("odd api key", ["loadgen", "--url", "URL", "--api-key", key, "--requests", "1",
                                           "--model", "m"], server=fault_scripts(rng)["good"][0], expected=(2,)))
@@ -246,7 +256,7 @@ SERVER_COMMANDS = (
     ["explain", "--url", "URL", "--scrapes", "2", "--scrape-interval", "0.01"],
     ["loadgen", "--url", "URL", "--trace", "t.jsonl", "--timeout", "0.5", "--scrape-interval", "0.05"],
 )
-SERVER_FLAGS = ("--length-scale", "--max-context", "--workers", "--time-scale", "--temperature", "--rate",
+SERVER_FLAGS = ("--length-scale", "--max-context", "--workers", "--endpoint", "--time-scale", "--temperature", "--rate",
                 "--burstiness", "--warmup", "--max-tokens", "--prompt-tokens",
                 "--timeout", "--scrape-interval", "--seed", "--prompt-file", "--shared-prefix-tokens", "--url",
                 "--concurrency", "--model", "--slo-ttft-ms", "--repeat", "--budget-s", "--prefill-tokens",
@@ -337,10 +347,13 @@ def trace_cases(rng, count):
                      ",".join(cells).encode("utf-8")]
         if rng.random() < 0.2:
             lines.insert(rng.randrange(len(lines) + 1), bytes(rng.randrange(256) for _ in range(rng.randrange(1, 30))))
-        name = f"t.{'csv' if kind == 'azure' else 'jsonl'}"
+        name, data = f"t.{'csv' if kind == 'azure' else 'jsonl'}", b"\n".join(lines)
+        if rng.random() < 0.2:  # compressed, and now and then cut short
+            name, data = name + ".gz", gzip.compress(data)
+            data = data[:rng.randrange(1, len(data))] if rng.random() < 0.3 else data
         command = rng.choice((["--hardware", "l4-24gb"], ["--prefix-caching", "--replicas", "2"]))
         cases.append(Case(f"trace {kind}", ["simulate", "--trace", name, *command],
-                          files={name: b"\n".join(lines)}, expected=(0, 2)))
+                          files={name: data}, expected=(0, 2)))
     return cases
 
 
@@ -521,7 +534,7 @@ def run_case(main, case, directory):
     out, err, result = io.StringIO(), io.StringIO(), {}
     try:
         with contextlib.ExitStack() as stack:
-            server = stack.enter_context(FaultServer(case.server, case.models)) if case.server else None
+            server = stack.enter_context(FaultServer(case.server, case.models, case.info)) if case.server else None
             argv = [server.url if arg == "URL" and server else arg for arg in case.argv]
 
             def run():
