@@ -5647,6 +5647,8 @@ def check_loadgen_report(report, where: str) -> dict:
     check_shape(data, {"server?": WINDOW_SHAPE})
     if report["settings"].get("concurrency") == 0 or report["settings"]["max_tokens"] == 0:
         raise UsageError(f"{where}: settings.concurrency and settings.max_tokens must be at least 1")
+    for name in ("ttft_ms", "tpot_ms"):  # NOTE: a p50 may be absent; reading it as null is what follows rely on
+        report["summary"][name].setdefault("p50", None)
     for block, name in (("summary", "num_requests"), ("settings", "concurrency"), ("settings", "max_tokens"),
                         ("settings", "shared_prefix_tokens")):  # NOTE: a prediction replays these many
         if (report[block].get(name) or 0) > MAX_COUNT:
@@ -5807,9 +5809,11 @@ def calibration_points(reports: Sequence[Tuple[str, dict]]) -> List[Tuple[int, s
         concurrency, rate, _, _, output_tokens = measured_workload(report)
         if concurrency is None:
             raise UsageError(f"{path}: an open-loop (--rate) run; calibrate needs closed-loop runs (--concurrency)")
-        if output_tokens < 2 or report["summary"]["tpot_ms"]["p50"] is None:
+        if output_tokens < 2:
             raise UsageError(f"{path}: no TPOT (requests of {output_tokens} output token); run with --max-tokens "
                              f"of at least 2 and --ignore-eos")
+        if report["summary"]["tpot_ms"]["p50"] is None:
+            raise UsageError(f"{path}: summary.tpot_ms.p50 is missing; calibrate fits the TPOT of every report")
         concurrencies.append(concurrency)
     if len(set(concurrencies)) < 2:
         raise UsageError(f"every report ran at concurrency {concurrencies[0]}; calibrate needs two different "

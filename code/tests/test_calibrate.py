@@ -112,6 +112,14 @@ class CalibrateTest(ScratchTest):
         self.assertEqual((code, err), (2, f"servesim: error: {path}: summary.num_requests must be at most 10,000,000, "
                                           f"got {10 ** 30:,}\n"))
 
+    def test_a_report_without_a_tpot_p50_exits_2_naming_it(self):
+        report = simulated_report(1)
+        report["summary"]["tpot_ms"] = {}
+        path = self.write("no-p50.json", report)
+        code, _, err = run_cli("calibrate", path, self.write("c8.json", simulated_report(8)), *FLAGS)
+        self.assertEqual((code, err), (2, f"servesim: error: {path}: summary.tpot_ms.p50 is missing; calibrate fits "
+                                          f"the TPOT of every report\n"))
+
     def test_an_open_loop_report_exits_2(self):
         report = simulated_report(1)
         report["settings"].update(mode="open", rate=2.0)
