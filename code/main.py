@@ -1573,19 +1573,24 @@ class BlockPool:
                 cached[key] = block
                 key_of[block] = key
 
+    LOOKUP_CHUNK = 64  # keys looked up per pass in C: a long prompt's lookup stops soon after its first miss
+
     def lookup(self, keys: Sequence[Hashable]) -> List[int]:
         """The leading run of keys that are cached, as blocks; stops at the first miss."""
-        blocks = list(map(self.cached.get, keys))  # one pass in C beats stopping early in Python
-        if None in blocks:
-            del blocks[blocks.index(None):]
+        get, blocks = self.cached.get, []
+        for start in range(0, len(keys), self.LOOKUP_CHUNK):
+            chunk = list(map(get, keys[start:start + self.LOOKUP_CHUNK]))
+            if None in chunk:
+                del chunk[chunk.index(None):]
+                return blocks + chunk
+            blocks += chunk
         return blocks
 
     def touch(self, blocks: Sequence[int]) -> None:
-        """Take a reference on cached blocks, reviving any that were free."""
-        for block in blocks:
-            if block in self.free:
-                del self.free[block]
-            self.refs[block] = self.refs.get(block, 0) + 1
+        """Take a reference on cached blocks (distinct ones), reviving any that were free."""
+        free, refs = self.free, self.refs
+        _drain(map(free.__delitem__, list(filter(free.__contains__, blocks))))
+        refs.update(zip(blocks, map(operator.add, map(refs.get, blocks, itertools.repeat(0)), itertools.repeat(1))))
 
 
 class CountingPool:
