@@ -5752,15 +5752,27 @@ def measured_hit_rate(report: dict) -> Optional[float]:
     return None
 
 
+def asked_workload(report: dict) -> tuple:
+    """What a loadgen run asked for, so that runs of one command are one workload even when
+    the server counted a token more or less (random words tokenize unevenly); a trace
+    replay's lengths are the trace's, as the server counted them."""
+    settings, (concurrency, rate, num_requests, prompt_tokens, output_tokens) = report["settings"], measured_workload(report)
+    if settings.get("mode") == "trace":
+        return concurrency, rate, num_requests, prompt_tokens, output_tokens, settings.get("trace")
+    return (concurrency, rate, num_requests, settings.get("prompt_tokens"), settings["max_tokens"],
+            settings.get("ignore_eos"), settings.get("shared_prefix_tokens"), settings.get("prompt_file"))
+
+
 def compare_rows(reports: Sequence[dict], predictions: Sequence[dict]) -> List[dict]:
     """One row per workload: measured (the median over reports of the same workload,
     repeated runs), predicted, the relative error of each figure and the run-to-run
     spread of the measurement, (max - min) / median, where the workload ran more than once."""
     groups: Dict[tuple, List[Tuple[dict, dict]]] = {}
     for report, prediction in zip(reports, predictions):
-        groups.setdefault(measured_workload(report), []).append((report, prediction))
+        groups.setdefault(asked_workload(report), []).append((report, prediction))
     rows = []
-    for (concurrency, rate, num_requests, prompt_tokens, output_tokens), runs in groups.items():
+    for runs in groups.values():
+        concurrency, rate, num_requests, prompt_tokens, output_tokens = measured_workload(runs[0][0])
         measured_runs = [dict({label: figure(report["summary"]) for label, figure in COMPARED},
                               batch=(report.get("server") or {}).get("mean_batch")) for report, _ in runs]
         prediction = runs[0][1]

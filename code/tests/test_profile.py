@@ -285,6 +285,17 @@ class CompareWithLlamaCppReportsTest(ScratchTest):
         self.assertRegex(text[-2], r"^median \|error\|: out tok/s [+-]?\d+% \(noise 0%\), ttft p50 \d+% \(noise 0%\), "
                                    r"tpot p50 \d+% \(noise 10%\)$")
 
+    def test_runs_of_one_command_are_one_row_when_the_server_counted_a_token_more(self):
+        first, second = loadgen_report(2, 20.0), loadgen_report(2, 22.0)
+        first["settings"]["prompt_tokens"] = second["settings"]["prompt_tokens"] = 32
+        second["summary"]["prompt_tokens"] = 8 * 41  # the same command; its random words tokenized longer
+        other = loadgen_report(2, 20.0)
+        other["settings"]["prompt_tokens"] = 64
+        other["summary"]["prompt_tokens"] = 8 * 80
+        paths = [self.write(f"{name}.json", report) for name, report in (("a", first), ("b", second), ("c", other))]
+        rows = run_json("compare", *paths, *GEMMA, "--kv-tokens", "4096", "--max-num-seqs", "4")["rows"]
+        self.assertEqual([(row["num_runs"], row["prompt_tokens"]) for row in rows], [(2, 40), (1, 80)])
+
 
 class ServerFlagsTest(ScratchTest):
     """The flags vLLM and SGLang tell of themselves become the prediction's defaults."""
