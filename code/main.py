@@ -4676,8 +4676,9 @@ def discover_model(endpoint: Endpoint, headers: Dict[str, str], timeout_s: float
 
 
 def _positive_int(value) -> Optional[int]:
-    """value when it is an integer >= 1, else None (a server's "unset" is -1, 0 or null)."""
-    return value if isinstance(value, int) and not isinstance(value, bool) and value >= 1 else None
+    """value when it is an integer from 1 to 10^10, else None (a server's "unset" is -1, 0
+    or null; more than 10^10 tokens or sequences is no server's)."""
+    return value if isinstance(value, int) and not isinstance(value, bool) and 1 <= value <= 10 ** 10 else None
 
 
 def _llamacpp_props(endpoint: Endpoint, headers: Dict[str, str], timeout_s: float) -> dict:
@@ -4714,12 +4715,15 @@ def _vllm_models(endpoint: Endpoint, headers: Dict[str, str], timeout_s: float) 
     if not listed or not listed[0].integer("max_model_len", 1, None):
         return {}
     info = {"kind": "vllm", "max_model_len": listed[0].integer("max_model_len", 1)}
-    status, body = endpoint.get("/metrics", timeout_s, headers)
+    try:
+        status, body = endpoint.get("/metrics", timeout_s, headers)
+    except BadResponse:
+        status, body = 0, b""  # NOTE: what /v1/models told stands without the metrics
     configs = parse_prometheus(body.decode("utf-8", "replace")).get("vllm:cache_config_info", []) if status == 200 else []
     labels = configs[0][0] if configs else {}
-    blocks, block_size = (int(labels[name]) if labels.get(name, "").isdigit() else 0
-                          for name in ("num_gpu_blocks", "block_size"))
-    if blocks and block_size:
+    blocks, block_size = (_positive_int(int(text)) if text.isascii() and text.isdigit() and len(text) <= 12 else None
+                          for text in (str(labels.get(name, "")) for name in ("num_gpu_blocks", "block_size")))
+    if blocks and block_size and _positive_int(blocks * block_size):
         info.update(kv_tokens=blocks * block_size, block_size=block_size)
     if labels.get("enable_prefix_caching") in ("True", "False"):
         info["prefix_caching"] = labels["enable_prefix_caching"] == "True"

@@ -325,6 +325,9 @@ class ServerFlagsTest(ScratchTest):
                          {"kind": "vllm", "max_model_len": 4096, "kv_tokens": 32000, "block_size": 16,
                           "prefix_caching": True})
         self.assertEqual(self.discover(pages=models), {"kind": "vllm", "max_model_len": 4096})
+        odd = self.VLLM_METRICS.replace('num_gpu_blocks="2000"', 'num_gpu_blocks="²"')
+        self.assertEqual(self.discover(pages=models, metrics=[odd]), {"kind": "vllm", "max_model_len": 4096,
+                                                                       "prefix_caching": True})
 
     def test_loadgen_names_the_settings_the_server_told(self):
         with FakeServer(pages={"/get_server_info": self.SGLANG_INFO}) as fake:
