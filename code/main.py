@@ -4689,12 +4689,21 @@ def _llamacpp_props(endpoint: Endpoint, headers: Dict[str, str], timeout_s: floa
 
 
 def _sglang_server_info(endpoint: Endpoint, headers: Dict[str, str], timeout_s: float) -> dict:
-    """SGLang's flags from GET /get_server_info: --max-running-requests, the KV pool's
-    tokens (max_total_num_tokens, at the top or in internal_states), --chunked-prefill-size
-    and --context-length. {} when the answer is not SGLang's."""
-    info = endpoint.get_json("/get_server_info", timeout_s, headers)
-    if not isinstance(info, dict) or not {"max_running_requests", "chunked_prefill_size"} & set(info):
-        return {}
+    """SGLang's flags from GET /server_info (/get_server_info before it was renamed):
+    --max-running-requests, the KV pool's tokens (max_total_num_tokens, at the top or in
+    internal_states), --chunked-prefill-size and --context-length. {} when no answer is SGLang's."""
+    for path in ("/server_info", "/get_server_info"):
+        try:
+            info = endpoint.get_json(path, timeout_s, headers)
+        except BadResponse:
+            continue
+        if isinstance(info, dict) and {"max_running_requests", "chunked_prefill_size"} & set(info):
+            return _sglang_flags(info)
+    return {}
+
+
+def _sglang_flags(info: dict) -> dict:
+    """The flags in SGLang's server info, under SERVER_FLAGS' names."""
     states = info.get("internal_states")
     state = states[0] if isinstance(states, list) and states and isinstance(states[0], dict) else {}
     found = {"max_num_seqs": _positive_int(info.get("max_running_requests") or state.get("max_running_requests")),
@@ -4733,7 +4742,7 @@ def _vllm_models(endpoint: Endpoint, headers: Dict[str, str], timeout_s: float) 
 def discover_server(endpoint: Endpoint, headers: Dict[str, str], timeout_s: float) -> dict:
     """What the server says of itself, where it does (best effort; {} when it says
     nothing): llama.cpp's GET /props (build, slots, context per slot, model path),
-    SGLang's GET /get_server_info, or vLLM's GET /v1/models and cache_config_info.
+    SGLang's GET /server_info, or vLLM's GET /v1/models and cache_config_info.
     Flags it learns go by SERVER_FLAGS' names."""
     timeout_s = min(timeout_s, 5.0)
     for probe in (_llamacpp_props, _sglang_server_info, _vllm_models):

@@ -36,7 +36,7 @@ class Case:
     files: dict = field(default_factory=dict)      # name -> bytes
     server: list = None                              # chat script (see FaultServer), or None
     models: list = None                              # /v1/models script, or None for a proper answer
-    info: bytes = None                               # the body of GET /get_server_info (SGLang's), or a 404
+    info: bytes = None                               # the body of GET /server_info (SGLang's), or a 404
     expected: tuple = (0, 1, 2)
 
     def describe(self):
@@ -121,7 +121,7 @@ class FaultServer:
                                           % (len(body), body))]
             elif path.endswith("/completions"):  # chat or not (--endpoint): the same script
                 script = self.chat
-            elif path.endswith("/get_server_info") and self.info is not None:
+            elif path.endswith("server_info") and self.info is not None:
                 script = [("send", b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n%s" % (len(self.info), self.info))]
             else:
                 script = [("send", b"HTTP/1.1 404 Not Found\r\nContent-Length: 0\r\n\r\n")]

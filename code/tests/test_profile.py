@@ -311,9 +311,12 @@ class ServerFlagsTest(ScratchTest):
             return main.discover_server(main.Endpoint.parse(fake.url), {}, 5.0)
 
     def test_sglang_server_info_gives_its_sequences_kv_pool_and_chunk(self):
-        self.assertEqual(self.discover(pages={"/get_server_info": self.SGLANG_INFO}), {
-            "kind": "sglang", "build": "0.5.4", "max_num_seqs": 48, "kv_tokens": 300000,
-            "max_num_batched_tokens": 4096, "max_model_len": 8192, "prefix_caching": True})
+        told = {"kind": "sglang", "build": "0.5.4", "max_num_seqs": 48, "kv_tokens": 300000,
+                "max_num_batched_tokens": 4096, "max_model_len": 8192, "prefix_caching": True}
+        self.assertEqual(self.discover(pages={"/server_info": self.SGLANG_INFO}), told)
+        self.assertEqual(self.discover(pages={"/get_server_info": self.SGLANG_INFO}), told)  # its older name
+        self.assertEqual(self.discover(pages={"/server_info": {"status": "ready"}, "/get_server_info": self.SGLANG_INFO}),
+                         told)  # another program's /server_info is not SGLang's
         unset = dict(self.SGLANG_INFO, max_running_requests=None, chunked_prefill_size=-1, internal_states=[],
                      disable_radix_cache=None)
         self.assertEqual(self.discover(pages={"/get_server_info": unset}),
