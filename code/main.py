@@ -2715,7 +2715,7 @@ def add_cost(summary: dict, usd_per_hour: float, num_devices: int) -> dict:
         return usd_per_hour / (tok_per_s * 3600) * 1e6 if tok_per_s else None
     summary["cost"] = {"usd_per_hour": usd_per_hour, "num_devices": num_devices,
                        "usd_per_million_output_tokens": per_million(summary["output_tok_per_s"]),
-                       "usd_per_million_total_tokens": per_million(summary["total_tok_per_s"])}
+                       "usd_per_million_total_tokens": per_million(summary.get("total_tok_per_s"))}  # a report may lack it
     return summary
 
 
@@ -5674,9 +5674,62 @@ def check_loadgen_report(report, where: str) -> dict:
     return report
 
 
+VLLM_BENCH_SHAPE = {"completed": "int", "num_prompts": "int", "total_input_tokens": "number",
+                    "total_output_tokens": "number", "output_throughput": "number", "median_ttft_ms": "number?",
+                    "median_tpot_ms": "number?", "burstiness": "number?", "max_concurrency": "int?",
+                    "model_id": "str?", "backend": "str?"}
+
+
+def _vllm_bench_figures(result: dict, name: str) -> dict:
+    """One latency's summary ({name}_ms: mean, p50, p99) as vllm bench serve saved it."""
+    figures = {"mean": result.get(f"mean_{name}_ms"), "p50": result.get(f"median_{name}_ms"),
+               "p99": result.get(f"p99_{name}_ms")}
+    return {key: value for key, value in figures.items() if _is_number(value)}
+
+
+def from_vllm_bench(result: dict, where: str) -> dict:
+    """A `vllm bench serve --save-result` JSON as a loadgen report: its load (request rate,
+    "inf" being every request at once, capped by max_concurrency, and burstiness), its
+    lengths (each request's, when saved with --save-detailed), its medians."""
+    data = JsonObject(result, where)
+    check_shape(data, VLLM_BENCH_SHAPE)
+    rate = result.get("request_rate")
+    if not (rate == "inf" or _is_number(rate) and rate > 0):
+        raise UsageError(f"{where}: request_rate must be a positive number or \"inf\", got {_shown(rate)}")
+    num_requests, completed = result["num_prompts"], result["completed"]
+    if not 1 <= num_requests <= MAX_COUNT or completed > num_requests:
+        raise UsageError(f"{where}: num_prompts must be from 1 to {MAX_COUNT:,} and at least completed")
+    closed = rate == "inf"
+    lengths = _vllm_bench_lengths(data, completed)
+    output_mean = max(1, round(result["total_output_tokens"] / completed)) if completed else 1
+    settings = {"url": "", "model": result.get("model_id") or "", "mode": "closed" if closed else "open",
+                "concurrency": (result.get("max_concurrency") or num_requests) if closed else result.get("max_concurrency"),
+                "rate": None if closed else float(rate), "burstiness": result.get("burstiness") or 1.0,
+                "max_tokens": max((output for _, output in lengths), default=output_mean), "ignore_eos": False,
+                "server_info": {"kind": "vllm"} if (result.get("backend") or "vllm").startswith(("vllm", "openai")) else {}}
+    summary = {"num_requests": num_requests, "num_completed": completed, "prompt_tokens": result["total_input_tokens"],
+               "output_tokens": result["total_output_tokens"], "output_tok_per_s": result["output_throughput"],
+               "total_tok_per_s": result.get("total_token_throughput") if _is_number(result.get("total_token_throughput")) else None,
+               **{f"{name}_ms": _vllm_bench_figures(result, key) for name, key in
+                  (("ttft", "ttft"), ("tpot", "tpot"), ("itl", "itl"), ("e2e", "e2el"))}}
+    return {"settings": settings, "summary": summary, "request_lengths": lengths, "source": "vllm bench serve"}
+
+
+def _vllm_bench_lengths(data: JsonObject, completed: int) -> List[Tuple[int, int]]:
+    """(prompt, output) tokens of each completed request, from --save-detailed's lists; [] without them."""
+    inputs, outputs = data.value.get("input_lens") or [], data.value.get("output_lens") or []
+    pairs = [(prompt, output) for prompt, output in zip(inputs, outputs) if isinstance(prompt, int) and
+             isinstance(output, int) and not isinstance(prompt, bool) and 1 <= prompt <= MAX_COUNT and 1 <= output <= MAX_COUNT]
+    complete = len(pairs) == completed == len(inputs) == len(outputs) == data.value["num_prompts"]
+    return pairs if complete else []  # NOTE: a failed request's lengths are not saved, so its share is unknown
+
+
 def read_loadgen_report(path: str) -> dict:
-    """A loadgen --json report; UsageError naming the file and the field when it is not one."""
+    """A loadgen --json report (or a vllm bench serve result, read as one); UsageError
+    naming the file and the field when it is neither."""
     report = read_json_file(path, path)
+    if isinstance(report, dict) and "settings" not in report and "median_ttft_ms" in report and "completed" in report:
+        report = from_vllm_bench(report, path)
     if not (isinstance(report, dict) and isinstance(report.get("settings"), dict)
             and isinstance(report.get("summary"), dict) and "max_tokens" in report["settings"]):
         raise UsageError(f"{path}: not a loadgen --json report (no settings and summary)")
@@ -5723,7 +5776,9 @@ def predict_loadgen_run(report: dict, spec: EngineSpec) -> dict:
         offsets = [0.0] * num_requests
     else:  # the very schedule loadgen sent on
         offsets = open_loop_schedule(num_requests, rate, settings.get("burstiness") or 1.0, settings.get("seed") or 0)
-    requests = [Request(index, prompt_tokens, output_tokens, arrival_s) for index, arrival_s in enumerate(offsets)]
+    lengths = report.get("request_lengths") or [(prompt_tokens, output_tokens)] * num_requests
+    requests = [Request(index, prompt, output, arrival_s)
+                for index, ((prompt, output), arrival_s) in enumerate(zip(lengths, offsets))]
     return engine_report(run_engine(spec.engine(), requests, concurrency), requests)
 
 
@@ -7120,9 +7175,9 @@ def scheduler_text(spec: EngineSpec) -> str:
 def format_compare(spec: EngineSpec, reports: Sequence[dict], rows: Sequence[dict]) -> List[str]:
     """Measured beside predicted per run, with the relative error of each figure."""
     plan = spec.plan
-    servers = sorted({report["settings"]["url"] for report in reports})
-    lines = [f"compare {plan.model.name} on {plan.devices} ({scheduler_text(spec)}) with loadgen at "
-             f"{', '.join(servers)}; times in ms"]
+    sources = sorted({report.get("source") or f"loadgen at {report['settings']['url']}" for report in reports})
+    lines = [f"compare {plan.model.name} on {plan.devices} ({scheduler_text(spec)}) with {', '.join(sources)}; "
+             f"times in ms"]
     told = server_flags_text(measured_server(reports[0]))
     lines += [f"{told}; the prediction takes them where no flag says otherwise"] if told else []
     lines += _format_compare_table(rows) + [_format_compare_totals(compare_totals(rows))]

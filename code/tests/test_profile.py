@@ -297,6 +297,61 @@ class CompareWithLlamaCppReportsTest(ScratchTest):
         self.assertEqual([(row["num_runs"], row["prompt_tokens"]) for row in rows], [(2, 40), (1, 80)])
 
 
+def vllm_bench_result(**changes):
+    """A `vllm bench serve --save-result` JSON: 40 prompts of 1,024 tokens, 128 out, 4 at a time."""
+    result = {"date": "20261201-120000", "backend": "vllm", "model_id": "meta-llama/Llama-3.1-8B-Instruct",
+              "num_prompts": 40, "request_rate": "inf", "burstiness": 1.0, "max_concurrency": 4, "duration": 12.0,
+              "completed": 40, "total_input_tokens": 40 * 1024, "total_output_tokens": 40 * 128,
+              "request_throughput": 3.3, "output_throughput": 426.7, "total_token_throughput": 3840.0,
+              "mean_ttft_ms": 30.0, "median_ttft_ms": 28.5, "p99_ttft_ms": 60.0, "mean_tpot_ms": 9.1,
+              "median_tpot_ms": 9.0, "p99_tpot_ms": 9.9, "median_itl_ms": 8.9, "median_e2el_ms": 1170.0}
+    result.update(changes)
+    return result
+
+
+class VllmBenchResultTest(ScratchTest):
+    """compare and calibrate read a vllm bench serve result as they read a loadgen report."""
+
+    H100 = ("--hardware", "h100-sxm-80gb", "--model", "llama-3.1-8b")
+
+    def test_an_unbounded_rate_with_a_concurrency_cap_is_a_closed_loop_of_that_many(self):
+        path = self.write("vllm.json", vllm_bench_result())
+        (row,) = run_json("compare", path, *self.H100)["rows"]
+        self.assertEqual((row["concurrency"], row["rate"], row["num_requests"], row["prompt_tokens"],
+                          row["output_tokens"]), (4, None, 40, 1024, 128))
+        self.assertEqual(row["measured"], {"out tok/s": 426.7, "ttft p50": 28.5, "tpot p50": 9.0, "batch": None})
+        self.assertTrue(run_cli("compare", path, *self.H100)[1].startswith(
+            "compare llama-3.1-8b on h100-sxm-80gb (447,952 KV tokens, max-num-seqs 256) with vllm bench serve; "))
+
+    def test_a_finite_rate_is_an_open_loop_at_that_rate(self):
+        report = main.from_vllm_bench(vllm_bench_result(request_rate=2.5, max_concurrency=None), "r.json")
+        self.assertEqual((report["settings"]["mode"], report["settings"]["rate"], report["settings"]["concurrency"]),
+                         ("open", 2.5, None))
+
+    def test_saved_lengths_are_the_lengths_predicted(self):
+        inputs, outputs = [100 + index for index in range(40)], [10 + index % 7 for index in range(40)]
+        report = main.from_vllm_bench(vllm_bench_result(input_lens=inputs, output_lens=outputs,
+                                                        total_input_tokens=sum(inputs),
+                                                        total_output_tokens=sum(outputs)), "r.json")
+        self.assertEqual(report["request_lengths"], list(zip(inputs, outputs)))
+        spec = main.EngineSpec(main.plan_capacity(main.HARDWARE["h100-sxm-80gb"], main.MODELS["llama-3.1-8b"]),
+                               main.SchedulerConfig())
+        summary = main.predict_loadgen_run(report, spec)["summary"]
+        self.assertEqual((summary["prompt_tokens"], summary["output_tokens"]), (sum(inputs), sum(outputs)))
+        partial = main.from_vllm_bench(vllm_bench_result(input_lens=inputs[:39], output_lens=outputs[:39],
+                                                         completed=39), "r.json")
+        self.assertEqual(partial["request_lengths"], [])  # a failed request's lengths are unknown: the means stand
+
+    def test_a_result_that_does_not_fit_exits_2_naming_the_field(self):
+        for changes, message in (({"request_rate": "fast"}, "request_rate must be a positive number or \"inf\""),
+                                 ({"completed": "all"}, "completed must be an integer >= 0, got 'all'"),
+                                 ({"num_prompts": 10}, "num_prompts must be from 1 to 10,000,000 and at least completed")):
+            path = self.write("bad.json", vllm_bench_result(**changes))
+            code, _, err = run_cli("compare", path, *self.H100)
+            self.assertEqual(code, 2)
+            self.assertIn(f"{path}: {message}", err)
+
+
 class ServerFlagsTest(ScratchTest):
     """The flags vLLM and SGLang tell of themselves become the prediction's defaults."""
 
