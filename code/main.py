@@ -5717,9 +5717,9 @@ def from_vllm_bench(result: dict, where: str) -> dict:
 
 def _vllm_bench_lengths(data: JsonObject, completed: int) -> List[Tuple[int, int]]:
     """(prompt, output) tokens of each completed request, from --save-detailed's lists; [] without them."""
-    inputs, outputs = data.value.get("input_lens") or [], data.value.get("output_lens") or []
-    pairs = [(prompt, output) for prompt, output in zip(inputs, outputs) if isinstance(prompt, int) and
-             isinstance(output, int) and not isinstance(prompt, bool) and 1 <= prompt <= MAX_COUNT and 1 <= output <= MAX_COUNT]
+    inputs, outputs = data.items("input_lens", int, []), data.items("output_lens", int, [])
+    pairs = [(prompt, output) for prompt, output in zip(inputs, outputs)
+             if 1 <= prompt <= MAX_COUNT and 1 <= output <= MAX_COUNT]
     complete = len(pairs) == completed == len(inputs) == len(outputs) == data.value["num_prompts"]
     return pairs if complete else []  # NOTE: a failed request's lengths are not saved, so its share is unknown
 

@@ -467,10 +467,16 @@ def file_cases(rng, count):
     return cases
 
 
+VLLM_BENCH_RESULT = {"backend": "vllm", "model_id": "m", "num_prompts": 8, "request_rate": "inf", "burstiness": 1.0,
+                     "max_concurrency": 2, "completed": 8, "total_input_tokens": 800, "total_output_tokens": 80,
+                     "output_throughput": 50.0, "total_token_throughput": 550.0, "median_ttft_ms": 30.0,
+                     "median_tpot_ms": 9.0, "p99_ttft_ms": 40.0, "input_lens": [100] * 8, "output_lens": [10] * 8}
+
+
 def report_cases(rng, count, loadgen_report, simulate_report):
     cases = []
     for _ in range(count):
-        source = rng.choice((loadgen_report, simulate_report, {"runs": [simulate_report]}))
+        source = rng.choice((loadgen_report, simulate_report, {"runs": [simulate_report]}, VLLM_BENCH_RESULT))
         mutated = mutate_json(rng, source)
         if rng.random() < 0.1:
             mutated = rng.choice(({"settings": {}, "engine": {}}, {"settings": {}, "summary": {}}, [], "x", {}))
