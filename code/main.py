@@ -3709,8 +3709,13 @@ class Endpoint:
             base_path = base_path[:-3]  # accept the OpenAI base URL form
         return cls(parts.scheme, parts.hostname, port, base_path)
 
+    @property
+    def authority(self) -> str:
+        """host:port as a URL and a Host header write it (an IPv6 address in brackets)."""
+        return f"[{self.host}]:{self.port}" if ":" in self.host else f"{self.host}:{self.port}"
+
     def __str__(self) -> str:
-        return f"{self.scheme}://{self.host}:{self.port}{self.base_path}"
+        return f"{self.scheme}://{self.authority}{self.base_path}"
 
     def connect(self, timeout_s: float) -> http.client.HTTPConnection:
         """An open connection; ServerUnreachable when it is refused or the name is unknown."""
@@ -3740,7 +3745,7 @@ class Endpoint:
         return sock
 
     def request_bytes(self, method: str, path: str, headers: Dict[str, str], body: bytes) -> bytes:
-        lines = [f"{method} {self.base_path}{path} HTTP/1.1", f"Host: {self.host}:{self.port}",
+        lines = [f"{method} {self.base_path}{path} HTTP/1.1", f"Host: {self.authority}",
                  f"Content-Length: {len(body)}", "Connection: close"]
         lines += [f"{name}: {value}" for name, value in headers.items()]
         return ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1") + body

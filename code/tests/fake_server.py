@@ -9,6 +9,7 @@ maps other GET paths (/props, /get_server_info, ...) to the JSON they answer.
 """
 
 import json
+import socket
 import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -184,7 +185,9 @@ class FakeServer:
     (index, body) -> handler, so each request can get its own script.
     """
 
-    def __init__(self, chat=None, metrics=None, models=("fake-model",), per_request=False, tokenizer=None, pages=None):
+    def __init__(self, chat=None, metrics=None, models=("fake-model",), per_request=False, tokenizer=None, pages=None,
+                 host="127.0.0.1"):
+        self.host = host                  # "::1" listens on IPv6
         self.chat = chat or stream_of(standard_stream())
         self.pages = dict(pages or {})  # path -> the JSON a GET of it answers (a server's own endpoints)
         self.per_request = per_request
@@ -200,7 +203,10 @@ class FakeServer:
         self.arrived = threading.Condition(self.lock)
 
     def __enter__(self):
-        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), _Handler)
+        server_class = ThreadingHTTPServer
+        if ":" in self.host:
+            server_class = type("IPv6Server", (ThreadingHTTPServer,), {"address_family": socket.AF_INET6})
+        self.httpd = server_class((self.host, 0), _Handler)
         self.httpd.daemon_threads = True
         self.httpd.fake = self
         self.thread = threading.Thread(target=self.httpd.serve_forever, kwargs={"poll_interval": 0.02},
@@ -219,4 +225,5 @@ class FakeServer:
 
     @property
     def url(self):
-        return f"http://127.0.0.1:{self.httpd.server_address[1]}"
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        return f"http://{host}:{self.httpd.server_address[1]}"

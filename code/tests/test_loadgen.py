@@ -466,6 +466,20 @@ class LoadgenCliTest(unittest.TestCase):
         with FakeServer() as server:
             self.assertNotIn("cost", json.loads(self.loadgen(server, "--requests", "2", "--json")[1])["summary"])
 
+    def test_an_ipv6_url_reaches_the_server_with_a_bracketed_host_header(self):
+        try:
+            server = FakeServer(host="::1").__enter__()
+        except OSError as error:
+            self.skipTest(f"no IPv6 loopback here ({error})")
+        try:
+            code, out, err = run_cli("loadgen", "--url", server.url, "--requests", "1", "--json")
+        finally:
+            server.__exit__(None, None, None)
+        self.assertEqual((code, err), (0, ""))
+        port = server.url.rsplit(":", 1)[1]
+        self.assertEqual(server.headers_seen[-1]["Host"], f"[::1]:{port}")
+        self.assertEqual(json.loads(out)["settings"]["url"], f"http://[::1]:{port}")
+
     def test_a_bad_url_exits_2(self):
         code, out, err = run_cli("loadgen", "--url", "localhost:8080")
         self.assertEqual((code, out), (2, ""))
