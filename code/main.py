@@ -5701,6 +5701,8 @@ def from_vllm_bench(result: dict, where: str) -> dict:
     rate = result.get("request_rate")
     if not (rate == "inf" or _is_number(rate) and rate > 0):
         raise UsageError(f"{where}: request_rate must be a positive number or \"inf\", got {_shown(rate)}")
+    if result.get("burstiness") is not None and not result["burstiness"] > 0:
+        raise UsageError(f"{where}: burstiness must be a positive number, got {_shown(result['burstiness'])}")
     num_requests, completed = result["num_prompts"], result["completed"]
     if not 1 <= num_requests <= MAX_COUNT or completed > num_requests:
         raise UsageError(f"{where}: num_prompts must be from 1 to {MAX_COUNT:,} and at least completed")
@@ -5709,7 +5711,7 @@ def from_vllm_bench(result: dict, where: str) -> dict:
     output_mean = max(1, round(result["total_output_tokens"] / completed)) if completed else 1
     settings = {"url": "", "model": result.get("model_id") or "", "mode": "closed" if closed else "open",
                 "concurrency": (result.get("max_concurrency") or num_requests) if closed else result.get("max_concurrency"),
-                "rate": None if closed else float(rate), "burstiness": result.get("burstiness") or 1.0,
+                "rate": None if closed else float(rate), "burstiness": result.get("burstiness") or 1.0,  # absent: Poisson
                 "max_tokens": max((output for _, output in lengths), default=output_mean), "ignore_eos": False,
                 "server_info": {"kind": "vllm"} if (result.get("backend") or "vllm").startswith(("vllm", "openai")) else {}}
     summary = {"num_requests": num_requests, "num_completed": completed, "prompt_tokens": result["total_input_tokens"],

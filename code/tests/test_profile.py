@@ -346,7 +346,8 @@ class VllmBenchResultTest(ScratchTest):
         for changes, message in (({"request_rate": "fast"}, "request_rate must be a positive number or \"inf\""),
                                  ({"completed": "all"}, "completed must be an integer >= 0, got 'all'"),
                                  ({"num_prompts": 10}, "num_prompts must be from 1 to 10,000,000 and at least completed"),
-                                 ({"input_lens": 3.5}, "input_lens must be a list of integers, got 3.5")):
+                                 ({"input_lens": 3.5}, "input_lens must be a list of integers, got 3.5"),
+                                 ({"burstiness": 0}, "burstiness must be a positive number, got 0")):
             path = self.write("bad.json", vllm_bench_result(**changes))
             code, _, err = run_cli("compare", path, *self.H100)
             self.assertEqual(code, 2)
