@@ -6248,6 +6248,12 @@ def _tokens_bind(evidence: Evidence) -> bool:
     return _waiting(evidence) and 4 * evidence.value("mean_prompt_tokens") >= evidence.value("max_num_batched_tokens")
 
 
+def _weights_bind(evidence: Evidence) -> bool:
+    """A decode step of one sequence already takes most of the TPOT objective: no batch is small enough."""
+    objective, floor = evidence.value("slo_tpot_ms"), evidence.value("decode_floor_ms")
+    return objective is not None and floor is not None and evidence.value("tpot_ms") > objective and floor >= 0.8 * objective
+
+
 def _compute_binds(evidence: Evidence) -> bool:
     return _past_knee(evidence) and evidence.value("tpot_rising") != 0  # unknown trend: the knee decides
 
@@ -6291,6 +6297,15 @@ BUDGET_RULES = (
                 "({tokens_per_step} tokens per step against a knee of {critical_batch})",
                 "more KV memory: it is the arithmetic, not the cache"),
                ("tpot_rising",)),
+    BudgetRule("memory bandwidth (the weights every step reads)", (("tpot_ms",),), _weights_bind,
+               "a decode step of one sequence takes most of the TPOT objective: reading the weights alone is too slow",
+               lambda evidence: "shard the weights over more devices (--tensor-parallel-size), store them in fewer "
+                                "bytes (--quantization fp8 halves them, int4 quarters them), or take a GPU with more "
+                                "memory bandwidth",
+               "TPOT falls with the bytes each device reads per step; a replica's throughput rises with it",
+               ("lowering --max-num-seqs: one sequence per step still misses the objective | (a one-sequence step "
+                "{decode_floor_ms} ms against {slo_tpot_ms} ms)", "more KV memory: it is the weights, not the cache"),
+               ("slo_tpot_ms", "decode_floor_ms")),
     BudgetRule("prefill chunks in decode steps", (("itl_p99_ms",), ("tpot_ms",)), _prefill_interferes,
                "steps that carry a prompt's prefill chunk stall every decode in them",
                lambda evidence: "lower --max-num-batched-tokens so each prefill chunk is smaller (SGLang "
@@ -6369,6 +6384,9 @@ def diagnose(evidence: Evidence, plan: Optional[CapacityPlan]) -> dict:
     """The five answers: phase, binding budget, capacity, the knob first, what will not help."""
     if plan is not None:
         evidence.put("critical_batch", critical_batch(plan.hardware, plan.model), "roofline knee (critical_batch)")
+        context = int(evidence.value("mean_prompt_tokens") or 1)
+        evidence.put("decode_floor_ms", step_seconds(plan.hardware, plan.model, 1, context, 1) * 1000,
+                     "roofline step of one decoding sequence")
         for name in ("mean_batch", "max_running"):
             if "tokens_per_step" not in evidence and name in evidence:
                 evidence.put("tokens_per_step", evidence.value(name), f"{evidence[name].source} (a token per decode)")
@@ -6627,6 +6645,7 @@ def run_job(job: dict, where: str = "plan") -> dict:
         engine = report["engine"]
     settings = {"hardware": spec.plan.hardware.name, "model": spec.plan.model.name, "scheduler": asdict(spec.config)}
     evidence, _ = evidence_from_report({"settings": settings, "engine": engine, "summary": report["summary"]}, "plan")
+    evidence.put("slo_tpot_ms", slo.tpot_ms, "--slo-tpot-ms")
     binding = diagnose(evidence, spec.plan)["binding"]
     return {"format": RESULT_FORMAT, "point": job["point"], "summary": report["summary"],
             "engine": {key: engine[key] for key in ("mean_batch_seqs", "kv_peak", "num_preemptions", "prefix_hit_rate")},

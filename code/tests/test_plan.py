@@ -67,6 +67,16 @@ class PlanAnswerTest(unittest.TestCase):
         self.assertTrue(all(any(all(o <= k for o, k in zip(key(points[i]), key(entry))) for i in front)
                             for entry in dominated))
 
+    def test_a_point_whose_one_sequence_step_takes_the_tpot_objective_is_bound_by_its_bandwidth(self):
+        # an L40S reads 16 GB of weights a step at 864 GB/s: 19 ms, against a 20 ms objective;
+        # sharded over two it reads half; an H100 reads them in 5 ms
+        budgets = {(entry["point"]["hardware"], entry["point"]["tensor_parallel_size"], entry["point"]["replicas"]):
+                   entry["result"]["binding"]["budget"] for entry in self.report["points"] if entry["result"]}
+        bandwidth = "memory bandwidth (the weights every step reads)"
+        self.assertEqual((budgets[("l40s-48gb", 1, 1)], budgets[("l40s-48gb", 1, 2)]), (bandwidth, bandwidth))
+        self.assertNotEqual(budgets[("l40s-48gb", 2, 1)], bandwidth)
+        self.assertNotIn(bandwidth, [budget for (hardware, _, _), budget in budgets.items() if hardware == "h100-sxm-80gb"])
+
     def test_the_text_report_names_the_answer_and_the_point_just_cheaper(self):
         lines = run_plan().splitlines()
         self.assertEqual(lines[:3], [
