@@ -143,6 +143,7 @@ class StreamParsingTest(unittest.TestCase):
         self.assertEqual((record.error, record.chunk_times, record.output_tokens, record.prompt_tokens,
                           record.finish_reason), (None, [1.0, 3.0], 2, 7, "length"))  # lines 1 and 3
 
+
 class HttpStreamTest(unittest.TestCase):
     """The same streams over HTTP from the fake server: framing, flush boundaries, errors."""
 
