@@ -6119,6 +6119,16 @@ SIMULATE_REPORT_SHAPE = {
     "summary": LENIENT_SUMMARY_SHAPE}
 
 
+def evidence_from_server(evidence: Evidence, server: dict, source: str) -> None:
+    """The flags a server told of itself (discover_server's names) as the facts the rules read."""
+    for name, key in (("max_num_seqs", "slots"), ("max_num_seqs", "max_num_seqs"),
+                      ("max_num_batched_tokens", "max_num_batched_tokens")):
+        if isinstance(server.get(key), int) and server[key] > 0:
+            evidence.put(name, server[key], f"{source} {key}")
+    if isinstance(server.get("prefix_caching"), bool):
+        evidence.put("prefix_caching", 1 if server["prefix_caching"] else 0, f"{source} prefix_caching")
+
+
 def evidence_from_report(report: dict, path: str) -> Tuple[Evidence, dict]:
     """Evidence from a loadgen, simulate or sweep --json report, and the settings it
     names (hardware, model, scheduler flags) for the capacity check."""
@@ -6162,6 +6172,8 @@ def evidence_from_report(report: dict, path: str) -> Tuple[Evidence, dict]:
         evidence.put("mean_batch", window.get("mean_batch"), "server mean batch in the window")
         evidence.put("shared_prefix_tokens", report["settings"].get("shared_prefix_tokens") or None,
                      "loadgen --shared-prefix-tokens")
+        check_shape(JsonObject(report["settings"], path), {"server_info?": SERVER_INFO_SHAPE})
+        evidence_from_server(evidence, report["settings"].get("server_info") or {}, "the server's own")
     else:
         raise UsageError(f"{path}: not a loadgen, simulate or sweep --json report")
     return evidence, settings
@@ -8139,7 +8151,9 @@ def _explain_inputs(args) -> Tuple[Evidence, dict, str]:
     """Evidence from the files or the live server named on the command line."""
     if args.url:
         scrapes, what = _scrape_live(args)
-        return evidence_from_scrapes(scrapes), {}, what
+        evidence = evidence_from_scrapes(scrapes)
+        evidence_from_server(evidence, discover_server(Endpoint.parse(args.url), {}, 5.0), "the server's own")
+        return evidence, {}, what
     if not args.inputs:
         raise UsageError("explain: give a scrape file, a --json report, or --url")
     texts = [read_text_file(path, path) for path in args.inputs]

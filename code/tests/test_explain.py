@@ -155,6 +155,29 @@ class ExplainTest(ScratchTest):
         self.assertEqual(result["binding"]["budget"], "sequences per step (--max-num-seqs)")
         self.assertIn("server max waiting = 4", result["binding"]["evidence"])
 
+    def test_a_loadgen_report_of_a_server_that_told_its_settings_needs_no_flag_for_them(self):
+        report = {"settings": {"url": "http://x", "max_tokens": 64, "shared_prefix_tokens": 0,
+                               "server_info": {"kind": "sglang", "max_num_seqs": 4, "prefix_caching": True}},
+                  "summary": {"num_completed": 16, "prompt_tokens": 16 * 60, "output_tokens": 16 * 64,
+                              "ttft_ms": {"count": 16, "p50": 3000.0}, "tpot_ms": {"count": 16, "p50": 35.0},
+                              "e2e_ms": {"count": 16, "p50": 5200.0}, "queue_ms": {"count": 0}},
+                  "server": {"max_running": 4, "max_waiting": 4, "mean_batch": 4.0}}
+        path = self.write("told.json", report)
+        result = self.explain(path)
+        self.assertEqual(result["binding"]["budget"], "sequences per step (--max-num-seqs)")
+        self.assertEqual(result["evidence"]["max_num_seqs"], {"value": 4.0, "source": "the server's own max_num_seqs"})
+        self.assertEqual(result["evidence"]["prefix_caching"]["value"], 1.0)
+        overruled = self.explain(path, "--max-num-seqs", "64")["evidence"]["max_num_seqs"]
+        self.assertEqual(overruled, {"value": 64.0, "source": "--max-num-seqs"})
+
+    def test_url_reads_what_the_live_server_tells_of_its_settings(self):
+        info = {"max_running_requests": 20, "chunked_prefill_size": 2048, "disable_radix_cache": True}
+        with FakeServer(metrics=[vllm_scrape(20, 38, 0.99, 412)], pages={"/server_info": info}) as server:
+            result = self.explain("--url", server.url, "--scrapes", "1")
+        self.assertEqual({name: result["evidence"][name]["value"] for name in
+                          ("max_num_seqs", "max_num_batched_tokens", "prefix_caching")},
+                         {"max_num_seqs": 20.0, "max_num_batched_tokens": 2048.0, "prefix_caching": 0.0})
+
     def test_an_sglang_scrape_is_understood(self):
         scrape = self.write("sglang.prom", 'sglang:num_running_reqs{m="x"} 162\nsglang:num_queue_reqs{m="x"} 2826\n'
                                            'sglang:token_usage{m="x"} 0.99\n')
