@@ -5832,7 +5832,7 @@ def asked_workload(report: dict) -> tuple:
     the server counted a token more or less (random words tokenize unevenly); a trace
     replay's lengths are the trace's, as the server counted them."""
     settings, (concurrency, rate, num_requests, prompt_tokens, output_tokens) = report["settings"], measured_workload(report)
-    if settings.get("mode") == "trace":
+    if settings.get("mode") == "trace" or settings.get("prompt_tokens") is None:  # lengths not asked: as counted
         return concurrency, rate, num_requests, prompt_tokens, output_tokens, settings.get("trace")
     return (concurrency, rate, num_requests, settings.get("prompt_tokens"), settings["max_tokens"],
             settings.get("ignore_eos"), settings.get("shared_prefix_tokens"), settings.get("prompt_file"))

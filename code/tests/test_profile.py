@@ -323,6 +323,12 @@ class VllmBenchResultTest(ScratchTest):
         self.assertTrue(run_cli("compare", path, *self.H100)[1].startswith(
             "compare llama-3.1-8b on h100-sxm-80gb (447,952 KV tokens, max-num-seqs 256) with vllm bench serve; "))
 
+    def test_results_of_different_lengths_are_different_rows(self):
+        short = self.write("short.json", vllm_bench_result())
+        long = self.write("long.json", vllm_bench_result(total_input_tokens=40 * 4096))
+        rows = run_json("compare", short, long, *self.H100)["rows"]
+        self.assertEqual([(row["num_runs"], row["prompt_tokens"]) for row in rows], [(1, 1024), (1, 4096)])
+
     def test_a_finite_rate_is_an_open_loop_at_that_rate(self):
         report = main.from_vllm_bench(vllm_bench_result(request_rate=2.5, max_concurrency=None), "r.json")
         self.assertEqual((report["settings"]["mode"], report["settings"]["rate"], report["settings"]["concurrency"]),
