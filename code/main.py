@@ -4722,6 +4722,12 @@ def _sglang_flags(info: dict) -> dict:
                 **{name: value for name, value in found.items() if value is not None})
 
 
+def _label_count(labels: Dict[str, str], name: str) -> Optional[int]:
+    """A Prometheus label's value as a count (_positive_int), None unless plain digits."""
+    text = labels.get(name, "")
+    return _positive_int(int(text)) if text.isascii() and text.isdigit() and len(text) <= 12 else None
+
+
 def _vllm_models(endpoint: Endpoint, headers: Dict[str, str], timeout_s: float) -> dict:
     """vLLM's max_model_len from GET /v1/models, and its KV cache from the labels of
     vllm:cache_config_info in /metrics (num_gpu_blocks x block_size)."""
@@ -4735,8 +4741,7 @@ def _vllm_models(endpoint: Endpoint, headers: Dict[str, str], timeout_s: float) 
         status, body = 0, b""  # NOTE: what /v1/models told stands without the metrics
     configs = parse_prometheus(body.decode("utf-8", "replace")).get("vllm:cache_config_info", []) if status == 200 else []
     labels = configs[0][0] if configs else {}
-    blocks, block_size = (_positive_int(int(text)) if text.isascii() and text.isdigit() and len(text) <= 12 else None
-                          for text in (str(labels.get(name, "")) for name in ("num_gpu_blocks", "block_size")))
+    blocks, block_size = _label_count(labels, "num_gpu_blocks"), _label_count(labels, "block_size")
     if blocks and block_size and _positive_int(blocks * block_size):
         info.update(kv_tokens=blocks * block_size, block_size=block_size)
     if labels.get("enable_prefix_caching") in ("True", "False"):
@@ -8611,13 +8616,15 @@ def _explain_flags(parser: argparse.ArgumentParser) -> None:
 def _compare_flags(parser: argparse.ArgumentParser) -> None:
     _add_chart_flags(parser)
     _add_planning_flags(parser, workload=False)
-    parser.add_argument("reports", nargs="+", metavar="REPORT", help="loadgen --json report files")
+    parser.add_argument("reports", nargs="+", metavar="REPORT",
+                        help="loadgen --json report files (or vllm bench serve --save-result files)")
 
 
 def _calibrate_flags(parser: argparse.ArgumentParser) -> None:
     _add_planning_flags(parser, workload=False)
     _add_jobs_flag(parser)
-    parser.add_argument("reports", nargs="+", metavar="REPORT", help="loadgen --json reports, 2 or more")
+    parser.add_argument("reports", nargs="+", metavar="REPORT",
+                        help="loadgen --json reports (or vllm bench serve results), 2 or more")
     parser.add_argument("--name", help="name of the calibrated hardware (default: HARDWARE-calibrated)")
     parser.add_argument("--out", help="write the calibrated hardware as JSON, for --hardware-file")
 
