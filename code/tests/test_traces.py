@@ -75,6 +75,13 @@ class TraceTest(ScratchTest):
         self.assertEqual(self.mooncake_hits([7, 8], [7, 9], block_size=48), 480)  # 10 whole blocks of 48 in 512
         self.assertEqual(self.mooncake_hits([7, 8], [7, 8]), 1008)  # all but the block with the last token
 
+    def test_integer_trace_keys_pack_with_the_block_index_into_one_nonzero_integer(self):
+        request = main.Request(0, 64, 1, prefix_tokens=64, prefix_blocks=(0, -5), prefix_block_tokens=32)
+        self.assertEqual(main.prefix_block_keys(request, 16), [1, 3, (-5 << 33) | 5, (-5 << 33) | 7])
+        self.assertEqual(main.prefix_block_keys(request, 48), [(-5 << 33) | 1])  # its last token lies in trace block 1
+        named = main.Request(0, 64, 1, prefix_tokens=32, prefix_blocks=("a", "b"), prefix_block_tokens=16)
+        self.assertEqual(main.prefix_block_keys(named, 16), [("a", 0), ("b", 1)])
+
     def test_malformed_rows_exit_2_naming_file_and_line(self):
         bad_azure = self.write("bad.csv", AZURE + "2023-11-16 18:16:00.0,12,x\n")
         self.assert_usage_error(("simulate", "--trace", bad_azure), f"--trace {bad_azure}:6: GeneratedTokens must be "
