@@ -3266,6 +3266,7 @@ def _azure_rows(lines: List[str], path: str) -> Iterator[TraceRow]:
 def _mooncake_rows(lines: List[str], path: str) -> Iterator[TraceRow]:
     """Mooncake JSON Lines: timestamp (ms), input_length, output_length, hash_ids (one per
     512-token block; the same id at the same position means the same content)."""
+    runs: Dict[Tuple[Optional[int], int], int] = {}  # (the run before, block id) -> the run's number
     for where, lineno, row in _json_rows(lines, path, MOONCAKE_FIELDS):
         timestamp = _check_number(where, "timestamp", row["timestamp"], 0, "a number of milliseconds")
         prompt = _check_int(where, "input_length", row["input_length"], 1)
@@ -3274,10 +3275,11 @@ def _mooncake_rows(lines: List[str], path: str) -> Iterator[TraceRow]:
         if not isinstance(hash_ids, list) or not all(isinstance(i, int) for i in hash_ids):
             raise UsageError(f"{where}: hash_ids must be a list of integers, got {hash_ids!r}")
         # NOTE: a block's KV depends on every token before it, so each key names the
-        # whole run of ids up to its block, not its own id alone.
+        # whole run of ids up to its block, not its own id alone: the number of that run,
+        # counted as runs first appear (small integers make cheap cache keys).
         chain: List[Hashable] = []
         for block_id in hash_ids:
-            chain.append(hash((chain[-1] if chain else None, block_id)))
+            chain.append(runs.setdefault((chain[-1] if chain else None, block_id), len(runs)))
         covered = min(prompt, len(hash_ids) * MOONCAKE_BLOCK_TOKENS)
         yield TraceRow(lineno, timestamp / 1000, prompt, output, None, covered, tuple(chain), MOONCAKE_BLOCK_TOKENS)
 
