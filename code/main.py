@@ -1510,6 +1510,7 @@ class BlockPool:
     - A block can carry a content key (cache()). Released blocks keep their key, so
       they stay prefix-cache hits until allocate() reaches them and evicts the key.
     - touch() takes a reference on cached blocks, pulling free ones off the free list.
+    - Keys are hashable and never falsy (None, 0, "" or () would read as "no key").
     """
 
     def __init__(self, num_blocks: int):
@@ -1531,6 +1532,18 @@ class BlockPool:
     def free_among(self, blocks: Iterable[int]) -> int:
         """How many of blocks sit on the free list (touching them would take them off)."""
         return sum(map(self.free.__contains__, blocks))
+
+    def free_blocks(self) -> List[int]:
+        """The free list, front (least recently released) first."""
+        return list(self.free)
+
+    def ref_counts(self) -> Dict[int, int]:
+        """Reference count of each block in use."""
+        return dict(self.refs)
+
+    def keys_held(self) -> Dict[int, Hashable]:
+        """The content key of each block that carries one."""
+        return dict(self.key_of)
 
     def allocate(self, count: int) -> List[int]:
         """Take count blocks from the front of the free list, evicting their cached keys."""

@@ -1,8 +1,53 @@
 """BlockPool: the LRU free list, reference counts and the content cache, by exact block ids."""
 
+import random
 import unittest
 
 from support import main, make_pool
+
+
+class ReferencePool:
+    """The pool's contract written plainly (an ordered dict as the free list), for the
+    randomised test to hold the real one against."""
+
+    def __init__(self, num_blocks):
+        self.free, self.refs, self.cached, self.key_of = dict.fromkeys(range(num_blocks)), {}, {}, {}
+        self.num_evictions = 0
+
+    def allocate(self, count):
+        blocks = list(self.free)[:count]
+        for block in blocks:
+            del self.free[block]
+            self.refs[block] = 1
+            if block in self.key_of:
+                del self.cached[self.key_of.pop(block)]
+                self.num_evictions += 1
+        return blocks
+
+    def release(self, blocks):
+        for block in reversed(blocks):
+            self.refs[block] -= 1
+            if not self.refs[block]:
+                del self.refs[block]
+                self.free[block] = None
+
+    def cache_many(self, blocks, keys):
+        for block, key in zip(blocks, keys):
+            if key not in self.cached and block not in self.key_of:
+                self.cached[key], self.key_of[block] = block, key
+
+    def lookup(self, keys):
+        hits = []
+        for key in keys:
+            if key not in self.cached:
+                break
+            hits.append(self.cached[key])
+        return hits
+
+    def touch(self, blocks):
+        for block in blocks:
+            self.free.pop(block, None)
+            self.refs[block] = self.refs.get(block, 0) + 1
 
 
 def cached_pool(num_blocks=11, count=4):
@@ -30,7 +75,7 @@ class BlockPoolTest(unittest.TestCase):
         pool.release([c])
         pool.release([a])
         pool.release([d])
-        self.assertEqual(list(pool.free), [2, 0, 3])
+        self.assertEqual(pool.free_blocks(), [2, 0, 3])
         self.assertEqual(pool.allocate(2), [2, 0])
         self.assertEqual(pool.num_evictions, 2)
         self.assertEqual(pool.lookup(["key2"]), [])
@@ -39,7 +84,7 @@ class BlockPoolTest(unittest.TestCase):
     def test_release_walks_in_reverse_so_the_tail_is_evicted_before_the_head(self):
         pool, blocks = cached_pool(num_blocks=4, count=4)
         pool.release(blocks)
-        self.assertEqual(list(pool.free), [3, 2, 1, 0])
+        self.assertEqual(pool.free_blocks(), [3, 2, 1, 0])
         self.assertEqual(pool.allocate(1), [3])
         self.assertEqual(pool.lookup(["key0", "key1", "key2", "key3"]), [0, 1, 2])
 
@@ -61,19 +106,19 @@ class BlockPoolTest(unittest.TestCase):
         self.assertEqual(pool.free_among(hits), 2)
         pool.touch(hits)
         self.assertEqual(pool.free_count(), 9)
-        self.assertEqual(pool.refs, {0: 1, 1: 1})
-        self.assertNotIn(0, pool.free)
+        self.assertEqual(pool.ref_counts(), {0: 1, 1: 1})
+        self.assertNotIn(0, pool.free_blocks())
         self.assertEqual(pool.allocate(1), [2])
 
     def test_shared_blocks_are_freed_only_when_the_last_reference_goes(self):
         pool, blocks = cached_pool(num_blocks=11, count=2)
         pool.touch(pool.lookup(["key0", "key1"]))
-        self.assertEqual(pool.refs, {0: 2, 1: 2})
+        self.assertEqual(pool.ref_counts(), {0: 2, 1: 2})
         pool.release(blocks)
-        self.assertEqual(pool.refs, {0: 1, 1: 1})
+        self.assertEqual(pool.ref_counts(), {0: 1, 1: 1})
         self.assertEqual(pool.free_count(), 9)
         pool.release(blocks)
-        self.assertEqual(pool.refs, {})
+        self.assertEqual(pool.ref_counts(), {})
         self.assertEqual(pool.free_count(), 11)
 
     def test_lookup_returns_the_leading_run_and_stops_at_the_first_miss(self):
@@ -88,12 +133,54 @@ class BlockPoolTest(unittest.TestCase):
         pool.cache(first, "system-a")
         pool.cache(second, "system-a")
         self.assertEqual(pool.lookup(["system-a"]), [first])
-        self.assertEqual(pool.key_of, {first: "system-a"})
+        self.assertEqual(pool.keys_held(), {first: "system-a"})
 
     def test_free_among_counts_only_blocks_on_the_free_list(self):
         pool, blocks = cached_pool(num_blocks=11, count=3)
         pool.release([blocks[1]])
         self.assertEqual(pool.free_among([0, 1, 2]), 1)
+
+    def test_a_revived_block_released_again_goes_to_the_back_once(self):
+        pool, blocks = cached_pool(num_blocks=4, count=4)
+        pool.release(blocks)
+        pool.touch([1])
+        self.assertEqual((pool.free_blocks(), pool.free_count()), ([3, 2, 0], 3))
+        pool.release([1])
+        self.assertEqual(pool.free_blocks(), [3, 2, 0, 1])
+        self.assertEqual(pool.allocate(3), [3, 2, 0])
+        self.assertEqual(pool.lookup(["key0", "key1"]), [])
+        self.assertEqual(pool.lookup(["key1"]), [1])
+
+    def test_the_pool_holds_to_the_plain_reference_over_random_calls(self):
+        for seed in range(60):
+            rng = random.Random(seed)
+            num_blocks = rng.randint(1, 12)
+            pool, reference = make_pool(num_blocks), ReferencePool(num_blocks)
+            held = []  # each holder's blocks, as a request keeps them
+            for _ in range(300):
+                free = len(reference.free)
+                if held and rng.random() < 0.4:
+                    blocks = held.pop(rng.randrange(len(held)))
+                    pool.release(blocks), reference.release(blocks)
+                elif rng.random() < 0.5 and free:
+                    count = rng.randint(1, free)
+                    blocks = pool.allocate(count)
+                    self.assertEqual(blocks, reference.allocate(count), f"seed {seed}")
+                    keys = [("k", rng.randint(0, 15)) for _ in blocks]
+                    keys = list(dict.fromkeys(keys))  # distinct within one call
+                    pool.cache_many(blocks[:len(keys)], keys), reference.cache_many(blocks[:len(keys)], keys)
+                    held.append(blocks)
+                else:
+                    keys = [("k", rng.randint(0, 15)) for _ in range(rng.randint(0, 4))]
+                    hits = pool.lookup(keys)
+                    self.assertEqual(hits, reference.lookup(keys), f"seed {seed}")
+                    hits = list(dict.fromkeys(hits))
+                    pool.touch(hits), reference.touch(hits)
+                    held.append(hits)
+                self.assertEqual(pool.free_blocks(), list(reference.free), f"seed {seed}")
+                self.assertEqual(pool.free_count(), len(reference.free))
+                self.assertEqual(pool.ref_counts(), reference.refs)
+                self.assertEqual((pool.cached, pool.num_evictions), (reference.cached, reference.num_evictions))
 
     def test_allocating_more_than_is_free_raises_capacity_error(self):
         pool = make_pool(num_blocks=11)

@@ -177,7 +177,7 @@ class SchedulerTest(unittest.TestCase):
         scheduler.add(second)
         self.assertEqual(step(scheduler), [(0, 1), (1, 4)])
         self.assertEqual(second.blocks, [0, 1, 3])
-        self.assertEqual(scheduler.pool.refs[0], 2)
+        self.assertEqual(scheduler.pool.ref_counts()[0], 2)
         self.assertEqual((scheduler.num_prefix_hit_tokens, scheduler.num_prefix_query_tokens), (8, 22))
 
     def test_prefix_caching_always_computes_the_last_prompt_token(self):

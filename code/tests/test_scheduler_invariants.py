@@ -28,18 +28,20 @@ class SchedulerInvariantTest(unittest.TestCase):
 
     def check_pool(self, scheduler):
         pool = scheduler.pool
-        self.assertEqual(len(pool.refs) + len(pool.free), pool.num_blocks, "used + free = total")
-        self.assertFalse(set(pool.refs) & set(pool.free), "a block is used or free, not both")
+        refs, free = pool.ref_counts(), pool.free_blocks()
+        self.assertEqual(len(refs) + len(free), pool.num_blocks, "used + free = total")
+        self.assertEqual(len(free), pool.free_count(), "the free count counts the free list")
+        self.assertEqual(len(set(free)), len(free), "a block is on the free list once")
+        self.assertFalse(set(refs) & set(free), "a block is used or free, not both")
         holders = {}
         for request in scheduler.running:
             self.assertEqual(len(request.blocks), scheduler.blocks_for(request.computed))
             for block in request.blocks:
                 holders[block] = holders.get(block, 0) + 1
-        self.assertEqual(holders, pool.refs, "reference counts equal the running requests holding a block")
+        self.assertEqual(holders, refs, "reference counts equal the running requests holding a block")
         for request in scheduler.waiting:
             self.assertEqual((request.blocks, request.computed), ([], 0))
-        for key, block in pool.cached.items():
-            self.assertEqual(pool.key_of[block], key)
+        self.assertEqual(pool.keys_held(), {block: key for key, block in pool.cached.items()})
 
     def run_case(self, seed):
         rng = random.Random(seed)
