@@ -1734,15 +1734,21 @@ class Request:
         return self.token_times  # the engine emits one token per event
 
 
+# NOTE: odd and above 2**32, so index + 1 < base keeps packed keys unique; a dict indexes by
+# an int's low bits, and a power of two here would give every run's block i the same ones
+# (a dict of them probed a third slower than with tuple keys).
+PACKED_KEY_BASE = (1 << 32) + 0x9E3779B1
+
+
 def prefix_block_keys(request: Request, block_size: int) -> List[Hashable]:
     """What each full block of request's shared prefix holds: (prefix name, block index),
     or for a content-addressed trace (the key of the trace block its last token lies in,
     block index). Equal keys are equal KV.
 
-    Integer trace keys (Mooncake's chained hash ids) pair with the index in one integer,
-    key << 33 | 2 * index + 1, unique while index < 2**32 and never 0: a pool hashes and
-    compares an int in a fraction of a tuple's time, and every block of a long prompt
-    passes through several of its dicts."""
+    Integer trace keys (Mooncake's numbered runs of hash ids) pair with the index in one
+    integer, key * PACKED_KEY_BASE + index + 1: unique while index < 2**32, never 0, and
+    a pool hashes and compares an int in a fraction of a tuple's time (every block of a
+    long prompt passes through several of its dicts)."""
     num_blocks = request.prefix_tokens // block_size
     if not request.prefix_blocks:
         return [(request.prefix, index) for index in range(num_blocks)]
@@ -1753,7 +1759,8 @@ def prefix_block_keys(request: Request, block_size: int) -> List[Hashable]:
     else:
         spans = [chain[((index + 1) * block_size - 1) // per_trace_block] for index in range(num_blocks)]
     if all(type(key) is int for key in chain):
-        return list(map(operator.or_, map(operator.lshift, spans, itertools.repeat(33)), range(1, 2 * num_blocks, 2)))
+        return list(map(operator.add, map(operator.mul, spans, itertools.repeat(PACKED_KEY_BASE)),
+                        range(1, num_blocks + 1)))
     return list(zip(spans, range(num_blocks)))
 
 

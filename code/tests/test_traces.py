@@ -77,8 +77,9 @@ class TraceTest(ScratchTest):
 
     def test_integer_trace_keys_pack_with_the_block_index_into_one_nonzero_integer(self):
         request = main.Request(0, 64, 1, prefix_tokens=64, prefix_blocks=(0, -5), prefix_block_tokens=32)
-        self.assertEqual(main.prefix_block_keys(request, 16), [1, 3, (-5 << 33) | 5, (-5 << 33) | 7])
-        self.assertEqual(main.prefix_block_keys(request, 48), [(-5 << 33) | 1])  # its last token lies in trace block 1
+        base = main.PACKED_KEY_BASE
+        self.assertEqual(main.prefix_block_keys(request, 16), [1, 2, -5 * base + 3, -5 * base + 4])
+        self.assertEqual(main.prefix_block_keys(request, 48), [-5 * base + 1])  # its last token lies in trace block 1
         named = main.Request(0, 64, 1, prefix_tokens=32, prefix_blocks=("a", "b"), prefix_block_tokens=16)
         self.assertEqual(main.prefix_block_keys(named, 16), [("a", 0), ("b", 1)])
 
