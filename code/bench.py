@@ -2,8 +2,9 @@
 """servesim benchmarks: how fast the simulator runs on this machine (prints figures).
 
 Speed targets live here, not in the unit tests, because wall time on a shared
-machine is noise to a test. Each figure is the median of --repeat runs, with the
-spread (min-max) so the noise is visible.
+machine is noise to a test. Each figure is the median of its runs, with the spread
+(min-max) so the noise is visible: --repeat runs of the in-process sweep, half as
+many (rounded up) of every other benchmark, whose runs are longer.
 
     python3 code/bench.py            # all benchmarks
     python3 code/bench.py sweep      # one of: sweep, poisson

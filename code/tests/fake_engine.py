@@ -19,6 +19,8 @@ import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
+import fake_server
+
 
 class _Stream:
     def __init__(self, prompt_tokens, max_tokens):
@@ -48,12 +50,7 @@ class _Handler(BaseHTTPRequestHandler):
         elif self.path == "/v1/models":
             self.send_json({"object": "list", "data": [{"id": "fake-engine"}]})
         elif self.path == "/metrics":
-            data = engine.metrics().encode()
-            self.send_response(200)
-            self.send_header("Content-Type", "text/plain; version=0.0.4")
-            self.send_header("Content-Length", str(len(data)))
-            self.end_headers()
-            self.wfile.write(data)
+            fake_server.send_body(self, 200, engine.metrics().encode(), fake_server.METRICS_TYPE)
         else:
             self.send_json({"error": {"code": 404, "message": "File Not Found"}}, 404)
 
@@ -92,12 +89,7 @@ class _Handler(BaseHTTPRequestHandler):
         self.wfile.flush()
 
     def send_json(self, payload, status=200):
-        data = json.dumps(payload).encode()
-        self.send_response(status)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(data)))
-        self.end_headers()
-        self.wfile.write(data)
+        fake_server.send_json(self, status, payload)
 
 
 class FakeEngine:

@@ -104,6 +104,22 @@ def error_response(status, payload):
     return handle
 
 
+def send_body(handler, status, data, content_type):
+    """Answer handler's request with data (bytes) as its whole body (the fake engine's too)."""
+    handler.send_response(status)
+    handler.send_header("Content-Type", content_type)
+    handler.send_header("Content-Length", str(len(data)))
+    handler.end_headers()
+    handler.wfile.write(data)
+
+
+def send_json(handler, status, payload):
+    send_body(handler, status, json.dumps(payload).encode(), "application/json")
+
+
+METRICS_TYPE = "text/plain; version=0.0.4"  # Prometheus' text format
+
+
 class _Handler(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
 
@@ -121,12 +137,7 @@ class _Handler(BaseHTTPRequestHandler):
             with server.lock:
                 text = server.metrics[0] if len(server.metrics) == 1 else server.metrics.pop(0)
                 server.num_scrapes += 1
-            data = text.encode()
-            self.send_response(200)
-            self.send_header("Content-Type", "text/plain; version=0.0.4")
-            self.send_header("Content-Length", str(len(data)))
-            self.end_headers()
-            self.wfile.write(data)
+            send_body(self, 200, text.encode(), METRICS_TYPE)
         else:
             self.send_json(404, {"error": {"code": 404, "message": "File Not Found", "type": "not_found_error"}})
 
@@ -170,12 +181,7 @@ class _Handler(BaseHTTPRequestHandler):
         self.close_connection = True
 
     def send_json(self, status, payload):
-        data = json.dumps(payload).encode()
-        self.send_response(status)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(data)))
-        self.end_headers()
-        self.wfile.write(data)
+        send_json(self, status, payload)
 
 
 class FakeServer:
