@@ -4,6 +4,8 @@ import contextlib
 import io
 import json
 import os
+import signal
+import subprocess
 import sys
 import tempfile
 import unittest
@@ -23,6 +25,18 @@ def run_cli(*argv):
     with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
         code = main.main([str(arg) for arg in argv])
     return code, out.getvalue(), err.getvalue()
+
+
+def start_interruptible(*argv):
+    """main.py argv in a child process (pipes for stdout and stderr) that SIGINT reaches as
+    Ctrl-C, even when this suite itself ignores SIGINT (a background job of a script does):
+    a child inherits an ignored signal, and Python then leaves it ignored."""
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        return subprocess.Popen([sys.executable, os.path.join(CODE_DIR, "main.py"), *map(str, argv)],
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    finally:
+        signal.signal(signal.SIGINT, previous)
 
 
 def run_json(*argv):

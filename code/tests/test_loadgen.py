@@ -4,15 +4,13 @@ import json
 import os
 import signal
 import socket
-import subprocess
-import sys
 import threading
 import unittest
 from unittest import mock
 
 from fake_server import (FakeServer, chunk, counting_completion, error_response, sse, standard_stream, stream_of,
                          text_chunk)
-from support import CODE_DIR, main, run_cli
+from support import main, run_cli, start_interruptible
 
 LLAMA_400 = {"error": {"code": 400, "message": "request (1124 tokens) exceeds the available context size "
                                                "(1024 tokens), try increasing it",
@@ -553,10 +551,8 @@ class InterruptTest(unittest.TestCase):
         gate = threading.Event()  # never opened while loadgen runs: both streams stay in flight
         with FakeServer(chat=stream_of(sse(chunk("a"), done=False), sse(chunk(finish="stop", usage=(9, 2))),
                                        gate=gate)) as server:
-            process = subprocess.Popen(
-                [sys.executable, os.path.join(CODE_DIR, "main.py"), "loadgen", "--url", server.url, "--model", "m",
-                 "--concurrency", "2", "--requests", "10"],
-                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+            process = start_interruptible("loadgen", "--url", server.url, "--model", "m", "--concurrency", "2",
+                                          "--requests", "10")
             try:
                 self.assertTrue(server.wait_for_requests(2))
                 process.send_signal(signal.SIGINT)

@@ -4,14 +4,12 @@ import json
 import os
 import random
 import signal
-import subprocess
-import sys
 import time
 import unittest
 
 from fake_engine import FakeEngine
 from fake_server import FakeServer
-from support import CODE_DIR, ScratchTest, main, run_cli, run_json
+from support import ScratchTest, main, run_cli, run_json, start_interruptible
 
 DECODE_MS = {1: 9.0, 2: 19.0, 3: 31.0, 4: 27.0}  # not monotone: CPU matrix kernels tile
 PREFILL_MS_PER_TOKEN = 0.02                        # 2 ms per 100 tokens
@@ -430,9 +428,8 @@ class ProfileStopsTest(ScratchTest):
     def test_ctrl_c_keeps_the_points_measured_and_exits_130(self):
         path = os.path.join(self.directory, "partial.json")
         with FakeEngine(DECODE_MS) as engine:
-            child = subprocess.Popen([sys.executable, os.path.join(CODE_DIR, "main.py"), "profile", "--url",
-                                      engine.url, "--output-tokens", "40", "--repeat", "1", "--out", path],
-                                     stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+            child = start_interruptible("profile", "--url", engine.url, "--output-tokens", "40", "--repeat", "1",
+                                        "--out", path)
             first = child.stderr.readline()
             child.send_signal(signal.SIGINT)
             _, err = child.communicate(timeout=60)
