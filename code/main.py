@@ -5865,12 +5865,14 @@ def measured_hit_rate(report: dict) -> Optional[float]:
 def asked_workload(report: dict) -> tuple:
     """What a loadgen run asked for, so that runs of one command are one workload even when
     the server counted a token more or less (random words tokenize unevenly); a trace
-    replay's lengths are the trace's, as the server counted them."""
+    replay's lengths are the trace's, as the server counted them. The settings taken from
+    the report are compared as JSON text, whatever a hand-edited report holds there."""
     settings, (concurrency, rate, num_requests, prompt_tokens, output_tokens) = report["settings"], measured_workload(report)
     if settings.get("mode") == "trace" or settings.get("prompt_tokens") is None:  # lengths not asked: as counted
-        return concurrency, rate, num_requests, prompt_tokens, output_tokens, settings.get("trace")
-    return (concurrency, rate, num_requests, settings.get("prompt_tokens"), settings["max_tokens"],
-            settings.get("ignore_eos"), settings.get("shared_prefix_tokens"), settings.get("prompt_file"))
+        return concurrency, rate, num_requests, prompt_tokens, output_tokens, json.dumps(settings.get("trace"))
+    asked = [settings.get(name) for name in ("prompt_tokens", "max_tokens", "ignore_eos", "shared_prefix_tokens",
+                                             "prompt_file")]
+    return concurrency, rate, num_requests, json.dumps(asked, sort_keys=True)
 
 
 def compare_rows(reports: Sequence[dict], predictions: Sequence[dict]) -> List[dict]:

@@ -294,6 +294,13 @@ class CompareWithLlamaCppReportsTest(ScratchTest):
         rows = run_json("compare", *paths, *GEMMA, "--kv-tokens", "4096", "--max-num-seqs", "4")["rows"]
         self.assertEqual([(row["num_runs"], row["prompt_tokens"]) for row in rows], [(2, 40), (1, 80)])
 
+    def test_a_hand_edited_setting_that_is_a_list_is_a_workload_of_its_own(self):
+        edited, plain = loadgen_report(2, 20.0), loadgen_report(2, 20.0)
+        edited["settings"]["prompt_tokens"], plain["settings"]["prompt_tokens"] = [1, 2], 32
+        paths = [self.write(f"{name}.json", report) for name, report in (("e", edited), ("p", plain))]
+        rows = run_json("compare", *paths, *GEMMA, "--kv-tokens", "4096", "--max-num-seqs", "4")["rows"]
+        self.assertEqual([row["num_runs"] for row in rows], [1, 1])
+
 
 def vllm_bench_result(**changes):
     """A `vllm bench serve --save-result` JSON: 40 prompts of 1,024 tokens, 128 out, 4 at a time."""
