@@ -5776,8 +5776,12 @@ def read_loadgen_report(path: str) -> dict:
             and isinstance(report.get("summary"), dict) and "max_tokens" in report["settings"]):
         raise UsageError(f"{path}: not a loadgen --json report (no settings and summary)")
     check_loadgen_report(report, path)
-    if not report["summary"]["num_completed"]:
+    summary = report["summary"]
+    if not summary["num_completed"]:
         raise UsageError(f"{path}: no request completed in this run, so it measured nothing")
+    if summary["num_completed"] > summary["num_requests"]:
+        raise UsageError(f"{path}: summary.num_completed {summary['num_completed']:,} exceeds summary.num_requests "
+                         f"{summary['num_requests']:,}; expected at most as many completed as sent")
     return report
 
 

@@ -104,6 +104,16 @@ class CalibrateTest(ScratchTest):
         self.assertEqual(code, 2)
         self.assertIn("empty.json: no request completed", err)
 
+    def test_a_report_that_completed_more_requests_than_it_sent_exits_2(self):
+        report = simulated_report(1)
+        completed = report["summary"]["num_completed"]
+        report["summary"]["num_requests"] = 0
+        code, _, err = run_cli("calibrate", self.write("odd.json", report), self.write("c8.json", simulated_report(8)),
+                               *FLAGS)
+        self.assertEqual((code, err.splitlines()), (2, [
+            f"servesim: error: {self.directory}/odd.json: summary.num_completed {completed:,} exceeds "
+            f"summary.num_requests 0; expected at most as many completed as sent"]))
+
     def test_a_report_asking_for_more_requests_than_any_run_holds_exits_2(self):
         report = simulated_report(1)
         report["summary"]["num_requests"] = 10 ** 30
