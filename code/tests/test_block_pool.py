@@ -161,21 +161,24 @@ class BlockPoolTest(unittest.TestCase):
                 free = len(reference.free)
                 if held and rng.random() < 0.4:
                     blocks = held.pop(rng.randrange(len(held)))
-                    pool.release(blocks), reference.release(blocks)
+                    pool.release(blocks)
+                    reference.release(blocks)
                 elif rng.random() < 0.5 and free:
                     count = rng.randint(1, free)
                     blocks = pool.allocate(count)
                     self.assertEqual(blocks, reference.allocate(count), f"seed {seed}")
                     keys = [("k", rng.randint(0, 15)) for _ in blocks]
                     keys = list(dict.fromkeys(keys))  # distinct within one call
-                    pool.cache_many(blocks[:len(keys)], keys), reference.cache_many(blocks[:len(keys)], keys)
+                    pool.cache_many(blocks[:len(keys)], keys)
+                    reference.cache_many(blocks[:len(keys)], keys)
                     held.append(blocks)
                 else:
                     keys = [("k", rng.randint(0, 15)) for _ in range(rng.randint(0, 4))]
                     hits = pool.lookup(keys)
                     self.assertEqual(hits, reference.lookup(keys), f"seed {seed}")
                     hits = list(dict.fromkeys(hits))
-                    pool.touch(hits), reference.touch(hits)
+                    pool.touch(hits)
+                    reference.touch(hits)
                     held.append(hits)
                 self.assertEqual(pool.free_blocks(), list(reference.free), f"seed {seed}")
                 self.assertEqual(pool.free_count(), len(reference.free))
