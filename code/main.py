@@ -2149,6 +2149,7 @@ class Engine:
         self.cost = cost or RooflineCost(hardware, model)
         self.token_log = TokenLog() if fast else None  # fast: runs of decode steps at once (see advance)
         scheduler.token_log = self.token_log
+        self.cohort = DecodeCohort(scheduler.config.block_size) if fast and DecodeCohort.applies(scheduler) else None
         self.clock_s = 0.0
         self.num_steps = 0
         self.num_batched_seqs = 0
@@ -2165,11 +2166,19 @@ class Engine:
     def step(self) -> Optional[List[Request]]:
         """One step at clock_s; the requests that finished when it ended, or None when the
         pass scheduled nothing (it only preempted, or everything waits for blocks)."""
-        scheduler = self.scheduler
-        batch = scheduler.schedule(self.clock_s)
+        batch = self.scheduler.schedule(self.clock_s)
         if not batch:
             return None
-        num_tokens = num_context_tokens = num_sampled = num_decodes = decode_context_tokens = 0
+        self.take_step(batch)
+        return self.scheduler.update(batch, self.clock_s)
+
+    def take_step(self, batch: Batch, num_members: int = 0, member_context_tokens: int = 0) -> None:
+        """Price a scheduled step, advance the clock by it and keep its figures. Beside batch,
+        num_members requests of a DecodeCohort decode in it, with member_context_tokens of
+        context between them."""
+        scheduler = self.scheduler
+        num_tokens = num_sampled = num_decodes = num_members
+        num_context_tokens = decode_context_tokens = member_context_tokens
         for request, tokens in batch:
             num_tokens += tokens
             context = request.computed + tokens
@@ -2179,33 +2188,86 @@ class Engine:
                 if tokens == 1:  # a decode: the token sampled last step
                     num_decodes += 1
                     decode_context_tokens += context
+        num_seqs = len(batch) + num_members
         duration_s = self.cost.step_s(num_tokens, num_context_tokens, num_sampled, num_decodes,
-                                      decode_context_tokens, len(batch))
+                                      decode_context_tokens, num_seqs)
         used = scheduler.pool.used_count()
         self.max_waiting = max(self.max_waiting, len(scheduler.waiting))
         self.num_steps += 1
-        self.num_batched_seqs += len(batch)
+        self.num_batched_seqs += num_seqs
         self.num_batched_tokens += num_tokens
-        self.max_batch_seqs = max(self.max_batch_seqs, len(batch))
+        self.max_batch_seqs = max(self.max_batch_seqs, num_seqs)
         self.busy_s += duration_s
         self.kv_block_seconds += used * duration_s
         self.kv_peak = max(self.kv_peak, used / scheduler.pool.num_blocks)
         self.clock_s += duration_s
         if self.timeline is not None:
-            self.timeline.append((self.clock_s, len(batch), len(scheduler.waiting), used / scheduler.pool.num_blocks,
+            self.timeline.append((self.clock_s, num_seqs, len(scheduler.waiting), used / scheduler.pool.num_blocks,
                                   scheduler.num_preemptions, num_tokens))
         if self.token_log is not None:
             self.token_log.begin_step(self.clock_s)
-        return scheduler.update(batch, self.clock_s)
+
+    def take_decode_steps(self, num_seqs: int, context_tokens: int, new_blocks_by_phase: Sequence[int],
+                          max_steps: float, horizon_s: float) -> Tuple[int, int, float]:
+        """Take up to max_steps decode-only steps of num_seqs sequences at once (DecodeRun,
+        DecodeCohort), none but the first starting at or after horizon_s, and none whose new
+        blocks would not fit in the free ones. The i-th step (from 0) has context_tokens + i *
+        num_seqs tokens of context and takes new_blocks_by_phase[s % block_size] new blocks, s
+        being its number. Returns (steps taken, new blocks, the clock at the end of the first)."""
+        scheduler, log = self.scheduler, self.token_log
+        price, add_gap, add_weight = self.cost.decode_pricer(num_seqs), log.step_gaps.append, log.step_weights.append
+        step = first_step = log.step + 1
+        free, used, num_new_blocks, block_size = scheduler.pool.free_count(), scheduler.pool.used_count(), 0, \
+            len(new_blocks_by_phase)
+        clock_s, end_s, busy_s, block_seconds, first_end_s = self.clock_s, log._end_s, self.busy_s, \
+            self.kv_block_seconds, 0.0
+        while step - first_step < max_steps and (step == first_step or clock_s < horizon_s):
+            new_blocks = new_blocks_by_phase[step % block_size]
+            if num_new_blocks + new_blocks > free:
+                break
+            # NOTE: the very arithmetic of take_step and TokenLog.begin_step, in their order, so
+            # that every clock, gap and sum is the step engine's to the last bit.
+            num_new_blocks += new_blocks
+            used += new_blocks
+            duration_s = price(context_tokens)
+            context_tokens += num_seqs
+            busy_s += duration_s
+            block_seconds += used * duration_s
+            clock_s += duration_s
+            add_gap(clock_s - end_s)
+            add_weight(num_seqs)
+            end_s = clock_s
+            first_end_s = first_end_s or clock_s
+            step += 1
+        num_steps = step - first_step
+        if not num_steps:
+            return 0, 0, 0.0
+        self.clock_s, self.busy_s, self.kv_block_seconds = clock_s, busy_s, block_seconds
+        self.kv_peak = max(self.kv_peak, used / scheduler.pool.num_blocks)  # used only grows in a run
+        self.num_steps += num_steps
+        self.num_batched_seqs += num_seqs * num_steps
+        self.num_batched_tokens += num_seqs * num_steps
+        self.max_batch_seqs = max(self.max_batch_seqs, num_seqs)
+        self.max_waiting = max(self.max_waiting, len(scheduler.waiting))  # the queue stands still in a run
+        if self.timeline is not None:
+            self.timeline.append((clock_s, num_seqs, len(scheduler.waiting), used / scheduler.pool.num_blocks,
+                                  scheduler.num_preemptions, num_seqs))
+        log._end_s, log.step = end_s, log.step + num_steps
+        return num_steps, num_new_blocks, first_end_s
 
     def advance(self, horizon_s: float = math.inf) -> Optional[List[Request]]:
         """step(), once more when a pass only preempted (the blocks it freed let the next
         pass make progress); None when a pass neither scheduled nor preempted: the engine
         is blocked (a prefill engine whose blocks all wait for the KV link).
 
-        A fast engine takes a whole run of decode-only steps at once when nothing can
-        change the batch before horizon_s (the next arrival): see DecodeRun.
+        A fast engine keeps the requests that decode as a DecodeCohort where it can, and
+        otherwise takes a whole run of decode-only steps at once when nothing can change
+        the batch before horizon_s (the next arrival): see DecodeRun.
         """
+        if self.cohort is not None:
+            finished = self.cohort.advance(self, horizon_s)
+            if finished is not None:
+                return finished
         if self.token_log is not None:
             run = DecodeRun.plan(self, horizon_s)
             if run is not None:
@@ -2309,52 +2371,22 @@ class DecodeRun:
 
     def apply(self, engine: "Engine", horizon_s: float) -> List[Request]:
         """Take the run's steps on engine's clock; return the requests that finished."""
-        scheduler, cost, log = engine.scheduler, engine.cost, engine.token_log
+        scheduler, log = engine.scheduler, engine.token_log
         running, pool, block_size = scheduler.running, scheduler.pool, scheduler.config.block_size
-        num_seqs = len(running)
-        new_blocks = [0] * (self.num_steps + 1)
+        num_seqs, previous_step = len(running), log.step
+        by_phase = [0] * block_size
         for first in self.first_step_per_request:
-            for step in range(first, self.num_steps + 1, block_size):
-                new_blocks[step] += 1
-        context = sum(request.computed for request in running)
-        used, num_blocks = pool.used_count(), pool.num_blocks
-        previous_step, last_s = log.step, [request.last_token_s for request in running]
-        price, add_gap, add_weight = cost.decode_pricer(num_seqs), log.step_gaps.append, log.step_weights.append
-        clock_s, end_s, busy_s, block_seconds, peak = engine.clock_s, log._end_s, engine.busy_s, \
-            engine.kv_block_seconds, engine.kv_peak
-        first_index, steps, first_end_s = len(log.step_weights), 0, 0.0
-        while steps < self.num_steps and (steps == 0 or clock_s < horizon_s):
-            # NOTE: the very arithmetic of Engine.step and TokenLog.begin_step, in their order,
-            # so that every clock, gap and sum is the step engine's to the last bit.
-            steps += 1
-            context += num_seqs
-            used += new_blocks[steps]
-            duration_s = price(context)
-            busy_s += duration_s
-            block_seconds += used * duration_s
-            clock_s += duration_s
-            add_gap(clock_s - end_s)
-            add_weight(num_seqs)
-            end_s = clock_s
-            first_end_s = first_end_s or clock_s
-        peak = max(peak, used / num_blocks)  # used only grows in a run: its last step has the peak
-        engine.clock_s, engine.busy_s, engine.kv_block_seconds, engine.kv_peak = clock_s, busy_s, block_seconds, peak
-        log._end_s, log.step = end_s, log.step + steps
+            by_phase[(previous_step + first) % block_size] += 1
+        last_s, first_index = [request.last_token_s for request in running], len(log.step_weights)
+        steps, _, first_end_s = engine.take_decode_steps(
+            num_seqs, sum(request.computed for request in running) + num_seqs, by_phase, self.num_steps, horizon_s)
         self._first_gaps(running, log, previous_step, last_s, first_end_s, first_index)
-        engine.num_steps += steps
-        engine.num_batched_seqs += num_seqs * steps
-        engine.num_batched_tokens += num_seqs * steps
-        engine.max_batch_seqs = max(engine.max_batch_seqs, num_seqs)
-        engine.max_waiting = max(engine.max_waiting, len(scheduler.waiting))  # the queue stands still in a run
-        if engine.timeline is not None:
-            engine.timeline.append((clock_s, num_seqs, len(scheduler.waiting), used / num_blocks,
-                                    scheduler.num_preemptions, num_seqs))
         self._take_blocks(running, pool, block_size, steps)
         finished = []
         for request in running:
             request.computed += steps
             request.generated += steps
-            request.last_token_s, request.last_token_step = clock_s, log.step
+            request.last_token_s, request.last_token_step = engine.clock_s, log.step
             if request.generated == request.max_tokens:
                 finished.append(request)
         if finished:
@@ -2386,6 +2418,134 @@ class DecodeRun:
                        for step in range(first, steps + 1, block_size))
         for (_, index), block in zip(order, pool.allocate(len(order))):
             running[index].blocks.append(block)
+
+
+class DecodeCohort:
+    """The running requests that decode, kept as one group: a step without a list per token.
+
+    Under load a request arrives at nearly every step, so runs of decode-only steps are
+    short (see DecodeRun), yet most of every batch is the same requests each taking its
+    next token. A cohort holds those requests as they were when they joined (the step
+    they joined at, their computed and generated tokens) and moves them all on by one
+    token a step in the aggregate: the sum of their context, how many need a new block
+    at each step (a member takes one every block_size steps, so members are counted by
+    the phase of the step at which they do) and when each finishes (a heap). The other
+    running requests (prefills, at the tail) and admissions are scheduled one by one by
+    the scheduler's own code; a member is written back and scheduled that way for the
+    step in which it finishes.
+
+    Contract: members are the leading requests of scheduler.running, in its order. A
+    request joins when it decodes, sampled in the last step, will not finish in the next
+    one, and every request before it is a member. While the cohort holds them, members'
+    counters and blocks are stale; the next step is left to the engine (materialize
+    writes every member back) when it might preempt or run out of token budget.
+
+    Applies to the base Scheduler over a CountingPool: with prefix caching which block a
+    member takes matters, and a subclass's admission rule may read running requests.
+    """
+
+    def __init__(self, block_size: int):
+        self.block_size = block_size
+        self.members: Dict[Request, Tuple[int, int, int]] = {}  # request -> (join step, computed, generated)
+        self.num_by_phase = [0] * block_size  # members that take a new block at steps s with s % block_size == phase
+        self.finishes: List[Tuple[int, int, Request]] = []  # (the step it finishes in, join order, request)
+        self.context_tokens = 0  # the members' context in the next step (computed + 1 each)
+        self.order = itertools.count()
+
+    @staticmethod
+    def applies(scheduler: "Scheduler") -> bool:
+        return type(scheduler) is Scheduler and isinstance(scheduler.pool, CountingPool)
+
+    def advance(self, engine: "Engine", horizon_s: float) -> Optional[List[Request]]:
+        """Take the next step, or a run of decode-only steps before horizon_s; the requests
+        that finished. None: the engine must take the next step (members written back)."""
+        scheduler, step = engine.scheduler, engine.token_log.step + 1
+        self._join(scheduler.running, step)
+        if not self._fits(scheduler, step):
+            self.materialize(engine.token_log)
+            return None
+        if (len(self.members) == len(scheduler.running) and not self._finishing(step)
+                and not (scheduler.waiting and DecodeRun._head_could_be_admitted(scheduler))):
+            if self._decode_steps(engine, horizon_s):
+                return []
+        return self._step(engine, step)
+
+    def _join(self, running: List[Request], step: int) -> None:
+        for request in itertools.islice(running, len(self.members), None):
+            computed, generated = request.computed, request.generated
+            if not (computed + 1 == request.prompt_tokens + generated and request.last_token_step == step - 1
+                    and generated + 1 < request.max_tokens):
+                return
+            self.members[request] = (step, computed, generated)
+            self.num_by_phase[(step - computed) % self.block_size] += 1
+            heapq.heappush(self.finishes, (step - 1 + request.max_tokens - generated, next(self.order), request))
+            self.context_tokens += computed + 1
+
+    def _finishing(self, step: int) -> bool:
+        return bool(self.finishes) and self.finishes[0][0] == step
+
+    def _fits(self, scheduler: "Scheduler", step: int) -> bool:
+        """Whether the step cannot preempt and gives every member its token."""
+        budget = scheduler.config.max_num_batched_tokens - len(self.members)
+        if budget < 0:
+            return False
+        needed = self.num_by_phase[step % self.block_size]
+        for request in itertools.islice(scheduler.running, len(self.members), None):
+            remaining = request.prompt_tokens + request.generated - request.computed
+            needed += scheduler.blocks_for(request.computed + min(remaining, budget)) - len(request.blocks)
+        return needed <= scheduler.pool.free_count()
+
+    def _leave(self, request: Request, log: TokenLog) -> None:
+        """Write one member back as it is before the next step, and drop it from the cohort."""
+        joined, computed, generated = self.members.pop(request)
+        steps = log.step + 1 - joined
+        request.computed, request.generated = computed + steps, generated + steps
+        request.blocks += [-1] * (-(-request.computed // self.block_size) - len(request.blocks))
+        if steps:
+            request.last_token_s, request.last_token_step = log._end_s, log.step
+        self.num_by_phase[(joined - computed) % self.block_size] -= 1
+        self.context_tokens -= request.computed + 1
+
+    def materialize(self, log: TokenLog) -> None:
+        """Write every member back; the cohort is empty after."""
+        for request in list(self.members):
+            self._leave(request, log)
+        self.finishes.clear()
+
+    def _step(self, engine: "Engine", step: int) -> List[Request]:
+        """One step: members in the aggregate; those that finish in it, the other running
+        requests and admissions through the scheduler's own code."""
+        scheduler, log = engine.scheduler, engine.token_log
+        finishing = []
+        while self._finishing(step):
+            request = heapq.heappop(self.finishes)[2]
+            self._leave(request, log)
+            finishing.append(request)
+        running, num_members = scheduler.running, len(self.members)
+        scheduler.pool.allocate(self.num_by_phase[step % self.block_size])
+        # NOTE: every member takes one token whatever its place, and the step cannot preempt
+        # (see _fits), so the rest may be scheduled as if they ran after the members.
+        scheduler.running = finishing + running[num_members + len(finishing):]
+        batch, budget, _ = scheduler._schedule_running(scheduler.config.max_num_batched_tokens - num_members)
+        scheduler.running = running
+        batch += scheduler._schedule_waiting(budget, engine.clock_s)[0]
+        engine.take_step(batch, num_members, self.context_tokens)
+        log.step_weights[-1] += num_members
+        self.context_tokens += num_members
+        return scheduler.update(batch, engine.clock_s)
+
+    def _decode_steps(self, engine: "Engine", horizon_s: float) -> int:
+        """Decode-only steps while nothing else can happen: up to the step in which a member
+        finishes or whose new blocks would not fit, and none starting at or after horizon_s.
+        How many it took (0: the next step is not one)."""
+        step = engine.token_log.step + 1
+        most = self.finishes[0][0] - step if self.finishes else math.inf  # a step in which one finishes is a _step
+        num_members = len(self.members)
+        num_steps, num_new_blocks, _ = engine.take_decode_steps(num_members, self.context_tokens, self.num_by_phase,
+                                                                most, horizon_s)
+        engine.scheduler.pool.allocate(num_new_blocks)
+        self.context_tokens += num_members * num_steps
+        return num_steps
 
 
 def follow_ups(requests: Sequence[Request]) -> Dict[Request, Request]:
@@ -2592,14 +2752,14 @@ def distribution_ms(values_s: Iterable[float], weights: Optional[Sequence[int]] 
 
 def _weighted_distribution_ms(values_s: Sequence[float], weights: Sequence[int]) -> dict:
     order = sorted(range(len(values_s)), key=values_s.__getitem__)  # NOTE: faster than sorting pairs
-    values = [values_s[index] for index in order]
-    cumulative = list(itertools.accumulate(weights[index] for index in order))
+    values = list(map(values_s.__getitem__, order))
+    cumulative = list(itertools.accumulate(map(weights.__getitem__, order)))
     count = cumulative[-1] if cumulative else 0
     stats = {"count": count, "mean": sum(map(operator.mul, values_s, weights)) * 1000 / count if count else None}
     for pct in PERCENTILES:
         value = percentile(values, pct, cumulative) if count else None
         stats[f"p{pct}"] = None if value is None else value * 1000
-    stats["max"] = max(value for value, weight in zip(values_s, weights) if weight) * 1000 if count else None
+    stats["max"] = max(itertools.compress(values_s, weights)) * 1000 if count else None
     return stats
 
 
