@@ -2793,10 +2793,10 @@ class Slo:
         return f"attainment >= {self.attainment:g}%" if self.attainment is not None else f"p{self.percentile:g}"
 
 
-def goodput(slo: Slo, records: Sequence, num_met: int, span_s: float, values_s: Dict[str, List[float]],
+def goodput(slo: Slo, num_requests: int, num_met: int, span_s: float, values_s: Dict[str, List[float]],
             num_failed: int) -> dict:
     """The goodput section of a summary; values_s are the sorted TTFTs and TPOTs in seconds."""
-    attainment = num_met / len(records) if records else 0.0
+    attainment = num_met / num_requests if num_requests else 0.0
     observed = {}
     for name in slo.objectives():
         with_failures = values_s[name] + [math.inf] * num_failed  # NOTE: sorted, so infinities go last
@@ -2819,32 +2819,105 @@ def _token_span(record) -> Optional[Tuple[float, float]]:
     return None if first is None else (first, record.last_token_s)
 
 
-def _latencies_s(timed: Sequence, slo: Optional[Slo], itl_from_lists: bool) -> Tuple[List[float], ...]:
-    """TTFT, TPOT, e2e, ITL (from the lists of token times, when asked), per-chunk gaps and
-    queue times (seconds) of requests that produced tokens, and how many met the slo."""
-    ttft, tpot, e2e, itl, itl_chunk, queue = [], [], [], [], [], []
-    num_met = 0
-    for r in timed:
-        first, last = _token_span(r)
-        ttft.append(first - r.sent_s)
-        e2e.append(last - r.sent_s)
-        times = r.token_times
-        if itl_from_lists:
-            itl.extend(later - earlier for earlier, later in zip(times, times[1:]))
+class RunTotals:
+    """What a run's summary is made of, gathered one request at a time in a single pass:
+    a record (see summarize) is added once it is done, succeeded or failed, and dropped.
+    A simulation adds each request as it ends, so a million requests keep eight bytes
+    per figure in arrays instead of a million records; figures do not depend on the
+    order of adding except where the summary keeps one (the errors, first seen first).
+
+    itl_from_lists: take inter-token gaps from each record's token times (a measured
+    run, the step engine); otherwise they come from a fast engine's TokenLog.
+    """
+
+    def __init__(self, slo: Optional[Slo] = None, itl_from_lists: bool = True):
+        self.slo, self.itl_from_lists = slo, itl_from_lists
+        self.num_requests = self.num_completed = self.num_met = 0
+        self.prompt_tokens = self.output_tokens = 0
+        self.errors: Dict[str, int] = {}
+        self.first_sent_s, self.last_token_s = math.inf, -math.inf
+        self.latencies_s = {name: array.array("d") for name in ("ttft", "tpot", "e2e", "itl", "itl_chunk", "queue")}
+
+    def add(self, r) -> None:
+        """One record that is done (see summarize for what it carries)."""
+        self.num_requests += 1
+        if r.sent_s is not None and r.sent_s < self.first_sent_s:
+            self.first_sent_s = r.sent_s
+        if r.error is not None:
+            self.errors[r.error_kind] = self.errors.get(r.error_kind, 0) + 1
+            return
+        self.num_completed += 1
+        self.output_tokens += r.output_tokens
+        self.prompt_tokens += r.prompt_tokens
+        span = _token_span(r)
+        if span is not None:
+            self._add_latencies(r, *span)
+
+    def _add_latencies(self, r, first: float, last: float) -> None:
+        latencies, times = self.latencies_s, r.token_times
+        latencies["ttft"].append(first - r.sent_s)
+        latencies["e2e"].append(last - r.sent_s)
+        self.last_token_s = max(self.last_token_s, last)
+        if self.itl_from_lists:
+            latencies["itl"].extend(later - earlier for earlier, later in zip(times, times[1:]))
         if r.chunk_times is not times:  # simulated requests have one token per event
-            itl_chunk.extend(later - earlier for earlier, later in zip(r.chunk_times, r.chunk_times[1:]))
+            latencies["itl_chunk"].extend(later - earlier for earlier, later in zip(r.chunk_times, r.chunk_times[1:]))
         request_tpot = None
         if r.output_tokens > 1 and (len(times) > 1 if times else True):
             request_tpot = (last - first) / (r.output_tokens - 1)
-            tpot.append(request_tpot)
+            latencies["tpot"].append(request_tpot)
         if r.queue_s is not None:
-            queue.append(r.queue_s)
-        if slo is not None and slo.request_meets(ttft[-1], request_tpot):
-            num_met += 1
-    return ttft, tpot, e2e, itl, itl_chunk, queue, num_met
+            latencies["queue"].append(r.queue_s)
+        if self.slo is not None and self.slo.request_meets(first - r.sent_s, request_tpot):
+            self.num_met += 1
+
+    @property
+    def span_s(self) -> float:
+        return self.last_token_s - self.first_sent_s if self.latencies_s["ttft"] else 0.0
+
+    def summary(self, token_log=None) -> dict:
+        """The summary (see summarize); token_log: a fast engine's, for the inter-token gaps."""
+        latencies, span_s, num_failed = self.latencies_s, self.span_s, self.num_requests - self.num_completed
+        itl = distribution_ms(latencies["itl"]) if token_log is None else distribution_ms(*token_log.gaps())
+        summary = {
+            "num_requests": self.num_requests, "num_completed": self.num_completed, "num_failed": num_failed,
+            "errors": self.errors, "prompt_tokens": self.prompt_tokens, "output_tokens": self.output_tokens,
+            "span_s": span_s,
+            "output_tok_per_s": self.output_tokens / span_s if span_s else 0.0,
+            "total_tok_per_s": (self.prompt_tokens + self.output_tokens) / span_s if span_s else 0.0,
+            "req_per_s": self.num_completed / span_s if span_s else 0.0,
+            "ttft_ms": distribution_ms(latencies["ttft"]),
+            "tpot_ms": distribution_ms(latencies["tpot"]),
+            "itl_ms": itl,
+            "itl_per_chunk_ms": distribution_ms(latencies["itl_chunk"]) if latencies["itl_chunk"] else dict(itl),
+            "queue_ms": distribution_ms(latencies["queue"]),
+            "e2e_ms": distribution_ms(latencies["e2e"]),
+        }
+        if self.slo is not None:
+            summary["goodput"] = goodput(self.slo, self.num_requests, self.num_met, span_s,
+                                         {"ttft_ms": sorted(latencies["ttft"]), "tpot_ms": sorted(latencies["tpot"])},
+                                         num_failed)
+        return summary
+
+    def run_latencies_s(self, token_log=None) -> Dict[str, Tuple[Sequence[float], Optional[Sequence[int]]]]:
+        """Every completed request's TTFT, TPOT, e2e and queue time and every token gap
+        (seconds), each with weights where a fast engine's token_log holds the gaps as such:
+        what a distribution (a chart, a histogram) is made of."""
+        latencies = self.latencies_s
+        gaps, weights = token_log.gaps() if token_log is not None else (latencies["itl"], None)
+        return {"ttft": (latencies["ttft"], None), "tpot": (latencies["tpot"], None), "e2e": (latencies["e2e"], None),
+                "queue": (latencies["queue"], None), "itl": (gaps, weights)}
 
 
-def summarize(records: Sequence, slo: Optional[Slo] = None, token_log=None) -> dict:
+def run_totals(records: Iterable, slo: Optional[Slo] = None, token_log=None) -> RunTotals:
+    """RunTotals of records, added in their order."""
+    totals = RunTotals(slo, token_log is None)
+    for record in records:
+        totals.add(record)
+    return totals
+
+
+def summarize(records: Iterable, slo: Optional[Slo] = None, token_log=None) -> dict:
     """The latency and throughput summary of a run, simulated or measured.
 
     A record has sent_s, token_times (seconds, one per output token; or, from a fast
@@ -2856,40 +2929,7 @@ def summarize(records: Sequence, slo: Optional[Slo] = None, token_log=None) -> d
     first request sent to the last token received. slo adds goodput: the requests that
     met every objective, as a share and a rate, and whether the run met the SLO.
     """
-    completed = [r for r in records if r.error is None]
-    timed = [r for r in completed if _token_span(r) is not None]
-    ttft, tpot, e2e, itl, itl_chunk, queue, num_met = _latencies_s(timed, slo, token_log is None)
-    itl_stats = distribution_ms(itl) if token_log is None else distribution_ms(*token_log.gaps())
-    sent = [r.sent_s for r in records if r.sent_s is not None]
-    span_s = (max(_token_span(r)[1] for r in timed) - min(sent)) if timed else 0.0
-    output_tokens = sum(r.output_tokens for r in completed)
-    prompt_tokens = sum(r.prompt_tokens for r in completed)
-    errors: Dict[str, int] = {}
-    for r in records:
-        if r.error is not None:
-            errors[r.error_kind] = errors.get(r.error_kind, 0) + 1
-    summary = {
-        "num_requests": len(records),
-        "num_completed": len(completed),
-        "num_failed": len(records) - len(completed),
-        "errors": errors,
-        "prompt_tokens": prompt_tokens,
-        "output_tokens": output_tokens,
-        "span_s": span_s,
-        "output_tok_per_s": output_tokens / span_s if span_s else 0.0,
-        "total_tok_per_s": (prompt_tokens + output_tokens) / span_s if span_s else 0.0,
-        "req_per_s": len(completed) / span_s if span_s else 0.0,
-        "ttft_ms": distribution_ms(ttft),
-        "tpot_ms": distribution_ms(tpot),
-        "itl_ms": itl_stats,
-        "itl_per_chunk_ms": distribution_ms(itl_chunk) if itl_chunk else dict(itl_stats),
-        "queue_ms": distribution_ms(queue),
-        "e2e_ms": distribution_ms(e2e),
-    }
-    if slo is not None:
-        summary["goodput"] = goodput(slo, records, num_met, span_s, {"ttft_ms": ttft, "tpot_ms": tpot},
-                                     summary["num_failed"])
-    return summary
+    return run_totals(records, slo, token_log).summary(token_log)
 
 
 def add_cost(summary: dict, usd_per_hour: float, num_devices: int) -> dict:
@@ -2907,15 +2947,9 @@ def add_cost(summary: dict, usd_per_hour: float, num_devices: int) -> dict:
     return summary
 
 
-def run_latencies_s(records: Sequence, token_log=None) -> Dict[str, Tuple[List[float], Optional[List[int]]]]:
-    """Every completed request's TTFT, TPOT, e2e and queue time and every token gap
-    (seconds), each with weights where a fast engine's token_log holds the gaps as such:
-    what a distribution (a chart, a histogram) is made of."""
-    timed = [r for r in records if r.error is None and _token_span(r) is not None]
-    ttft, tpot, e2e, itl, _, queue, _ = _latencies_s(timed, None, token_log is None)
-    gaps, weights = token_log.gaps() if token_log is not None else (itl, None)
-    return {"ttft": (ttft, None), "tpot": (tpot, None), "e2e": (e2e, None), "queue": (queue, None),
-            "itl": (gaps, weights)}
+def run_latencies_s(records: Iterable, token_log=None) -> Dict[str, Tuple[Sequence[float], Optional[Sequence[int]]]]:
+    """RunTotals.run_latencies_s() of records."""
+    return run_totals(records, None, token_log).run_latencies_s(token_log)
 
 
 def run_latencies_ms(records: Sequence, token_log=None) -> Dict[str, Tuple[List[float], Optional[List[int]]]]:

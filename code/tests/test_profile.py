@@ -148,7 +148,8 @@ class ProfileCostTest(ScratchTest):
 
     def test_several_prompts_in_one_step_cost_the_measured_factor_of_one_as_long(self):
         path = write_profile(self, [(1, 10.0), (4, 30.0)], [(100, 20.0), (400, 80.0)])
-        data = json.load(open(path))
+        with open(path) as file:
+            data = json.load(file)
         data["prefill_batch_factors"] = [{"num_prompts": 4, "factor": 0.8}]
         cost = main.ProfileCost(main.read_step_profile(self.write("f.json", data)),
                                 main.RooflineCost(self.H100, self.LLAMA))
