@@ -2128,10 +2128,9 @@ class TokenLog:
             self.other_gaps.append(now_s - request.last_token_s)
         request.last_token_s, request.last_token_step = now_s, self.step
 
-    def gaps(self) -> Tuple[List[float], List[int]]:
-        """Every gap between two tokens of a request, as (values, weights)."""
-        return (list(self.step_gaps) + list(self.other_gaps),
-                list(self.step_weights) + [1] * len(self.other_gaps))
+    def gaps(self) -> Tuple[Sequence[float], Sequence[int]]:
+        """Every gap between two tokens of a request, as (values, weights), in arrays."""
+        return self.step_gaps + self.other_gaps, self.step_weights + array.array("q", [1]) * len(self.other_gaps)
 
 
 class Engine:
@@ -2557,6 +2556,27 @@ def follow_ups(requests: Sequence[Request]) -> Dict[Request, Request]:
     return {by_turn[turn]: by_turn[turn + 1] for by_turn in turns.values() for turn in by_turn if turn + 1 in by_turn}
 
 
+class Upcoming:
+    """Requests not yet sent, read one ahead from an iterator: what Arrivals asks of a deque
+    (the head, popleft, whether any is left) without the whole workload in memory."""
+
+    def __init__(self, requests: Iterable[Request]):
+        self._requests = iter(requests)
+        self._head = next(self._requests, None)
+
+    def __bool__(self) -> bool:
+        return self._head is not None
+
+    def __getitem__(self, index: int) -> Request:
+        if index != 0 or self._head is None:
+            raise IndexError(index)
+        return self._head
+
+    def popleft(self) -> Request:
+        request, self._head = self._head, next(self._requests, None)
+        return request
+
+
 class Arrivals:
     """Sends a workload's requests to an engine, the one arrival rule every simulation uses.
 
@@ -2565,18 +2585,28 @@ class Arrivals:
     list order, the moment the previous one ends or is refused, as a load generator's
     worker threads do. A request reaches the engine delay_s after it is sent (the fixed
     front-end time a step profile measured: network, HTTP, tokenizing). send(request,
-    now_s) queues a request and says whether it was accepted (False: it could never run).
+    now_s) queues a request and says whether it was accepted (False: it could never run);
+    done(request), when given, hears of each request once it has finished or been refused.
+
+    A list of requests may come in any order and hold conversations. Any other iterable
+    is read one request at a time as they are sent, so it must be in send order (arrival
+    order, open loop) and hold no conversation turns (see SyntheticWorkload).
     """
 
-    def __init__(self, requests: List[Request], concurrency: Optional[int],
-                 send: Callable[[Request, float], bool], delay_s: float = 0.0):
+    def __init__(self, requests: Iterable[Request], concurrency: Optional[int],
+                 send: Callable[[Request, float], bool], delay_s: float = 0.0,
+                 done: Optional[Callable[[Request], None]] = None):
         self.concurrency = concurrency
         self.send = send
         self.delay_s = delay_s
-        self.follow_up = follow_ups(requests)  # turn k-1 -> turn k of a conversation
-        later_turns = set(self.follow_up.values())
-        firsts = [request for request in requests if request not in later_turns]
-        self.pending = deque(firsts if concurrency is not None else sorted(firsts, key=lambda r: r.arrival_s))
+        self.done = done
+        if isinstance(requests, list):
+            self.follow_up = follow_ups(requests)  # turn k-1 -> turn k of a conversation
+            later_turns = set(self.follow_up.values())
+            firsts = [request for request in requests if request not in later_turns]
+            self.pending = deque(firsts if concurrency is not None else sorted(firsts, key=lambda r: r.arrival_s))
+        else:
+            self.follow_up, self.pending = {}, Upcoming(requests)
         self.in_transit: List[Tuple[float, int, Request]] = []  # (reaches the engine, order sent, request)
         self.order = itertools.count()
 
@@ -2605,6 +2635,8 @@ class Arrivals:
         """requests got their answer (or were refused): the next turn of a conversation goes
         out after its think time; in a closed loop, any other client sends its next request."""
         for request in requests:
+            if self.done is not None:
+                self.done(request)
             after = self.follow_up.pop(request, None)
             if after is not None:
                 after.prompt_tokens += request.prompt_tokens + request.generated  # the conversation so far
@@ -2657,13 +2689,14 @@ class RunProgress:
             sys.stderr.write("\n")
 
 
-def run_engine(engine: Engine, requests: List[Request], concurrency: Optional[int] = None,
-               progress: Optional[RunProgress] = None) -> Engine:
-    """Run requests through an engine until every one is done or refused; return it
-    (progress: told the requests done and the virtual clock as they finish)."""
+def run_engine(engine: Engine, requests: Iterable[Request], concurrency: Optional[int] = None,
+               progress: Optional[RunProgress] = None, done: Optional[Callable[[Request], None]] = None) -> Engine:
+    """Run requests (see Arrivals) through an engine until every one is done or refused;
+    return it (progress: told the requests done and the virtual clock as they finish;
+    done: called with each request once it has finished or been refused)."""
     scheduler = engine.scheduler
     arrivals = Arrivals(requests, concurrency, lambda request, now_s: scheduler.add(request),
-                        engine.cost.request_overhead_s)
+                        engine.cost.request_overhead_s, done)
     arrivals.start()
     num_done = 0
     while True:
@@ -2751,16 +2784,46 @@ def distribution_ms(values_s: Iterable[float], weights: Optional[Sequence[int]] 
 
 
 def _weighted_distribution_ms(values_s: Sequence[float], weights: Sequence[int]) -> dict:
-    order = sorted(range(len(values_s)), key=values_s.__getitem__)  # NOTE: faster than sorting pairs
-    values = list(map(values_s.__getitem__, order))
-    cumulative = list(itertools.accumulate(map(weights.__getitem__, order)))
-    count = cumulative[-1] if cumulative else 0
+    count = sum(weights)
     stats = {"count": count, "mean": sum(map(operator.mul, values_s, weights)) * 1000 / count if count else None}
+    ranks = {pct: max(1, math.ceil(pct / 100 * count)) for pct in PERCENTILES}
+    found = dict.fromkeys(PERCENTILES)
+    if count:
+        cumulative, pending = 0, list(PERCENTILES)
+        for key in _sorted_weighted(values_s, weights):
+            cumulative += key & _WEIGHT_MASK
+            while pending and cumulative >= ranks[pending[0]]:
+                found[pending.pop(0)] = _key_value(key)
+            if not pending:
+                break
     for pct in PERCENTILES:
-        value = percentile(values, pct, cumulative) if count else None
-        stats[f"p{pct}"] = None if value is None else value * 1000
+        stats[f"p{pct}"] = None if found[pct] is None else found[pct] * 1000
     stats["max"] = max(itertools.compress(values_s, weights)) * 1000 if count else None
     return stats
+
+
+# NOTE: a weighted sort packs each value with its weight into one int: the value's IEEE bits
+# (made to order as the values do), shifted past a 32-bit weight. One list of ints sorts in
+# a third of the memory of an index list with its keys and a list of running totals (a
+# million-request run has a million and a half weighted gaps).
+_WEIGHT_BITS = 32
+_WEIGHT_MASK = (1 << _WEIGHT_BITS) - 1
+
+
+def _sorted_weighted(values_s: Sequence[float], weights: Sequence[int]) -> List[int]:
+    """Each (value, weight) as one int, sorted by value: weights are counts below 2**32."""
+    bits = array.array("q")
+    bits.frombytes(array.array("d", values_s).tobytes())
+    # a negative double's bits order backwards: flipping all but the sign bit puts them in order
+    keys = [((b ^ 0x7FFFFFFFFFFFFFFF if b < 0 else b) << _WEIGHT_BITS) | w for b, w in zip(bits, weights)]
+    keys.sort()
+    return keys
+
+
+def _key_value(key: int) -> float:
+    """The value a key of _sorted_weighted() holds."""
+    b = key >> _WEIGHT_BITS
+    return struct.unpack("<d", struct.pack("<q", b ^ 0x7FFFFFFFFFFFFFFF if b < 0 else b))[0]
 
 
 @dataclass(frozen=True)
@@ -2835,6 +2898,7 @@ class RunTotals:
         self.num_requests = self.num_completed = self.num_met = 0
         self.prompt_tokens = self.output_tokens = 0
         self.errors: Dict[str, int] = {}
+        self.failed: List = []  # the records that failed, in the order added
         self.first_sent_s, self.last_token_s = math.inf, -math.inf
         self.latencies_s = {name: array.array("d") for name in ("ttft", "tpot", "e2e", "itl", "itl_chunk", "queue")}
 
@@ -2845,6 +2909,7 @@ class RunTotals:
             self.first_sent_s = r.sent_s
         if r.error is not None:
             self.errors[r.error_kind] = self.errors.get(r.error_kind, 0) + 1
+            self.failed.append(r)
             return
         self.num_completed += 1
         self.output_tokens += r.output_tokens
@@ -2954,7 +3019,7 @@ def run_latencies_s(records: Iterable, token_log=None) -> Dict[str, Tuple[Sequen
 
 def run_latencies_ms(records: Sequence, token_log=None) -> Dict[str, Tuple[List[float], Optional[List[int]]]]:
     """run_latencies_s() in ms, under the summary's names (ttft_ms, tpot_ms, itl_ms, ...)."""
-    return {f"{name}_ms": ([value * 1000 for value in values], weights)
+    return {f"{name}_ms": ([value * 1000 for value in values], None if weights is None else list(weights))
             for name, (values, weights) in run_latencies_s(records, token_log).items()}
 
 
@@ -2983,13 +3048,18 @@ def rejections(requests: Sequence[Request]) -> List[dict]:
 def simulation_report(scheduler: Scheduler, hardware: Hardware, model: ModelSpec, requests: List[Request],
                       concurrency: Optional[int] = None, slo: Optional[Slo] = None, cost=None) -> dict:
     """Simulate requests and report what the engine saw, the summary and the rejections."""
-    return engine_report(simulate(scheduler, hardware, model, requests, concurrency, cost), requests, slo)
+    return run_and_report(Engine(scheduler, hardware, model, cost), requests, concurrency, slo)
 
 
-def engine_report(engine: Engine, requests: List[Request], slo: Optional[Slo] = None) -> dict:
-    """What an engine that ran requests saw, their summary and the rejections."""
-    return {"engine": engine.report(), "summary": summarize(requests, slo, engine.token_log),
-            "rejected": rejections(requests)}
+def run_and_report(engine: Engine, requests: Iterable[Request], concurrency: Optional[int] = None,
+                   slo: Optional[Slo] = None, progress: Optional[RunProgress] = None) -> dict:
+    """Run requests through engine (see run_engine), each request's figures gathered as it
+    ends and the request then let go; what the engine saw, the summary and the rejections
+    (in the order the requests ended)."""
+    totals = RunTotals(slo, engine.token_log is None)
+    run_engine(engine, requests, concurrency, progress, totals.add)
+    return {"engine": engine.report(), "summary": totals.summary(engine.token_log),
+            "rejected": rejections(totals.failed)}
 
 
 # =============================================================================
@@ -3294,8 +3364,8 @@ class TokenLogs:
     def __init__(self, logs: Sequence[TokenLog]):
         self.logs = list(logs)
 
-    def gaps(self) -> Tuple[List[float], List[int]]:
-        values, weights = [], []
+    def gaps(self) -> Tuple[Sequence[float], Sequence[int]]:
+        values, weights = array.array("d"), array.array("q")
         for log in self.logs:
             log_values, log_weights = log.gaps()
             values += log_values
@@ -3569,29 +3639,57 @@ def arrival_offsets(num_requests: int, rate: float, burstiness: float, rng: rand
     """Open-loop send times in seconds, the first at 0: gaps of mean 1/rate drawn from a
     gamma distribution of shape burstiness, as vllm bench serve does (1 is Poisson;
     below 1 the same rate comes in bursts and lulls; above 1 it is steadier)."""
-    offsets, at = [], 0.0
+    return list(iter_arrival_offsets(num_requests, rate, burstiness, rng))
+
+
+def iter_arrival_offsets(num_requests: int, rate: float, burstiness: float, rng: random.Random) -> Iterator[float]:
+    """arrival_offsets(), drawn one at a time."""
+    at = 0.0
     for _ in range(num_requests):
-        offsets.append(at)
+        yield at
         if burstiness == 1:
             at += rng.expovariate(rate)
         else:
             at += rng.gammavariate(burstiness, 1 / (rate * burstiness))
-    return offsets
+
+
+class SyntheticWorkload:
+    """Seeded requests with uniform lengths; open-loop arrivals at rate, else all at 0.
+
+    Lengths are drawn before arrivals, so a seed gives the same prompts and outputs
+    whether they are replayed open loop or closed loop, and at any rate. The lengths
+    are kept (16 bytes a request); each pass makes the requests afresh, one at a time
+    with its arrival, so a simulation that lets each request go once it has ended holds
+    only those in flight (see Arrivals).
+    """
+
+    def __init__(self, num_requests: int, prompt_tokens: Tuple[int, int], output_tokens: Tuple[int, int],
+                 seed: int, rate: Optional[float] = None, burstiness: float = 1.0):
+        rng = random.Random(seed)
+        self.prompt_tokens, self.output_tokens = array.array("q"), array.array("q")
+        for _ in range(num_requests):
+            self.prompt_tokens.append(rng.randint(*prompt_tokens))
+            self.output_tokens.append(rng.randint(*output_tokens))
+        self.arrivals_state = rng.getstate()  # where the arrival draws begin
+        self.rate, self.burstiness = rate, burstiness
+
+    def __len__(self) -> int:
+        return len(self.prompt_tokens)
+
+    def __iter__(self) -> Iterator[Request]:
+        rng = random.Random()
+        rng.setstate(self.arrivals_state)
+        offsets = (iter_arrival_offsets(len(self), self.rate, self.burstiness, rng) if self.rate is not None
+                   else itertools.repeat(0.0))
+        for index, prompt, output, arrival_s in zip(itertools.count(), self.prompt_tokens, self.output_tokens, offsets):
+            yield Request(index, prompt, output, arrival_s)
 
 
 def synthetic_requests(num_requests: int, prompt_tokens: Tuple[int, int],
                        output_tokens: Tuple[int, int], seed: int,
                        rate: Optional[float] = None, burstiness: float = 1.0) -> List[Request]:
-    """Seeded requests with uniform lengths; open-loop arrivals at rate, else all at 0.
-
-    Lengths are drawn before arrivals, so a seed gives the same prompts and outputs
-    whether they are replayed open loop or closed loop, and at any rate.
-    """
-    rng = random.Random(seed)
-    lengths = [(rng.randint(*prompt_tokens), rng.randint(*output_tokens)) for _ in range(num_requests)]
-    offsets = arrival_offsets(num_requests, rate, burstiness, rng) if rate is not None else [0.0] * num_requests
-    return [Request(index, prompt, output, arrival_s)
-            for index, ((prompt, output), arrival_s) in enumerate(zip(lengths, offsets))]
+    """SyntheticWorkload's requests as a list."""
+    return list(SyntheticWorkload(num_requests, prompt_tokens, output_tokens, seed, rate, burstiness))
 
 
 ROW_FIELDS = ("id", "prompt", "output", "arrival", "prefix", "prefix tokens", "blocks", "block tokens",
@@ -5763,11 +5861,14 @@ def build_engine_spec(args, hardware: Optional[Hardware] = None, server: Optiona
                       profile, args.ubatch_size or defaults["ubatch_tokens"], args.engine == "fast")
 
 
-def _workload(args, rate: Optional[float] = None) -> List[Request]:
+def _workload(args, rate: Optional[float] = None, streamed: bool = False) -> Sequence[Request]:
+    """The requests the flags ask for, as a list; streamed: a synthetic workload may be a
+    SyntheticWorkload instead, for a run that reads each request only while it runs."""
     if getattr(args, "trace", None):
         return read_trace(args.trace, args.trace_format, args.time_scale, args.start, args.limit)
-    return synthetic_requests(args.requests, args.prompt_tokens, args.output_tokens, args.seed, rate,
-                              getattr(args, "burstiness", 1.0))
+    workload = SyntheticWorkload(args.requests, args.prompt_tokens, args.output_tokens, args.seed, rate,
+                                 getattr(args, "burstiness", 1.0))
+    return workload if streamed else list(workload)
 
 
 def slo_from_args(args) -> Optional[Slo]:
@@ -5789,8 +5890,7 @@ def run_replicas(spec: EngineSpec, requests: List[Request], concurrency: Optiona
     for engine in engines if charts is not None else ():
         engine.timeline = []
     if num_replicas == 1:
-        run_engine(engines[0], requests, concurrency, progress)
-        report, token_log = engine_report(engines[0], requests, slo), engines[0].token_log
+        report, token_log = run_and_report(engines[0], requests, concurrency, slo, progress), engines[0].token_log
     else:
         run = ReplicaRun(engines, Router(router))
         run.run(requests, concurrency)
@@ -5809,9 +5909,13 @@ def run_replicas(spec: EngineSpec, requests: List[Request], concurrency: Optiona
 
 def run_simulation(args, spec: EngineSpec, concurrency: Optional[int], rate: Optional[float] = None) -> dict:
     """One simulated run from parsed flags, as the report that text and --json print."""
-    plan, requests = spec.plan, _workload(args, rate)
-    progress = RunProgress(len(requests), "requests", getattr(args, "show_progress", False))
     charts = {} if getattr(args, "html", None) or getattr(args, "svg", None) else None
+    # NOTE: only a run that reads no request after it has ended may stream its workload:
+    # a second pass over a SyntheticWorkload makes new requests, not the simulated ones.
+    streamed = (getattr(args, "replicas", 1) == 1 and charts is None and not getattr(args, "csv", None)
+                and not getattr(args, "prometheus", None))
+    plan, requests = spec.plan, _workload(args, rate, streamed)
+    progress = RunProgress(len(requests), "requests", getattr(args, "show_progress", False))
     report = run_replicas(spec, requests, concurrency, slo_from_args(args), getattr(args, "replicas", 1),
                           getattr(args, "router", "round-robin"), getattr(args, "prometheus", None), progress, charts)
     progress.close()
@@ -6009,7 +6113,7 @@ def predict_loadgen_run(report: dict, spec: EngineSpec) -> dict:
     blocks), or the closed or open loop it ran."""
     if report.get("replay"):
         requests = requests_from_rows(report["replay"]["requests"], "the replay report")
-        return engine_report(run_engine(spec.engine(), requests, None), requests)
+        return run_and_report(spec.engine(), requests)
     concurrency, rate, num_requests, prompt_tokens, output_tokens = measured_workload(report)
     settings = report["settings"]
     if rate is None:
@@ -6019,7 +6123,7 @@ def predict_loadgen_run(report: dict, spec: EngineSpec) -> dict:
     lengths = report.get("request_lengths") or [(prompt_tokens, output_tokens)] * num_requests
     requests = [Request(index, prompt, output, arrival_s)
                 for index, ((prompt, output), arrival_s) in enumerate(zip(lengths, offsets))]
-    return engine_report(run_engine(spec.engine(), requests, concurrency), requests)
+    return run_and_report(spec.engine(), requests, concurrency)
 
 
 def relative_error(predicted: Optional[float], measured: Optional[float]) -> Optional[float]:
