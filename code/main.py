@@ -2763,45 +2763,6 @@ def percentile(sorted_values: Sequence[float], pct: float,
     return sorted_values[bisect.bisect_left(cumulative_weights, rank)]
 
 
-def distribution_ms(values_s: Iterable[float], weights: Optional[Sequence[int]] = None) -> dict:
-    """Mean, nearest-rank percentiles and max of seconds, in milliseconds; with weights,
-    each value counts as often as its weight (the same figures as the repeated list).
-
-    A list is sorted in place (a million-token run makes lists of millions of gaps;
-    copying them would double the memory).
-    """
-    if weights is not None:
-        return _weighted_distribution_ms(values_s, weights)
-    values = values_s if isinstance(values_s, list) else list(values_s)
-    values.sort()
-    count = len(values)
-    stats = {"count": count, "mean": sum(values) * 1000 / count if count else None}
-    for pct in PERCENTILES:
-        value = percentile(values, pct)
-        stats[f"p{pct}"] = None if value is None else value * 1000
-    stats["max"] = values[-1] * 1000 if count else None
-    return stats
-
-
-def _weighted_distribution_ms(values_s: Sequence[float], weights: Sequence[int]) -> dict:
-    count = sum(weights)
-    stats = {"count": count, "mean": sum(map(operator.mul, values_s, weights)) * 1000 / count if count else None}
-    ranks = {pct: max(1, math.ceil(pct / 100 * count)) for pct in PERCENTILES}
-    found = dict.fromkeys(PERCENTILES)
-    if count:
-        cumulative, pending = 0, list(PERCENTILES)
-        for key in _sorted_weighted(values_s, weights):
-            cumulative += key & _WEIGHT_MASK
-            while pending and cumulative >= ranks[pending[0]]:
-                found[pending.pop(0)] = _key_value(key)
-            if not pending:
-                break
-    for pct in PERCENTILES:
-        stats[f"p{pct}"] = None if found[pct] is None else found[pct] * 1000
-    stats["max"] = max(itertools.compress(values_s, weights)) * 1000 if count else None
-    return stats
-
-
 # NOTE: a weighted sort packs each value with its weight into one int: the value's IEEE bits
 # (made to order as the values do), shifted past a 32-bit weight. One list of ints sorts in
 # a third of the memory of an index list with its keys and a list of running totals (a
@@ -2824,6 +2785,45 @@ def _key_value(key: int) -> float:
     """The value a key of _sorted_weighted() holds."""
     b = key >> _WEIGHT_BITS
     return struct.unpack("<d", struct.pack("<q", b ^ 0x7FFFFFFFFFFFFFFF if b < 0 else b))[0]
+
+
+def _weighted_distribution_ms(values_s: Sequence[float], weights: Sequence[int]) -> dict:
+    count = sum(weights)
+    stats = {"count": count, "mean": sum(map(operator.mul, values_s, weights)) * 1000 / count if count else None}
+    ranks = {pct: max(1, math.ceil(pct / 100 * count)) for pct in PERCENTILES}
+    found = dict.fromkeys(PERCENTILES)
+    if count:
+        cumulative, pending = 0, list(PERCENTILES)
+        for key in _sorted_weighted(values_s, weights):
+            cumulative += key & _WEIGHT_MASK
+            while pending and cumulative >= ranks[pending[0]]:
+                found[pending.pop(0)] = _key_value(key)
+            if not pending:
+                break
+    for pct in PERCENTILES:
+        stats[f"p{pct}"] = None if found[pct] is None else found[pct] * 1000
+    stats["max"] = max(itertools.compress(values_s, weights)) * 1000 if count else None
+    return stats
+
+
+def distribution_ms(values_s: Iterable[float], weights: Optional[Sequence[int]] = None) -> dict:
+    """Mean, nearest-rank percentiles and max of seconds, in milliseconds; with weights,
+    each value counts as often as its weight (the same figures as the repeated list).
+
+    A list is sorted in place (a million-token run makes lists of millions of gaps;
+    copying them would double the memory).
+    """
+    if weights is not None:
+        return _weighted_distribution_ms(values_s, weights)
+    values = values_s if isinstance(values_s, list) else list(values_s)
+    values.sort()
+    count = len(values)
+    stats = {"count": count, "mean": sum(values) * 1000 / count if count else None}
+    for pct in PERCENTILES:
+        value = percentile(values, pct)
+        stats[f"p{pct}"] = None if value is None else value * 1000
+    stats["max"] = values[-1] * 1000 if count else None
+    return stats
 
 
 @dataclass(frozen=True)
@@ -3045,12 +3045,6 @@ def rejections(requests: Sequence[Request]) -> List[dict]:
     return [{"request_id": r.request_id, "kind": r.error_kind, "error": r.error} for r in requests if r.error is not None]
 
 
-def simulation_report(scheduler: Scheduler, hardware: Hardware, model: ModelSpec, requests: List[Request],
-                      concurrency: Optional[int] = None, slo: Optional[Slo] = None, cost=None) -> dict:
-    """Simulate requests and report what the engine saw, the summary and the rejections."""
-    return run_and_report(Engine(scheduler, hardware, model, cost), requests, concurrency, slo)
-
-
 def run_and_report(engine: Engine, requests: Iterable[Request], concurrency: Optional[int] = None,
                    slo: Optional[Slo] = None, progress: Optional[RunProgress] = None) -> dict:
     """Run requests through engine (see run_engine), each request's figures gathered as it
@@ -3060,6 +3054,12 @@ def run_and_report(engine: Engine, requests: Iterable[Request], concurrency: Opt
     run_engine(engine, requests, concurrency, progress, totals.add)
     return {"engine": engine.report(), "summary": totals.summary(engine.token_log),
             "rejected": rejections(totals.failed)}
+
+
+def simulation_report(scheduler: Scheduler, hardware: Hardware, model: ModelSpec, requests: List[Request],
+                      concurrency: Optional[int] = None, slo: Optional[Slo] = None, cost=None) -> dict:
+    """Simulate requests and report what the engine saw, the summary and the rejections."""
+    return run_and_report(Engine(scheduler, hardware, model, cost), requests, concurrency, slo)
 
 
 # =============================================================================
@@ -3635,13 +3635,6 @@ def _check_turns(requests: Sequence[Request], path: str) -> None:
             request.turn = number  # NOTE: a slice (--start, --limit) may cut early turns: the first kept is 1
 
 
-def arrival_offsets(num_requests: int, rate: float, burstiness: float, rng: random.Random) -> List[float]:
-    """Open-loop send times in seconds, the first at 0: gaps of mean 1/rate drawn from a
-    gamma distribution of shape burstiness, as vllm bench serve does (1 is Poisson;
-    below 1 the same rate comes in bursts and lulls; above 1 it is steadier)."""
-    return list(iter_arrival_offsets(num_requests, rate, burstiness, rng))
-
-
 def iter_arrival_offsets(num_requests: int, rate: float, burstiness: float, rng: random.Random) -> Iterator[float]:
     """arrival_offsets(), drawn one at a time."""
     at = 0.0
@@ -3651,6 +3644,13 @@ def iter_arrival_offsets(num_requests: int, rate: float, burstiness: float, rng:
             at += rng.expovariate(rate)
         else:
             at += rng.gammavariate(burstiness, 1 / (rate * burstiness))
+
+
+def arrival_offsets(num_requests: int, rate: float, burstiness: float, rng: random.Random) -> List[float]:
+    """Open-loop send times in seconds, the first at 0: gaps of mean 1/rate drawn from a
+    gamma distribution of shape burstiness, as vllm bench serve does (1 is Poisson;
+    below 1 the same rate comes in bursts and lulls; above 1 it is steadier)."""
+    return list(iter_arrival_offsets(num_requests, rate, burstiness, rng))
 
 
 class SyntheticWorkload:
