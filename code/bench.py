@@ -21,7 +21,7 @@ traces   the production traces (SERVESIM_TRACES or ../shared/data; else the slic
          memory of each run, in its own process
 jobs     sweep --jobs 1 against --jobs 2 over 8 points
 million  (only when named) 1,000,000 Poisson requests at 30 req/s with the fast engine
-         (--repeat 2 or more: both engines)
+         (--step: the step engine too, one run of about a quarter of an hour)
 fuzz     (only when named) --cases N seeded fuzz cases (--seed S) of the fuzz test's families:
          tracebacks, hangs, wrong exit codes, the API key shown; exits 1 if any
 loadgen  loadgen's timing accuracy against a stub server in its own process that
@@ -289,12 +289,16 @@ def bench_traces(repeat):
         bench_process(name, argv, repeat, f" ({' '.join(argv[3:]) or 'real speed'})")
 
 
-def bench_million(repeat):
-    """1,000,000 Poisson requests at 30 req/s (about 100 running), each engine in its own process."""
+def bench_million(repeat, with_step):
+    """1,000,000 Poisson requests at 30 req/s (about 100 running) in processes of their own:
+    the fast engine repeat times, the step engine once when asked (it takes about 15 minutes)."""
     argv = ["simulate", "--rate", "30", "--requests", "1000000"]
-    for engine in ("fast",) if repeat < 2 else ENGINES:
-        wall, peak, _ = run_child(argv + ["--engine", engine])
-        print(f"million  {engine}: {wall:.1f} s wall, peak RSS {peak:.0f} MiB")
+    for engine, runs in (("fast", repeat), ("step", 1 if with_step else 0)):
+        results = [run_child(argv + ["--engine", engine]) for _ in range(runs)]
+        if results:
+            walls = [wall for wall, _, _ in results]
+            print(f"million  {engine}: {statistics.median(walls):.1f} s wall ({min(walls):.1f}-{max(walls):.1f}, "
+                  f"{runs} runs), peak RSS {max(peak for _, peak, _ in results):.0f} MiB")
 
 
 def bench_jobs(repeat):
@@ -343,11 +347,12 @@ def main_bench(argv=None) -> int:
     parser.add_argument("--repeat", type=int, default=5, help="runs per benchmark (default 5)")
     parser.add_argument("--cases", type=int, default=1000, help="fuzz: cases to run (default 1000)")
     parser.add_argument("--seed", type=int, default=1, help="fuzz: the seed of the cases (default 1)")
+    parser.add_argument("--step", action="store_true", help="million: the step engine too, once")
     args = parser.parse_args(argv)
     if args.names == ["fuzz"]:
         return bench_fuzz(args.cases, args.seed)
     if args.names == ["million"]:
-        bench_million(args.repeat)
+        bench_million(max(1, (args.repeat + 1) // 2), args.step)
         return 0
     unknown = [name for name in args.names if name not in BENCHMARKS]
     if unknown:

@@ -78,8 +78,9 @@ Scheduler options (simulate, sweep, search, compare, calibrate):
     --prefix-caching             share full KV blocks of identical prompt prefixes
     --scheduler vllm|llamacpp    paged blocks and preemption (vllm, the default), or
                                  llama.cpp's slots (--parallel, --ctx-size, --batch-size)
-    --engine fast|step           fast (default) advances runs of decode steps at once;
-                                 step advances one step at a time (the reference); every
+    --engine fast|step           fast (default) moves the requests that decode on as one
+                                 group and takes runs of decode steps at once; step
+                                 advances one step at a time (the reference); every
                                  figure is the same
     --jobs N                     sweep, search, calibrate: points, probes or evaluations
                                  in N processes (the CPU count); the same results for any N
