@@ -2421,7 +2421,7 @@ class DecodeRun:
 
 
 class DecodeCohort:
-    """The running requests that decode, kept as one group: a step without a list per token.
+    """The running requests that decode, kept as one group whose size a step's work does not grow with.
 
     Under load a request arrives at nearly every step, so runs of decode-only steps are
     short (see DecodeRun), yet most of every batch is the same requests each taking its
@@ -2440,8 +2440,9 @@ class DecodeCohort:
     counters and blocks are stale; the next step is left to the engine (materialize
     writes every member back) when it might preempt or run out of token budget.
 
-    Applies to the base Scheduler over a CountingPool: with prefix caching which block a
-    member takes matters, and a subclass's admission rule may read running requests.
+    Applies to the base Scheduler over a CountingPool: with prefix caching a member's new
+    blocks would have to be named as they are taken, and a subclass's admission rule may
+    read the running requests' lengths (TokenCapScheduler does).
     """
 
     def __init__(self, block_size: int):
