@@ -2427,41 +2427,47 @@ class DecodeCohort:
     short (see DecodeRun), yet most of every batch is the same requests each taking its
     next token. A cohort holds those requests as they were when they joined (the step
     they joined at, their computed and generated tokens) and moves them all on by one
-    token a step in the aggregate: the sum of their context, how many need a new block
-    at each step (a member takes one every block_size steps, so members are counted by
-    the phase of the step at which they do) and when each finishes (a heap). The other
+    token a step in the aggregate: the sum of their context, who needs a new block at
+    each step (a member takes one every block_size steps, so members are listed by the
+    phase of the step at which they do) and when each finishes (a heap). The other
     running requests (prefills, at the tail) and admissions are scheduled one by one by
     the scheduler's own code; a member is written back and scheduled that way for the
     step in which it finishes.
 
     Contract: members are the leading requests of scheduler.running, in its order. A
     request joins when it decodes, sampled in the last step, will not finish in the next
-    one, and every request before it is a member. While the cohort holds them, members'
-    counters and blocks are stale; the next step is left to the engine (materialize
-    writes every member back) when it might preempt or run out of token budget.
+    one, has every block of its shared prefix in the cache, and every request before it
+    is a member. While the cohort holds them, members' computed, generated and last
+    token are stale (and their blocks, over a CountingPool); the next step is left to the engine
+    (materialize writes every member back) when it might preempt or run out of token budget.
 
-    Applies to the base Scheduler over a CountingPool: with prefix caching a member's new
-    blocks would have to be named as they are taken, and a subclass's admission rule may
-    read the running requests' lengths (TokenCapScheduler does).
+    NOTE: the step engine hands a step's new blocks out in running order, where members
+    and the members that finish in the step are mixed; here the finishing ones come
+    last. The same blocks are taken and evicted; only which of two uncached blocks a
+    member or a finishing member holds differs, and no figure can tell them apart.
+
+    Applies to the base Scheduler and llama.cpp's slots (which differ only in what they
+    refuse or cut when a request is added), not to a scheduler whose admission rule reads
+    the running requests' lengths (TokenCapScheduler) or that hands KV between engines.
     """
 
     def __init__(self, block_size: int):
         self.block_size = block_size
         self.members: Dict[Request, Tuple[int, int, int]] = {}  # request -> (join step, computed, generated)
-        self.num_by_phase = [0] * block_size  # members that take a new block at steps s with s % block_size == phase
+        self.by_phase: List[List[Request]] = [[] for _ in range(block_size)]  # who takes a block when step % size == phase
         self.finishes: List[Tuple[int, int, Request]] = []  # (the step it finishes in, join order, request)
         self.context_tokens = 0  # the members' context in the next step (computed + 1 each)
         self.order = itertools.count()
 
     @staticmethod
     def applies(scheduler: "Scheduler") -> bool:
-        return type(scheduler) is Scheduler and isinstance(scheduler.pool, CountingPool)
+        return type(scheduler) in (Scheduler, SlotScheduler)
 
     def advance(self, engine: "Engine", horizon_s: float) -> Optional[List[Request]]:
         """Take the next step, or a run of decode-only steps before horizon_s; the requests
         that finished. None: the engine must take the next step (members written back)."""
         scheduler, step = engine.scheduler, engine.token_log.step + 1
-        self._join(scheduler.running, step)
+        self._join(scheduler, step)
         if not self._fits(scheduler, step):
             self.materialize(engine.token_log)
             return None
@@ -2471,14 +2477,17 @@ class DecodeCohort:
                 return []
         return self._step(engine, step)
 
-    def _join(self, running: List[Request], step: int) -> None:
-        for request in itertools.islice(running, len(self.members), None):
+    def _join(self, scheduler: "Scheduler", step: int) -> None:
+        caching, block_size = scheduler.config.prefix_caching, self.block_size
+        for request in itertools.islice(scheduler.running, len(self.members), None):
             computed, generated = request.computed, request.generated
             if not (computed + 1 == request.prompt_tokens + generated and request.last_token_step == step - 1
                     and generated + 1 < request.max_tokens):
                 return
+            if caching and request.shares_prefix and request.num_cached_blocks < request.prefix_tokens // block_size:
+                return  # a prefix longer than the prompt: its decodes still enter blocks in the cache
             self.members[request] = (step, computed, generated)
-            self.num_by_phase[(step - computed) % self.block_size] += 1
+            self.by_phase[(step - computed) % block_size].append(request)
             heapq.heappush(self.finishes, (step - 1 + request.max_tokens - generated, next(self.order), request))
             self.context_tokens += computed + 1
 
@@ -2490,7 +2499,7 @@ class DecodeCohort:
         budget = scheduler.config.max_num_batched_tokens - len(self.members)
         if budget < 0:
             return False
-        needed = self.num_by_phase[step % self.block_size]
+        needed = len(self.by_phase[step % self.block_size])
         for request in itertools.islice(scheduler.running, len(self.members), None):
             remaining = request.prompt_tokens + request.generated - request.computed
             needed += scheduler.blocks_for(request.computed + min(remaining, budget)) - len(request.blocks)
@@ -2501,10 +2510,10 @@ class DecodeCohort:
         joined, computed, generated = self.members.pop(request)
         steps = log.step + 1 - joined
         request.computed, request.generated = computed + steps, generated + steps
-        request.blocks += [-1] * (-(-request.computed // self.block_size) - len(request.blocks))
+        request.blocks += [-1] * (-(-request.computed // self.block_size) - len(request.blocks))  # a CountingPool's
         if steps:
             request.last_token_s, request.last_token_step = log._end_s, log.step
-        self.num_by_phase[(joined - computed) % self.block_size] -= 1
+        self.by_phase[(joined - computed) % self.block_size].remove(request)
         self.context_tokens -= request.computed + 1
 
     def materialize(self, log: TokenLog) -> None:
@@ -2512,6 +2521,17 @@ class DecodeCohort:
         for request in list(self.members):
             self._leave(request, log)
         self.finishes.clear()
+
+    def _hand_out(self, pool, first_step: int, num_steps: int, num_blocks: int) -> None:
+        """The num_blocks new blocks of num_steps member steps from first_step, taken in one
+        call and handed out step by step, in running order within a step."""
+        blocks = iter(pool.allocate(num_blocks))
+        if isinstance(pool, CountingPool):
+            return  # placeholders: _leave tops each member up to its count
+        by_phase, block_size = self.by_phase, self.block_size
+        for step in range(first_step, first_step + num_steps):
+            for request in by_phase[step % block_size]:
+                request.blocks.append(next(blocks))
 
     def _step(self, engine: "Engine", step: int) -> List[Request]:
         """One step: members in the aggregate; those that finish in it, the other running
@@ -2523,7 +2543,7 @@ class DecodeCohort:
             self._leave(request, log)
             finishing.append(request)
         running, num_members = scheduler.running, len(self.members)
-        scheduler.pool.allocate(self.num_by_phase[step % self.block_size])
+        self._hand_out(scheduler.pool, step, 1, len(self.by_phase[step % self.block_size]))
         # NOTE: every member takes one token whatever its place, and the step cannot preempt
         # (see _fits), so the rest may be scheduled as if they ran after the members.
         scheduler.running = finishing + running[num_members + len(finishing):]
@@ -2542,9 +2562,9 @@ class DecodeCohort:
         step = engine.token_log.step + 1
         most = self.finishes[0][0] - step if self.finishes else math.inf  # a step in which one finishes is a _step
         num_members = len(self.members)
-        num_steps, num_new_blocks, _ = engine.take_decode_steps(num_members, self.context_tokens, self.num_by_phase,
-                                                                most, horizon_s)
-        engine.scheduler.pool.allocate(num_new_blocks)
+        num_steps, num_new_blocks, _ = engine.take_decode_steps(num_members, self.context_tokens,
+                                                                list(map(len, self.by_phase)), most, horizon_s)
+        self._hand_out(engine.scheduler.pool, step, num_steps, num_new_blocks)
         self.context_tokens += num_members * num_steps
         return num_steps
 

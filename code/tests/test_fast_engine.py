@@ -24,15 +24,20 @@ TRACES = [os.path.join(FIXTURES_DIR, name) for name in ("burst.jsonl", "mixed.js
 def loaded_workload(rng, seed):
     """A run with dozens of requests decoding and one arriving at nearly every step: what
     the fast engine keeps as a DecodeCohort, falling back when a step may preempt."""
-    argv = ["simulate", "--requests", str(rng.randint(40, 120)), "--seed", str(seed),
+    argv = ["simulate", "--requests", str(rng.randint(30, 80)), "--seed", str(seed),
             "--prompt-tokens", rng.choice(("20-400", "8-40", "500-3000")),
             "--output-tokens", rng.choice(("1-100", "60-300", "2-20")),
             "--hardware", rng.choice(("l4-24gb", "h100-sxm-80gb")), "--model", "llama-3.1-8b",
             "--block-size", rng.choice(("1", "4", "16")), "--max-num-seqs", rng.choice(("16", "64", "256")),
             "--max-num-batched-tokens", rng.choice(("64", "512", "8192")),
             "--kv-tokens", rng.choice(("4096", "12000", "30000"))]
-    argv += (["--rate", rng.choice(("40", "400"))] if rng.random() < 0.6
-             else ["--concurrency", str(rng.randint(16, 128))])
+    if rng.random() < 0.3:  # shared system prompts, cached (in blocks of 16: one-token blocks are slow to cache)
+        argv[argv.index("--block-size") + 1] = "16"
+        argv += ["--trace", TRACES[1], "--limit", str(rng.randint(30, 80)), "--prefix-caching",
+                 "--time-scale", rng.choice(("0.05", "0.3"))]
+    else:
+        argv += (["--rate", rng.choice(("40", "400"))] if rng.random() < 0.6
+                 else ["--concurrency", str(rng.randint(16, 128))])
     if rng.random() < 0.2:
         argv += ["--replicas", "2"]
     return argv
@@ -47,7 +52,8 @@ def workload(seed):
             "--prompt-tokens", rng.choice(("20-400", "100", "500-3000", "8-40")),
             "--output-tokens", rng.choice(("1-100", "48", "2-20", "60-120"))]
     if rng.random() < 0.25:
-        argv += ["--trace", rng.choice(TRACES), "--limit", str(rng.randint(4, 16)),
+        trace, limit = rng.choice(TRACES), rng.randint(4, 16)
+        argv += ["--trace", trace, "--limit", str(min(limit, 8) if "mooncake" in trace else limit),  # 12k-token prompts
                  "--time-scale", rng.choice(("0.2", "1", "3"))]
     elif rng.random() < 0.5:
         argv += ["--rate", rng.choice(("0.5", "4", "40")), "--burstiness", rng.choice(("1", "0.3"))]
@@ -128,26 +134,30 @@ class FastEngineTest(unittest.TestCase):
             self.assertGreaterEqual(sum(mode in argv for argv in argvs), 10, mode)
 
     def test_a_cohort_moves_its_decoding_requests_on_together_and_writes_them_back_exactly(self):
-        def engine(fast):
-            scheduler = main.Scheduler(main.SchedulerConfig(block_size=4), 1000, counting_pool=True)
+        def engine(fast, caching):
+            config = main.SchedulerConfig(block_size=4, prefix_caching=caching)  # caching: named blocks
+            scheduler = main.Scheduler(config, 1000, counting_pool=True)
             for request_id in range(3):
                 scheduler.add(main.Request(request_id, 10, 20 + request_id))
             return main.Engine(scheduler, main.HARDWARE["l4-24gb"], main.MODELS["llama-3.1-8b"], fast=fast)
-        fast, reference = engine(True), engine(False)
-        self.assertEqual(fast.advance(), [])  # the prefill: all three sample their first token
-        self.assertEqual(fast.advance(), [])  # steps 1-18 at once, the first member finishing in step 19
-        self.assertEqual((fast.num_steps, len(fast.cohort.members)), (19, 3))
-        for _ in range(19):
-            reference.step()
-        self.assertEqual(fast.clock_s, reference.clock_s)
-        fast.cohort.materialize(fast.token_log)
-        for request, twin in zip(fast.scheduler.running, reference.scheduler.running):
-            self.assertEqual((request.computed, request.generated, len(request.blocks), request.last_token_s),
-                             (28, 19, 7, twin.token_times[-1]))
-        self.assertEqual(fast.cohort.members, {})
-        finished = [fast.advance() for _ in range(3)]
-        self.assertEqual([[request.request_id for request in batch] for batch in finished], [[0], [1], [2]])
-        self.assertEqual(fast.num_steps, 22)
+        for caching in (False, True):
+            fast, reference = engine(True, caching), engine(False, caching)
+            self.assertEqual(fast.advance(), [])  # the prefill: all three sample their first token
+            self.assertEqual(fast.advance(), [])  # steps 1-18 at once, the first member finishing in step 19
+            self.assertEqual((fast.num_steps, len(fast.cohort.members)), (19, 3))
+            for _ in range(19):
+                reference.step()
+            self.assertEqual(fast.clock_s, reference.clock_s)
+            fast.cohort.materialize(fast.token_log)
+            for request, twin in zip(fast.scheduler.running, reference.scheduler.running):
+                self.assertEqual((request.computed, request.generated, len(request.blocks), request.last_token_s),
+                                 (28, 19, 7, twin.token_times[-1]))
+                if caching:
+                    self.assertEqual(request.blocks, twin.blocks)
+            self.assertEqual(fast.cohort.members, {})
+            finished = [fast.advance() for _ in range(3)]
+            self.assertEqual([[request.request_id for request in batch] for batch in finished], [[0], [1], [2]])
+            self.assertEqual(fast.num_steps, 22)
 
     def test_small_caches_do_preempt_in_both_engines(self):
         preempted = 0
