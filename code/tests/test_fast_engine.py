@@ -3,7 +3,8 @@
 Seeded random workloads over every mode: prefix caching, preemption (small caches),
 chunked prefill on and off, the tokens-in-flight cap, llama.cpp's slots, a step profile,
 tensor parallelism, disaggregation, replicas behind each router, production trace slices,
-open and closed loop. Each runs with --engine step (the reference) and --engine fast; the
+open and closed loop; and one in ten loaded (dozens decoding, a request arriving at nearly
+every step), where the fast engine keeps the decoding requests as one group. Each runs with --engine step (the reference) and --engine fast; the
 two --json reports must agree: counts exactly, times to 1e-9 relative.
 """
 
