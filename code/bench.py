@@ -21,7 +21,8 @@ traces   the production traces (SERVESIM_TRACES or ../shared/data; else the slic
          memory of each run, in its own process
 jobs     sweep --jobs 1 against --jobs 2 over 8 points
 million  (only when named) 1,000,000 Poisson requests at 30 req/s with the fast engine
-         (--step: the step engine too, one run of about a quarter of an hour)
+         (--step: the step engine too, once; at 14 s per 20,000 requests here, expect a
+         quarter of an hour and gigabytes of per-token lists)
 fuzz     (only when named) --cases N seeded fuzz cases (--seed S) of the fuzz test's families:
          tracebacks, hangs, wrong exit codes, the API key shown; exits 1 if any
 loadgen  loadgen's timing accuracy against a stub server in its own process that
@@ -291,7 +292,7 @@ def bench_traces(repeat):
 
 def bench_million(repeat, with_step):
     """1,000,000 Poisson requests at 30 req/s (about 100 running) in processes of their own:
-    the fast engine repeat times, the step engine once when asked (it takes about 15 minutes)."""
+    the fast engine repeat times, the step engine once when asked (it keeps every token's time)."""
     argv = ["simulate", "--rate", "30", "--requests", "1000000"]
     for engine, runs in (("fast", repeat), ("step", 1 if with_step else 0)):
         results = [run_child(argv + ["--engine", engine]) for _ in range(runs)]

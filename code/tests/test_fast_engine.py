@@ -4,8 +4,9 @@ Seeded random workloads over every mode: prefix caching, preemption (small cache
 chunked prefill on and off, the tokens-in-flight cap, llama.cpp's slots, a step profile,
 tensor parallelism, disaggregation, replicas behind each router, production trace slices,
 open and closed loop; and one in ten loaded (dozens decoding, a request arriving at nearly
-every step), where the fast engine keeps the decoding requests as one group. Each runs with --engine step (the reference) and --engine fast; the
-two --json reports must agree: counts exactly, times to 1e-9 relative.
+every step), where the fast engine keeps the decoding requests as one group. Each runs with
+--engine step (the reference) and --engine fast; the two --json reports must agree: counts
+exactly, times to 1e-9 relative.
 """
 
 import json
@@ -131,8 +132,9 @@ class FastEngineTest(unittest.TestCase):
         argvs = [" ".join(workload(seed)) for seed in range(NUM_WORKLOADS)]
         for mode in ("--prefix-caching", "--no-chunked-prefill", "--max-tokens-in-flight", "--disaggregate",
                      "--tensor-parallel-size", "--trace", "--rate", "--concurrency", "--step-profile", "--kv-tokens 512",
-                     "--replicas", "prefix-affinity", "--max-num-seqs 256"):
+                     "--replicas", "prefix-affinity"):
             self.assertGreaterEqual(sum(mode in argv for argv in argvs), 10, mode)
+        self.assertEqual(sum(int(argv.split()[2]) >= 30 for argv in argvs), 30)  # the loaded ones
 
     def test_a_cohort_moves_its_decoding_requests_on_together_and_writes_them_back_exactly(self):
         def engine(fast, caching):
