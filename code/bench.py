@@ -168,10 +168,6 @@ def run_stub_server() -> int:
     return 0
 
 
-def _percentile(sorted_values, pct):
-    return sorted_values[min(len(sorted_values) - 1, int(pct / 100 * len(sorted_values)))]
-
-
 def loadgen_accuracy_once(endpoint, concurrency):
     """One closed-loop run of 2 x concurrency stub streams: (errors ms, ITL ms, failures)."""
     errors_ms, lock = [], threading.Lock()
@@ -202,8 +198,8 @@ def bench_loadgen(repeat):
                 errors_ms, itl_ms, failed = loadgen_accuracy_once(endpoint, concurrency)
                 failures += failed
                 for name, values in (("error", errors_ms), ("itl", itl_ms)):
-                    figures[f"{name} p50"].append(_percentile(values, 50))
-                    figures[f"{name} p99"].append(_percentile(values, 99))
+                    figures[f"{name} p50"].append(main.percentile(values, 50))
+                    figures[f"{name} p99"].append(main.percentile(values, 99))
             parts = [f"{name} {statistics.median(values):.3f} ({min(values):.3f}-{max(values):.3f})"
                      for name, values in figures.items()]
             print(f"loadgen  c={concurrency:<3} {2 * concurrency} streams x {STUB_TOKENS} tokens, {repeat} runs, "
@@ -244,8 +240,8 @@ def loadgen_workers_once(endpoint, concurrency, num_workers):
     copies = run.event_copies if num_workers > 1 else [collector]
     errors_ms = sorted(error for copy in copies for error in copy.errors_ms)
     first_ms = sorted(error for copy in copies for error in copy.first_ms)
-    return (_percentile(first_ms, 50), _percentile(errors_ms, 99), [r.error for r in run.records if r.error is not None],
-            _percentile(errors_ms, 50))
+    return (main.percentile(first_ms, 50), main.percentile(errors_ms, 99),
+            [r.error for r in run.records if r.error is not None], main.percentile(errors_ms, 50))
 
 
 def bench_workers(repeat):

@@ -2772,17 +2772,14 @@ class EngineSpec:
 PERCENTILES = (50, 95, 99)
 
 
-def percentile(sorted_values: Sequence[float], pct: float,
-               cumulative_weights: Optional[Sequence[int]] = None) -> Optional[float]:
-    """Nearest-rank percentile of already sorted values (each counted as often as its
-    weight when their running total of weights is given); None when there are none."""
-    if not sorted_values:
-        return None
-    total = cumulative_weights[-1] if cumulative_weights is not None else len(sorted_values)
-    rank = max(1, math.ceil(pct / 100 * total))
-    if cumulative_weights is None:
-        return sorted_values[rank - 1]
-    return sorted_values[bisect.bisect_left(cumulative_weights, rank)]
+def nearest_rank(pct: float, count: int) -> int:
+    """The 1-based rank of the pct-th percentile among count values (nearest rank)."""
+    return max(1, math.ceil(pct / 100 * count))
+
+
+def percentile(sorted_values: Sequence[float], pct: float) -> Optional[float]:
+    """Nearest-rank percentile of already sorted values; None when there are none."""
+    return sorted_values[nearest_rank(pct, len(sorted_values)) - 1] if sorted_values else None
 
 
 # NOTE: a weighted sort packs each value with its weight into one int: the value's IEEE bits
@@ -2793,26 +2790,30 @@ _WEIGHT_BITS = 32
 _WEIGHT_MASK = (1 << _WEIGHT_BITS) - 1
 
 
+def _ordered_bits(bits: int) -> int:
+    """A double's signed 64-bit pattern made to order as the doubles do, and back (it is its
+    own inverse): a negative double's bits order backwards, so all but the sign bit flip."""
+    return bits ^ 0x7FFFFFFFFFFFFFFF if bits < 0 else bits
+
+
 def _sorted_weighted(values_s: Sequence[float], weights: Sequence[int]) -> List[int]:
     """Each (value, weight) as one int, sorted by value: weights are counts below 2**32."""
     bits = array.array("q")
     bits.frombytes(array.array("d", values_s).tobytes())
-    # a negative double's bits order backwards: flipping all but the sign bit puts them in order
-    keys = [((b ^ 0x7FFFFFFFFFFFFFFF if b < 0 else b) << _WEIGHT_BITS) | w for b, w in zip(bits, weights)]
+    keys = [(_ordered_bits(b) << _WEIGHT_BITS) | w for b, w in zip(bits, weights)]
     keys.sort()
     return keys
 
 
 def _key_value(key: int) -> float:
     """The value a key of _sorted_weighted() holds."""
-    b = key >> _WEIGHT_BITS
-    return struct.unpack("<d", struct.pack("<q", b ^ 0x7FFFFFFFFFFFFFFF if b < 0 else b))[0]
+    return struct.unpack("<d", struct.pack("<q", _ordered_bits(key >> _WEIGHT_BITS)))[0]
 
 
 def _weighted_distribution_ms(values_s: Sequence[float], weights: Sequence[int]) -> dict:
     count = sum(weights)
     stats = {"count": count, "mean": sum(map(operator.mul, values_s, weights)) * 1000 / count if count else None}
-    ranks = {pct: max(1, math.ceil(pct / 100 * count)) for pct in PERCENTILES}
+    ranks = {pct: nearest_rank(pct, count) for pct in PERCENTILES}
     found = dict.fromkeys(PERCENTILES)
     if count:
         cumulative, pending = 0, list(PERCENTILES)
