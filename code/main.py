@@ -4912,6 +4912,10 @@ class LoadRun:
     def measured(self) -> List[MeasuredRequest]:
         return self.records[self.plan.num_warmup:]
 
+    def reader_lag_s(self) -> Tuple[List[float], List[float]]:
+        """The reader's rounds and its reads' waits in the kernel (see StreamReader)."""
+        return list(self.reader.round_s), list(self.reader.delay_s)
+
     def warm_up(self) -> None:
         if self.plan.num_warmup:
             clients = min(self.plan.num_warmup, self.plan.concurrency or self.plan.num_warmup)
@@ -5196,9 +5200,16 @@ def loadgen_warnings(report: dict, num_workers: int) -> List[str]:
     """What makes loadgen's own figures unreliable in this run, each with the way out."""
     warnings = []
     rounds, lateness = report["reader_round_ms"], report["send_lateness_ms"]
+    delays = report.get("reader_delay_ms") or {"count": 0}
     itl_p50 = report["summary"]["itl_ms"].get("p50") or 0.0
+    # NOTE: with kernel stamps a late read still dates its bytes right, unless a stream's
+    # events pile up meanwhile (a read gives them all the last one's time): that takes a wait
+    # near the gap between them
+    if delays["count"] and delays["p99"] > max(READER_ROUND_WARN_MS, 0.5 * itl_p50):
+        warnings.append(f"the stream reader read bytes {delays['p99']:.1f} ms after they arrived at p99: a stream's "
+                        f"events that wait together get the last one's time; use --workers {num_workers * 2}")
     # NOTE: a late stamp matters beside the gaps it measures: 2 ms is nothing in a 60 ms gap
-    if rounds["count"] and rounds["p99"] > max(READER_ROUND_WARN_MS, 0.05 * itl_p50):
+    elif not delays["count"] and rounds["count"] and rounds["p99"] > max(READER_ROUND_WARN_MS, 0.05 * itl_p50):
         warnings.append(f"the stream reader's rounds took {rounds['p99']:.1f} ms at p99: token times behind them "
                         f"are late by up to that; use --workers {num_workers * 2}")
     if lateness["count"] and lateness["p99"] > SEND_LATENESS_WARN_MS:
@@ -5298,7 +5309,7 @@ def split_plan(plan: LoadPlan, num_workers: int) -> List[Tuple[LoadPlan, List[in
 def _load_worker(plan: LoadPlan, connection, on_event=None) -> None:
     """One process of loadgen --workers: a LoadRun of its share, started when the parent
     says (a perf_counter reading: one clock for every process on the machine); it sends
-    back its records, its reader's rounds, whether the server was unreachable, and its
+    back its records, its reader's lag, whether the server was unreachable, and its
     copy of on_event (instrumentation: a picklable callable that keeps what it saw)."""
     run, unreachable = LoadRun(plan, on_event=on_event), None
     try:
@@ -5313,7 +5324,7 @@ def _load_worker(plan: LoadPlan, connection, on_event=None) -> None:
         finish_in_flight(run, grace_s=2.0)
     finally:
         run.close()
-    connection.send((run.records, list(run.reader.round_s), unreachable, on_event))
+    connection.send((run.records, run.reader_lag_s(), unreachable, on_event))
 
 
 class ProcessLoadRun:
@@ -5327,7 +5338,8 @@ class ProcessLoadRun:
     def __init__(self, plan: LoadPlan, num_workers: int, on_event=None):
         self.plan, self.local, self.on_event = plan, LoadRun(plan), on_event
         self.records = self.local.records
-        self.round_s: List[float] = []
+        self.round_s: List[float] = []   # every worker's reader's rounds
+        self.delay_s: List[float] = []   # and its reads' waits in the kernel
         self.event_copies: list = []  # each worker's on_event, as it came back
         self.parts = split_plan(plan, num_workers)
         self.processes: List[Tuple[multiprocessing.Process, object, List[int]]] = []
@@ -5339,6 +5351,9 @@ class ProcessLoadRun:
 
     def measured(self) -> List[MeasuredRequest]:
         return self.records[self.plan.num_warmup:]
+
+    def reader_lag_s(self) -> Tuple[List[float], List[float]]:
+        return self.round_s, self.delay_s
 
     def warm_up(self) -> None:
         self.local.warm_up()
@@ -5377,13 +5392,14 @@ class ProcessLoadRun:
             raise ServerUnreachable(unreachable)
 
     def _merge(self, connection, share: List[int]) -> Optional[str]:
-        records, rounds, problem, on_event = connection.recv()
+        records, (rounds, delays), problem, on_event = connection.recv()
         connection.close()
         self.event_copies.append(on_event)
         for index, record in zip(share, records):
             record.request_id = self.records[index].request_id
             self.records[index] = record
         self.round_s += rounds
+        self.delay_s += delays
         return problem
 
     def stop(self) -> None:
@@ -7534,8 +7550,11 @@ def format_loadgen(report: dict) -> List[str]:
     if lateness.get("count"):
         lines.append(f"send lateness ms p50 {_ms(lateness['p50'])} p99 {_ms(lateness['p99'])} "
                      f"max {_ms(lateness['max'])} (sent after the schedule)")
-    rounds = report.get("reader_round_ms") or {}
-    if rounds.get("count"):
+    rounds, delays = report.get("reader_round_ms") or {}, report.get("reader_delay_ms") or {}
+    if delays.get("count"):
+        lines.append(f"stream reader waits ms p50 {_ms(delays['p50'])} p99 {_ms(delays['p99'])} max "
+                     f"{_ms(delays['max'])} (bytes in the kernel before a read; token times are the kernel's stamps)")
+    elif rounds.get("count"):
         lines.append(f"stream reader rounds ms p99 {_ms(rounds['p99'])} max {_ms(rounds['max'])} (how late a token "
                      f"time can be)")
     if report.get("replay"):
@@ -8359,7 +8378,8 @@ def cmd_loadgen(args) -> int:
     if replay is not None:
         settings["num_requests"] = len(replay[0])
     report = build_loadgen_report(settings, records, window, sampler.problem, slo, args.json_requests)
-    report["reader_round_ms"] = distribution_ms(run.round_s if several else list(run.reader.round_s))
+    rounds_s, delays_s = run.reader_lag_s()
+    report["reader_round_ms"], report["reader_delay_ms"] = distribution_ms(rounds_s), distribution_ms(delays_s)
     report["warnings"] = loadgen_warnings(report, args.workers)
     add_cost(report["summary"], (args.price_per_hour or 0.0) * args.num_devices, args.num_devices)
     if replay is not None:

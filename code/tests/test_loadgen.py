@@ -5,6 +5,7 @@ import os
 import signal
 import socket
 import threading
+import time
 import unittest
 from unittest import mock
 
@@ -199,6 +200,73 @@ class HttpStreamTest(unittest.TestCase):
         with FakeServer(chat=handle) as server:
             record = measure(server)
         self.assertEqual((record.error, record.output_tokens, len(record.chunk_times)), (None, 3, 3))
+
+
+def connected_pair():
+    """Two ends of a TCP connection on 127.0.0.1: (the client's, the server's)."""
+    with socket.socket() as listener:
+        listener.bind(("127.0.0.1", 0))
+        listener.listen()
+        client = socket.create_connection(listener.getsockname())
+        server, _ = listener.accept()
+    return client, server
+
+
+def lag_report(delay_p99=None, round_p99=None, itl_p50=5.0):
+    """The parts of a loadgen report that loadgen_warnings reads."""
+    def distribution(p99):
+        return {"count": 0} if p99 is None else {"count": 100, "p50": p99 / 4, "p99": p99, "max": p99 * 2}
+    return {"reader_delay_ms": distribution(delay_p99), "reader_round_ms": distribution(round_p99),
+            "send_lateness_ms": distribution(None), "summary": {"itl_ms": {"p50": itl_p50}}}
+
+
+class ReaderLagTest(unittest.TestCase):
+    """How loadgen dates bytes it reads late, and when it says its figures are unreliable."""
+
+    def test_kernel_stamps_date_bytes_by_their_arrival_not_by_a_late_read(self):
+        client, server = connected_pair()
+        with client, server:
+            if not main.enable_kernel_stamps(client):
+                self.skipTest("no kernel receive stamps here (Linux on x86_64 or arm64 has them)")
+            receiver = main.Receiver(client, time.perf_counter, stamped=True)
+            for _ in range(20):  # NOTE: the kernel starts stamping a moment after the first socket asks
+                server.sendall(b"x")
+                time.sleep(0.02)
+                if receiver.recv()[2] is not None:
+                    break
+            else:
+                self.skipTest("the kernel stamped none of 20 packets")
+            before_s = time.perf_counter()
+            server.sendall(b"data: {}\n\n")
+            sent_s = time.perf_counter()
+            time.sleep(0.2)
+            data, arrived_s, waited_s = receiver.recv()
+        self.assertEqual(data, b"data: {}\n\n")
+        self.assertGreaterEqual(arrived_s, before_s - 0.001)
+        self.assertLess(arrived_s, sent_s + 0.05)  # loopback delivers within send(); the read came 0.2 s on
+        self.assertGreater(waited_s, 0.15)
+
+    def test_an_injected_clock_dates_bytes_when_read_without_kernel_stamps(self):
+        clock = iter([10.0, 12.5]).__next__
+        client, server = connected_pair()
+        with client, server, main.StreamReader(clock=FakeTime().clock) as reader:
+            self.assertFalse(reader.kernel_stamps)
+            receiver = main.Receiver(client, clock, stamped=False)
+            server.sendall(b"x")
+            self.assertEqual(receiver.recv(), (b"x", 12.5, None))
+
+    def test_late_reads_warn_only_near_the_gap_between_a_streams_events(self):
+        self.assertEqual(main.loadgen_warnings(lag_report(delay_p99=1.9, round_p99=30.0), 1), [])
+        self.assertEqual(main.loadgen_warnings(lag_report(delay_p99=3.0, round_p99=30.0), 2), [
+            "the stream reader read bytes 3.0 ms after they arrived at p99: a stream's events that wait together "
+            "get the last one's time; use --workers 4"])
+        self.assertEqual(main.loadgen_warnings(lag_report(delay_p99=20.0, itl_p50=60.0), 1), [])
+
+    def test_without_kernel_stamps_the_readers_rounds_warn(self):
+        self.assertEqual(main.loadgen_warnings(lag_report(round_p99=3.0), 1), [
+            "the stream reader's rounds took 3.0 ms at p99: token times behind them are late by up to that; "
+            "use --workers 2"])
+        self.assertEqual(main.loadgen_warnings(lag_report(round_p99=1.0), 1), [])
 
 
 class HttpBodyTest(unittest.TestCase):

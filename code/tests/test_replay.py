@@ -2,6 +2,7 @@
 
 import json
 import os
+import socket
 import statistics
 import unittest
 
@@ -160,6 +161,10 @@ class ReplayTest(ScratchTest):
         self.assertEqual(received, 12 + 1)  # and the one chat that measured the template's tokens
         self.assertEqual(report["settings"]["workers"], 2)
         self.assertGreater(report["reader_round_ms"]["count"], 0)
+        with socket.socket() as probe:
+            stamped = main.enable_kernel_stamps(probe)
+        if stamped:  # the workers' kernel-stamped reads come back too
+            self.assertGreater(report["reader_delay_ms"]["count"], 0)
 
     def test_max_context_cuts_long_requests_and_says_how_many(self):
         rows = [{"arrival_s": 0.0, "prompt_tokens": tokens, "output_tokens": 500} for tokens in (100, 2000, 900)]
