@@ -4207,6 +4207,15 @@ def enable_kernel_stamps(sock: socket.socket) -> bool:
     return True
 
 
+def _kernel_stamp(ancillary: Sequence[Tuple[int, int, bytes]]) -> Optional[float]:
+    """The receive stamp in recvmsg()'s ancillary data (realtime seconds), or None."""
+    for level, kind, raw in ancillary:
+        if level == socket.SOL_SOCKET and kind == SO_TIMESTAMPNS_LINUX and len(raw) >= _TIMESPEC.size:
+            seconds, nanoseconds = _TIMESPEC.unpack_from(raw)
+            return seconds + nanoseconds * 1e-9
+    return None
+
+
 class Receiver:
     """recv() on one socket, with the time its bytes arrived: the kernel's stamp of the last
     packet read where enable_kernel_stamps() took (so a reader that is late to a socket
@@ -4222,15 +4231,13 @@ class Receiver:
         if not self.stamped:
             return self.sock.recv(1 << 16), self.clock(), None
         data, ancillary, _, _ = self.sock.recvmsg(1 << 16, 64)
-        read_at, now = self.clock(), time.time()
-        waited = next((now - seconds - nanoseconds * 1e-9 for level, kind, raw in ancillary
-                       if level == socket.SOL_SOCKET and kind == SO_TIMESTAMPNS_LINUX and len(raw) >= _TIMESPEC.size
-                       for seconds, nanoseconds in (_TIMESPEC.unpack_from(raw),)), None)
-        if waited is not None:
+        read_at, now, stamp = self.clock(), time.time(), _kernel_stamp(ancillary)
+        waited = None
+        if stamp is not None:
             # NOTE: the wait is a difference of two realtime readings, so no offset between the
-            # clocks is needed; it is cut to the time since the last read (which took every byte
-            # there was), so a step of the realtime clock cannot date bytes before then.
-            waited = min(max(waited, 0.0), read_at - self.last_read_at)
+            # clocks is needed; it is cut to the time since the last read (which took what there
+            # was, up to 64 KiB), so a step of the realtime clock cannot date bytes before then.
+            waited = min(max(now - stamp, 0.0), read_at - self.last_read_at)
         self.last_read_at = read_at
         return data, read_at - (waited or 0.0), waited
 
@@ -5192,7 +5199,7 @@ def finish_in_flight(run: LoadRun, grace_s: float) -> None:
             record.fail("interrupted", "still streaming when the run was interrupted")
 
 
-READER_ROUND_WARN_MS = 2.0   # a reader round this long at p99 delays the timestamps behind it
+READER_LAG_WARN_MS = 2.0     # reader rounds (or, with kernel stamps, waits) this long at p99 blur token times
 SEND_LATENESS_WARN_MS = 5.0  # requests this late at p99 were not sent on the schedule
 
 
@@ -5205,11 +5212,11 @@ def loadgen_warnings(report: dict, num_workers: int) -> List[str]:
     # NOTE: with kernel stamps a late read still dates its bytes right, unless a stream's
     # events pile up meanwhile (a read gives them all the last one's time): that takes a wait
     # near the gap between them
-    if delays["count"] and delays["p99"] > max(READER_ROUND_WARN_MS, 0.5 * itl_p50):
+    if delays["count"] and delays["p99"] > max(READER_LAG_WARN_MS, 0.5 * itl_p50):
         warnings.append(f"the stream reader read bytes {delays['p99']:.1f} ms after they arrived at p99: a stream's "
                         f"events that wait together get the last one's time; use --workers {num_workers * 2}")
     # NOTE: a late stamp matters beside the gaps it measures: 2 ms is nothing in a 60 ms gap
-    elif not delays["count"] and rounds["count"] and rounds["p99"] > max(READER_ROUND_WARN_MS, 0.05 * itl_p50):
+    elif not delays["count"] and rounds["count"] and rounds["p99"] > max(READER_LAG_WARN_MS, 0.05 * itl_p50):
         warnings.append(f"the stream reader's rounds took {rounds['p99']:.1f} ms at p99: token times behind them "
                         f"are late by up to that; use --workers {num_workers * 2}")
     if lateness["count"] and lateness["p99"] > SEND_LATENESS_WARN_MS:
