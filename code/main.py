@@ -3842,10 +3842,13 @@ def spread_token_times(chunk_times: Sequence[float], counts: Sequence[int]) -> L
     The tokens of the first event all arrive with it (they are the first token and
     whatever came with it).
     """
+    if max(counts) == 1:  # NOTE: the usual stream, a token an event: it runs on the stream reader's thread
+        return list(chunk_times)
     times = [chunk_times[0]] * counts[0]
     for earlier, at, count in zip(chunk_times, chunk_times[1:], counts[1:]):
-        gap = (at - earlier) / count
-        times.extend(earlier + gap * index for index in range(1, count))
+        if count > 1:
+            gap = (at - earlier) / count
+            times.extend(earlier + gap * index for index in range(1, count))
         times.append(at)
     return times
 
