@@ -202,8 +202,8 @@ def bench_loadgen(repeat):
                     figures[f"{name} p99"].append(main.percentile(values, 99))
             parts = [f"{name} {statistics.median(values):.3f} ({min(values):.3f}-{max(values):.3f})"
                      for name, values in figures.items()]
-            print(f"loadgen  c={concurrency:<3} {2 * concurrency} streams x {STUB_TOKENS} tokens, {repeat} runs, "
-                  f"{len(failures)} failed; ms, median (min-max) of runs: " + ", ".join(parts))
+            print(f"loadgen  c={concurrency:<3} {concurrency} streams at once, {2 * concurrency} requests x {STUB_TOKENS} "
+                  f"tokens, {repeat} runs, {len(failures)} failed; ms, median (min-max) of runs: " + ", ".join(parts))
     finally:
         stub.kill()
         stub.wait()
@@ -255,8 +255,9 @@ def bench_workers(repeat):
                 runs = [loadgen_workers_once(endpoint, concurrency, num_workers) for _ in range(repeat)]
                 ttft, p99, every = [run[0] for run in runs], [run[1] for run in runs], [run[3] for run in runs]
                 failed = sum(len(run[2]) for run in runs)
-                print(f"workers  c={concurrency:<3} --workers {num_workers}: {2 * concurrency} streams x {STUB_TOKENS} "
-                      f"tokens, {repeat} runs, {failed} failed; timestamp error, ms, median (min-max) of runs: "
+                print(f"workers  c={concurrency:<3} --workers {num_workers}: {concurrency} streams at once, "
+                      f"{2 * concurrency} requests x {STUB_TOKENS} tokens, {repeat} runs, {failed} failed; "
+                      f"timestamp error, ms, median (min-max) of runs: "
                       f"first token p50 {statistics.median(ttft):.2f} ({min(ttft):.2f}-{max(ttft):.2f}), every "
                       f"token p50 {statistics.median(every):.2f} ({min(every):.2f}-{max(every):.2f}), p99 "
                       f"{statistics.median(p99):.2f} ({min(p99):.2f}-{max(p99):.2f})")
