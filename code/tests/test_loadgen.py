@@ -246,6 +246,34 @@ class ReaderLagTest(unittest.TestCase):
         self.assertLess(arrived_s, sent_s + 0.05)  # loopback delivers within send(); the read came 0.2 s on
         self.assertGreater(waited_s, 0.15)
 
+    def test_a_reader_held_up_still_dates_a_token_by_its_arrival(self):
+        with socket.socket() as probe:
+            if not main.enable_kernel_stamps(probe):
+                self.skipTest("no kernel receive stamps here (Linux on x86_64 or arm64 has them)")
+        held, released_s = threading.Event(), []
+
+        def handle(handler, body):
+            handler.start_stream()
+            handler.write_chunk(sse(chunk("a"), done=False))
+            held.wait(10)  # NOTE: "b" goes out while the thread that reads this stream is busy
+            handler.write_chunk(sse(chunk("b"), done=False))
+            handler.write_chunk(sse(chunk(finish="stop", usage=(1, 2))))
+            handler.end_stream()
+
+        def on_event(at, event):
+            if not held.is_set() and event["choices"][0]["delta"].get("content") == "a":
+                held.set()
+                time.sleep(0.2)
+                released_s.append(time.perf_counter())
+
+        record = main.MeasuredRequest(0, sent_s=0.0)
+        with FakeServer(chat=handle) as server, main.StreamReader() as reader:
+            main.stream_chat(main.Endpoint.parse(server.url), main.chat_body("m", "hi", 2, False, 0.0),
+                             {"Content-Type": "application/json"}, record, reader, 10.0, on_event)
+        self.assertIsNone(record.error)
+        self.assertEqual(len(record.chunk_times), 2)
+        self.assertLess(record.chunk_times[1], released_s[0] - 0.1)  # read after released_s, dated before it
+
     def test_an_injected_clock_dates_bytes_when_read_without_kernel_stamps(self):
         clock = iter([10.0, 12.5]).__next__
         client, server = connected_pair()
