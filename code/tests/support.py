@@ -5,6 +5,7 @@ import io
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -17,6 +18,12 @@ if CODE_DIR not in sys.path:
     sys.path.insert(0, CODE_DIR)
 
 import main  # noqa: E402  (the path above makes it importable)
+
+
+def kernel_stamps_here() -> bool:
+    """Whether this machine's kernel stamps received packets for loadgen (Linux on x86_64, arm64)."""
+    with socket.socket() as probe:
+        return main.enable_kernel_stamps(probe)
 
 
 def run_cli(*argv):

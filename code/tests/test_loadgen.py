@@ -11,7 +11,7 @@ from unittest import mock
 
 from fake_server import (FakeServer, chunk, counting_completion, error_response, sse, standard_stream, stream_of,
                          text_chunk)
-from support import main, run_cli, start_interruptible
+from support import kernel_stamps_here, main, run_cli, start_interruptible
 
 LLAMA_400 = {"error": {"code": 400, "message": "request (1124 tokens) exceeds the available context size "
                                                "(1024 tokens), try increasing it",
@@ -247,9 +247,8 @@ class ReaderLagTest(unittest.TestCase):
         self.assertGreater(waited_s, 0.15)
 
     def test_a_reader_held_up_still_dates_a_token_by_its_arrival(self):
-        with socket.socket() as probe:
-            if not main.enable_kernel_stamps(probe):
-                self.skipTest("no kernel receive stamps here (Linux on x86_64 or arm64 has them)")
+        if not kernel_stamps_here():
+            self.skipTest("no kernel receive stamps here (Linux on x86_64 or arm64 has them)")
         held, released_s = threading.Event(), []
 
         def handle(handler, body):

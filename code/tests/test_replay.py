@@ -2,12 +2,11 @@
 
 import json
 import os
-import socket
 import statistics
 import unittest
 
 from fake_server import FakeServer, counting_chat, counting_completion, word_tokens
-from support import ScratchTest, main, run_cli
+from support import ScratchTest, kernel_stamps_here, main, run_cli
 
 
 def rows_text(rows):
@@ -161,9 +160,7 @@ class ReplayTest(ScratchTest):
         self.assertEqual(received, 12 + 1)  # and the one chat that measured the template's tokens
         self.assertEqual(report["settings"]["workers"], 2)
         self.assertGreater(report["reader_round_ms"]["count"], 0)
-        with socket.socket() as probe:
-            stamped = main.enable_kernel_stamps(probe)
-        if stamped:  # the workers' kernel-stamped reads come back too
+        if kernel_stamps_here():  # the workers' kernel-stamped reads come back too
             self.assertGreater(report["reader_delay_ms"]["count"], 0)
 
     def test_max_context_cuts_long_requests_and_says_how_many(self):
