@@ -1523,6 +1523,7 @@ class BlockPool:
         self.cached: Dict[Hashable, int] = {}   # content key -> block
         self.key_of: Dict[int, Hashable] = {}   # block -> content key
         self.num_evictions = 0
+        self.recent_evictions: Deque[Hashable] = deque(maxlen=self.EVICTION_WINDOW)  # the last keys evicted
 
     def free_count(self) -> int:
         return len(self.free)
@@ -1556,6 +1557,7 @@ class BlockPool:
             evicted = list(filter(None, map(self.key_of.pop, blocks, itertools.repeat(None))))  # no key is falsy
             _drain(map(self.cached.__delitem__, evicted))
             self.num_evictions += len(evicted)
+            self.recent_evictions.extend(evicted)
         self.refs.update(zip(blocks, itertools.repeat(1)))
         return blocks
 
@@ -1588,6 +1590,15 @@ class BlockPool:
                 key_of[block] = key
 
     LOOKUP_CHUNK = 64  # keys looked up per pass in C: a long prompt's lookup stops soon after its first miss
+    EVICTION_WINDOW = 1024  # evicted keys remembered for evicted_since()
+
+    def evicted_since(self, num_evictions: int) -> Optional[List[Hashable]]:
+        """The keys evicted since num_evictions was this pool's count, or None when that is
+        further back than the pool remembers."""
+        num_new = self.num_evictions - num_evictions
+        if num_new > len(self.recent_evictions):
+            return None
+        return list(itertools.islice(self.recent_evictions, len(self.recent_evictions) - num_new, None))
 
     def lookup(self, keys: Sequence[Hashable]) -> List[int]:
         """The leading run of keys that are cached, as blocks; stops at the first miss."""
@@ -1754,6 +1765,13 @@ def prefix_block_keys(request: Request, block_size: int) -> List[Hashable]:
     if not request.prefix_blocks:
         return [(request.prefix, index) for index in range(num_blocks)]
     chain, per_trace_block = request.prefix_blocks, request.prefix_block_tokens
+    if per_trace_block % block_size == 0 and all(type(key) is int for key in chain):
+        # NOTE: the usual Mooncake case in C: trace block j's engine blocks j*per .. j*per+per-1
+        # have the consecutive keys key*PACKED_KEY_BASE + index + 1, one range each
+        per = per_trace_block // block_size
+        return list(itertools.islice(itertools.chain.from_iterable(
+            range(key * PACKED_KEY_BASE + index * per + 1, key * PACKED_KEY_BASE + index * per + per + 1)
+            for index, key in enumerate(chain)), num_blocks))
     if per_trace_block % block_size == 0:  # each trace block spans whole engine blocks
         spans = list(itertools.islice(itertools.chain.from_iterable(
             map(itertools.repeat, chain, itertools.repeat(per_trace_block // block_size))), num_blocks))
@@ -1819,6 +1837,7 @@ class Scheduler:
         self.num_prefix_query_tokens = 0
         self.num_prefix_hit_tokens = 0
         self._keys: Dict[Request, List[Hashable]] = {}  # prefix block keys of requests not yet done
+        self._last_lookup: Optional[tuple] = None  # (request, hits, their keys, pool evictions then): see _lookup
         self.token_log = None  # an engine's TokenLog, when it keeps token times without a list per token
 
     def blocks_for(self, num_tokens: int) -> int:
@@ -1921,7 +1940,7 @@ class Scheduler:
         best_cached = self._tokens_with_kv(request, len(keys) * self.config.block_size)
         if self.blocks_for(min(request.length - best_cached, budget)) > self.pool.free_count():
             return None
-        hits = self.pool.lookup(keys)
+        hits = self._lookup(request, keys)
         num_cached = self._tokens_with_kv(request, len(hits) * self.config.block_size)
         num_tokens = min(request.length - num_cached, budget)
         if not self.config.chunked_prefill and num_tokens < request.length - num_cached:
@@ -1934,6 +1953,30 @@ class Scheduler:
         if num_new_blocks > self.pool.free_count() - self.pool.free_among(hits):
             return None
         return hits, num_cached, num_tokens, num_new_blocks
+
+    def _lookup(self, request: Request, keys: List[Hashable]) -> List[int]:
+        """pool.lookup(keys), continued from the last lookup of the same request when none of
+        the keys that one hit has been evicted since. NOTE: a cached key keeps its block until
+        it is evicted, so those hits stand and only the keys after them need looking up. It
+        spares the head of a full cache, looked up at every step until it fits, a lookup of
+        its whole prompt each time."""
+        if not keys:  # no prefix caching, or nothing shared: nothing to look up (CountingPool among them)
+            return []
+        last = self._last_lookup
+        if last is not None and last[0] is request and len(last[1]) <= len(keys):
+            _, hits, hit_keys, num_evictions = last
+            evicted = self.pool.evicted_since(num_evictions)
+            if evicted is not None and hit_keys.isdisjoint(evicted):
+                more = self.pool.lookup(keys[len(hits):])
+                if more:
+                    hits = hits + tuple(more)
+                    hit_keys = hit_keys.union(keys[len(last[1]):len(hits)])
+                self._last_lookup = (request, hits, hit_keys, self.pool.num_evictions)
+                return list(hits)
+        hits = self.pool.lookup(keys)
+        # NOTE: kept as a tuple: the list returned becomes the request's blocks and grows
+        self._last_lookup = (request, tuple(hits), set(keys[:len(hits)]), self.pool.num_evictions)
+        return hits
 
     def _admit(self, request: Request, hits: List[int], num_cached: int, num_tokens: int,
                num_new_blocks: int, now_s: float) -> int:

@@ -13,6 +13,7 @@ class ReferencePool:
     def __init__(self, num_blocks):
         self.free, self.refs, self.cached, self.key_of = dict.fromkeys(range(num_blocks)), {}, {}, {}
         self.num_evictions = 0
+        self.evicted = []  # every key evicted, in order
 
     def allocate(self, count):
         blocks = list(self.free)[:count]
@@ -20,7 +21,8 @@ class ReferencePool:
             del self.free[block]
             self.refs[block] = 1
             if block in self.key_of:
-                del self.cached[self.key_of.pop(block)]
+                self.evicted.append(self.key_of.pop(block))
+                del self.cached[self.evicted[-1]]
                 self.num_evictions += 1
         return blocks
 
@@ -184,6 +186,20 @@ class BlockPoolTest(unittest.TestCase):
                 self.assertEqual(pool.free_count(), len(reference.free))
                 self.assertEqual(pool.ref_counts(), reference.refs)
                 self.assertEqual((pool.cached, pool.num_evictions), (reference.cached, reference.num_evictions))
+                mark = rng.randint(0, reference.num_evictions)
+                expected = reference.evicted[mark:] if len(reference.evicted) - mark <= pool.EVICTION_WINDOW else None
+                self.assertEqual(pool.evicted_since(mark), expected)
+
+    def test_evicted_since_names_the_keys_evicted_after_a_count_within_its_window(self):
+        pool = make_pool(num_blocks=4)
+        pool.cache_many(pool.allocate(4), ["a", "b", "c", "d"])
+        pool.release([0, 1, 2, 3])  # the free list is now 3, 2, 1, 0
+        mark = pool.num_evictions
+        pool.allocate(2)
+        self.assertEqual(pool.evicted_since(mark), ["d", "c"])
+        self.assertEqual(pool.evicted_since(pool.num_evictions), [])
+        pool.recent_evictions.clear()  # as if more than the window had been evicted since
+        self.assertIsNone(pool.evicted_since(mark))
 
     def test_allocating_more_than_is_free_raises_capacity_error(self):
         pool = make_pool(num_blocks=11)

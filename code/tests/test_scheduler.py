@@ -196,6 +196,23 @@ class SchedulerTest(unittest.TestCase):
                                        prefix_tokens=8))
         self.assertEqual(step(scheduler), [(0, 10), (1, 2)])
 
+    def test_the_queue_heads_lookup_is_reused_only_while_no_key_it_hit_is_evicted(self):
+        scheduler = make_scheduler(num_blocks=11, prefix_caching=True)
+        pool, looked_up = scheduler.pool, []
+        head = make_request(0, prompt_tokens=14, max_tokens=2, prefix="sys", prefix_tokens=12)
+        keys = scheduler._prefix_keys(head)
+        pool.cache_many(pool.allocate(3), keys)
+        pool.release([0, 1, 2])  # free list: 3 .. 10, then 2, 1, 0
+        lookup = pool.lookup
+        pool.lookup = lambda wanted: looked_up.append(len(wanted)) or lookup(wanted)
+        self.assertEqual(scheduler._lookup(head, keys), [0, 1, 2])
+        scheduler._lookup(head, keys).append(99)  # NOTE: the hits become the request's blocks, which grow
+        pool.allocate(8)  # blocks 3 .. 10, which hold no key
+        self.assertEqual(scheduler._lookup(head, keys), [0, 1, 2])
+        pool.allocate(1)  # block 2: evicts ("sys", 2)
+        self.assertEqual(scheduler._lookup(head, keys), [0, 1])
+        self.assertEqual(looked_up, [3, 0, 0, 3])  # whole, nothing new twice, whole again after the eviction
+
     def test_requests_with_different_prefix_names_share_nothing(self):
         scheduler = make_scheduler(num_blocks=11, prefix_caching=True)
         scheduler.add(make_request(0, prompt_tokens=10, max_tokens=2, prefix="a", prefix_tokens=8))
