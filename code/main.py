@@ -1519,7 +1519,9 @@ class BlockPool:
         # NOTE: a dict keeps insertion order and removes from anywhere in O(1), a third
         # faster than an OrderedDict; the front is the least recently released block.
         self.free: Dict[int, None] = dict.fromkeys(range(num_blocks))
-        self.refs: Dict[int, int] = {}
+        # NOTE: only counts above one are kept: a block in use and not here has one. Most
+        # blocks are never shared, so allocate and release leave this small dict alone.
+        self.shared: Dict[int, int] = {}
         self.cached: Dict[Hashable, int] = {}   # content key -> block
         self.key_of: Dict[int, Hashable] = {}   # block -> content key
         self.num_evictions = 0
@@ -1541,7 +1543,7 @@ class BlockPool:
 
     def ref_counts(self) -> Dict[int, int]:
         """Reference count of each block in use."""
-        return dict(self.refs)
+        return {block: self.shared.get(block, 1) for block in range(self.num_blocks) if block not in self.free}
 
     def keys_held(self) -> Dict[int, Hashable]:
         """The content key of each block that carries one."""
@@ -1558,7 +1560,6 @@ class BlockPool:
             _drain(map(self.cached.__delitem__, evicted))
             self.num_evictions += len(evicted)
             self.recent_evictions.extend(evicted)
-        self.refs.update(zip(blocks, itertools.repeat(1)))
         return blocks
 
     def release(self, blocks: Sequence[int]) -> None:
@@ -1567,15 +1568,16 @@ class BlockPool:
         # before its head: the head is the prefix other requests are likely to share.
         if not blocks:
             return
-        refs, backwards = self.refs, blocks[::-1]
-        counts = list(map(refs.__getitem__, backwards))
-        if max(counts) == 1:  # nothing shared: every block goes
-            freed = backwards
-        else:
-            freed = [block for block, count in zip(backwards, counts) if count == 1]
-            refs.update((block, count - 1) for block, count in zip(backwards, counts) if count > 1)
-        _drain(map(refs.__delitem__, freed))
-        self.free.update(dict.fromkeys(freed))
+        shared, backwards = self.shared, blocks[::-1]
+        common = shared.keys() & backwards if shared else ()
+        if common:  # NOTE: blocks others hold lose a reference and stay; the rest go
+            for block in common:
+                if shared[block] == 2:
+                    del shared[block]
+                else:
+                    shared[block] -= 1
+            backwards = list(itertools.filterfalse(common.__contains__, backwards))
+        self.free.update(dict.fromkeys(backwards))
 
     def cache(self, block: int, key: Hashable) -> None:
         """Record that block holds the content named key (the first holder wins)."""
@@ -1613,9 +1615,11 @@ class BlockPool:
 
     def touch(self, blocks: Sequence[int]) -> None:
         """Take a reference on cached blocks (distinct ones), reviving any that were free."""
-        free, refs = self.free, self.refs
-        _drain(map(free.__delitem__, list(filter(free.__contains__, blocks))))
-        refs.update(zip(blocks, map(operator.add, map(refs.get, blocks, itertools.repeat(0)), itertools.repeat(1))))
+        free, shared = self.free, self.shared
+        in_use = list(itertools.filterfalse(free.__contains__, blocks))
+        shared.update(zip(in_use, map(operator.add, map(shared.get, in_use, itertools.repeat(1)), itertools.repeat(1))))
+        if len(in_use) < len(blocks):
+            _drain(map(free.__delitem__, list(filter(free.__contains__, blocks))))
 
 
 class CountingPool:
