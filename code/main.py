@@ -1586,6 +1586,12 @@ class BlockPool:
     def cache_many(self, blocks: Sequence[int], keys: Sequence[Hashable]) -> None:
         """cache() for each block and its key, in order."""
         cached, key_of = self.cached, self.key_of
+        if key_of.keys().isdisjoint(blocks):  # the usual case: blocks just allocated, so holding no key
+            # NOTE: setdefault keeps the first holder of a key; a block then names its key
+            # only where it became that holder
+            _drain(map(cached.setdefault, keys, blocks))
+            key_of.update(itertools.compress(zip(blocks, keys), map(operator.eq, map(cached.__getitem__, keys), blocks)))
+            return
         for block, key in zip(blocks, keys):  # NOTE: a plain loop beats chains of C iterators here
             if key not in cached and block not in key_of:
                 cached[key] = block

@@ -170,10 +170,16 @@ class BlockPoolTest(unittest.TestCase):
                     blocks = pool.allocate(count)
                     self.assertEqual(blocks, reference.allocate(count), f"seed {seed}")
                     keys = [("k", rng.randint(0, 15)) for _ in blocks]
-                    keys = list(dict.fromkeys(keys))  # distinct within one call
+                    if rng.random() < 0.7:
+                        keys = list(dict.fromkeys(keys))  # distinct within one call, as a request's are
                     pool.cache_many(blocks[:len(keys)], keys)
                     reference.cache_many(blocks[:len(keys)], keys)
                     held.append(blocks)
+                    if held and rng.random() < 0.2:  # blocks that may already name content
+                        again = held[rng.randrange(len(held))]
+                        keys = [("k", rng.randint(0, 15)) for _ in again]
+                        pool.cache_many(again, keys)
+                        reference.cache_many(again, keys)
                 else:
                     keys = [("k", rng.randint(0, 15)) for _ in range(rng.randint(0, 4))]
                     hits = pool.lookup(keys)
