@@ -1590,9 +1590,10 @@ class BlockPool:
             # NOTE: setdefault keeps the first holder of a key; a block then names its key
             # only where it became that holder
             _drain(map(cached.setdefault, keys, blocks))
-            key_of.update(itertools.compress(zip(blocks, keys), map(operator.eq, map(cached.__getitem__, keys), blocks)))
+            became_holder = map(operator.eq, map(cached.__getitem__, keys), blocks)
+            key_of.update(itertools.compress(zip(blocks, keys), became_holder))
             return
-        for block, key in zip(blocks, keys):  # NOTE: a plain loop beats chains of C iterators here
+        for block, key in zip(blocks, keys):  # a block may already name content: one pair at a time
             if key not in cached and block not in key_of:
                 cached[key] = block
                 key_of[block] = key
@@ -1979,8 +1980,8 @@ class Scheduler:
             if evicted is not None and hit_keys.isdisjoint(evicted):
                 more = self.pool.lookup(keys[len(hits):])
                 if more:
+                    hit_keys = hit_keys.union(keys[len(hits):len(hits) + len(more)])
                     hits = hits + tuple(more)
-                    hit_keys = hit_keys.union(keys[len(last[1]):len(hits)])
                 self._last_lookup = (request, hits, hit_keys, self.pool.num_evictions)
                 return list(hits)
         hits = self.pool.lookup(keys)
