@@ -1568,7 +1568,7 @@ class BlockPool:
         # before its head: the head is the prefix other requests are likely to share.
         if not blocks:
             return
-        shared, backwards = self.shared, blocks[::-1]
+        shared, backwards = self.shared, list(reversed(blocks))
         common = shared.keys() & backwards if shared else ()
         if common:  # NOTE: blocks others hold lose a reference and stay; the rest go
             for block in common:
@@ -1576,8 +1576,11 @@ class BlockPool:
                     del shared[block]
                 else:
                     shared[block] -= 1
-            backwards = list(itertools.filterfalse(common.__contains__, backwards))
-        self.free.update(dict.fromkeys(backwards))
+            if common.issuperset(backwards[len(backwards) - len(common):]):  # the usual case: shared hits lead
+                del backwards[len(backwards) - len(common):]
+            else:
+                backwards = list(itertools.filterfalse(common.__contains__, backwards))
+        self.free.update(zip(backwards, itertools.repeat(None)))  # pairs: no dict built on the way
 
     def cache(self, block: int, key: Hashable) -> None:
         """Record that block holds the content named key (the first holder wins)."""
@@ -1586,17 +1589,26 @@ class BlockPool:
     def cache_many(self, blocks: Sequence[int], keys: Sequence[Hashable]) -> None:
         """cache() for each block and its key, in order."""
         cached, key_of = self.cached, self.key_of
-        if key_of.keys().isdisjoint(blocks):  # the usual case: blocks just allocated, so holding no key
-            # NOTE: setdefault keeps the first holder of a key; a block then names its key
-            # only where it became that holder
-            _drain(map(cached.setdefault, keys, blocks))
-            became_holder = map(operator.eq, map(cached.__getitem__, keys), blocks)
-            key_of.update(itertools.compress(zip(blocks, keys), became_holder))
+        if key_of.keys().isdisjoint(blocks):
+            self.cache_allocated(blocks, keys)
             return
         for block, key in zip(blocks, keys):  # a block may already name content: one pair at a time
             if key not in cached and block not in key_of:
                 cached[key] = block
                 key_of[block] = key
+
+    def cache_allocated(self, blocks: Sequence[int], keys: Sequence[Hashable]) -> None:
+        """cache_many() for blocks that hold no key (allocated and not cached since, as a
+        request's newly computed blocks are), in C."""
+        cached, num_keys = self.cached, len(self.cached)
+        # NOTE: setdefault keeps the first holder of a key; a block then names its key
+        # only where it became that holder: all of them when every key was new
+        _drain(map(cached.setdefault, keys, blocks))
+        if len(cached) - num_keys == len(keys):
+            self.key_of.update(zip(blocks, keys))
+            return
+        became_holder = map(operator.eq, map(cached.__getitem__, keys), blocks)
+        self.key_of.update(itertools.compress(zip(blocks, keys), became_holder))
 
     LOOKUP_CHUNK = 64  # keys looked up per pass in C: a long prompt's lookup stops soon after its first miss
     EVICTION_WINDOW = 1024  # evicted keys remembered for evicted_since()
@@ -1667,6 +1679,9 @@ class CountingPool:
         pass
 
     def cache_many(self, blocks: Sequence[int], keys: Sequence[Hashable]) -> None:
+        pass
+
+    def cache_allocated(self, blocks: Sequence[int], keys: Sequence[Hashable]) -> None:
         pass
 
 
@@ -1960,8 +1975,10 @@ class Scheduler:
             return None
         num_new_blocks = self.blocks_for(num_cached + num_tokens) - len(hits)
         # NOTE: free cached hits count as free blocks but touching them takes them
-        # off the free list, so they cannot also be allocated.
-        if num_new_blocks > self.pool.free_count() - self.pool.free_among(hits):
+        # off the free list, so they cannot also be allocated. Counting them is needed only
+        # when the answer turns on it: the free hits number between none and all of them.
+        num_free = self.pool.free_count()
+        if num_new_blocks > num_free - len(hits) and num_new_blocks > num_free - self.pool.free_among(hits):
             return None
         return hits, num_cached, num_tokens, num_new_blocks
 
@@ -2032,7 +2049,7 @@ class Scheduler:
             num_full = min(request.prefix_tokens, request.computed + num_tokens) // self.config.block_size
             first = request.num_cached_blocks
             if num_full > first:  # one call for all the prefix blocks this step completed
-                self.pool.cache_many(request.blocks[first:num_full], self._all_prefix_keys(request)[first:num_full])
+                self.pool.cache_allocated(request.blocks[first:num_full], self._all_prefix_keys(request)[first:num_full])
                 request.num_cached_blocks = num_full
 
     def _prefix_keys(self, request: Request) -> List[Tuple[str, int]]:
@@ -2851,10 +2868,15 @@ def _ordered_bits(bits: int) -> int:
 
 
 def _sorted_weighted(values_s: Sequence[float], weights: Sequence[int]) -> List[int]:
-    """Each (value, weight) as one int, sorted by value: weights are counts below 2**32."""
+    """Each (value, weight) of a weight above zero as one int, sorted by value: weights
+    are counts below 2**32."""
     bits = array.array("q")
     bits.frombytes(array.array("d", values_s).tobytes())
-    keys = [(_ordered_bits(b) << _WEIGHT_BITS) | w for b, w in zip(bits, weights)]
+    if bits and min(bits) < 0:  # a negative value (or -0.0): its bits need turning round
+        bits = map(_ordered_bits, bits)
+    # NOTE: in C: the bits of a double that is not negative already order as it does
+    keys = list(itertools.compress(map(operator.or_, map(operator.lshift, bits, itertools.repeat(_WEIGHT_BITS)),
+                                       weights), weights))
     keys.sort()
     return keys
 
@@ -2867,18 +2889,11 @@ def _key_value(key: int) -> float:
 def _weighted_distribution_ms(values_s: Sequence[float], weights: Sequence[int]) -> dict:
     count = sum(weights)
     stats = {"count": count, "mean": sum(map(operator.mul, values_s, weights)) * 1000 / count if count else None}
-    ranks = {pct: nearest_rank(pct, count) for pct in PERCENTILES}
-    found = dict.fromkeys(PERCENTILES)
-    if count:
-        cumulative, pending = 0, list(PERCENTILES)
-        for key in _sorted_weighted(values_s, weights):
-            cumulative += key & _WEIGHT_MASK
-            while pending and cumulative >= ranks[pending[0]]:
-                found[pending.pop(0)] = _key_value(key)
-            if not pending:
-                break
-    for pct in PERCENTILES:
-        stats[f"p{pct}"] = None if found[pct] is None else found[pct] * 1000
+    keys = _sorted_weighted(values_s, weights) if count else []
+    cumulative = list(itertools.accumulate(map(operator.and_, keys, itertools.repeat(_WEIGHT_MASK))))
+    for pct in PERCENTILES:  # the first value whose running weight reaches the rank
+        stats[f"p{pct}"] = (_key_value(keys[bisect.bisect_left(cumulative, nearest_rank(pct, count))]) * 1000
+                            if count else None)
     stats["max"] = max(itertools.compress(values_s, weights)) * 1000 if count else None
     return stats
 

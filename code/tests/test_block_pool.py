@@ -172,7 +172,8 @@ class BlockPoolTest(unittest.TestCase):
                     keys = [("k", rng.randint(0, 15)) for _ in blocks]
                     if rng.random() < 0.7:
                         keys = list(dict.fromkeys(keys))  # distinct within one call, as a request's are
-                    pool.cache_many(blocks[:len(keys)], keys)
+                    cache = pool.cache_allocated if rng.random() < 0.5 else pool.cache_many  # fresh blocks: either
+                    cache(blocks[:len(keys)], keys)
                     reference.cache_many(blocks[:len(keys)], keys)
                     held.append(blocks)
                     if held and rng.random() < 0.2:  # blocks that may already name content
