@@ -1519,6 +1519,7 @@ class BlockPool:
         # NOTE: a dict keeps insertion order and removes from anywhere in O(1), a third
         # faster than an OrderedDict; the front is the least recently released block.
         self.free: Dict[int, None] = dict.fromkeys(range(num_blocks))
+        self.num_taken = 0  # blocks allocated since the free list's table was last rebuilt
         # NOTE: only counts above one are kept: a block in use and not here has one. Most
         # blocks are never shared, so allocate and release leave this small dict alone.
         self.shared: Dict[int, int] = {}
@@ -1555,6 +1556,14 @@ class BlockPool:
             raise CapacityError(f"asked for {count} KV blocks, {len(self.free)} free")
         blocks = list(itertools.islice(self.free, count))
         _drain(map(self.free.__delitem__, blocks))
+        self.num_taken += count
+        if self.num_taken > max(len(self.free), self.REBUILD_AFTER):
+            # NOTE: a dict's deleted entries stay in its table until it regrows, and iterating
+            # (islice above) walks past them from the front, where the taken blocks were: with
+            # thousands of free blocks the walk cost more than the taking. Rebuilt once more
+            # blocks were taken than are left (a small list regrows often enough by itself),
+            # the walk stays shorter than the list, for about one copy per block taken.
+            self.free, self.num_taken = dict.fromkeys(self.free), 0
         if self.key_of:  # NOTE: taking a block that still names content evicts that content
             evicted = list(filter(None, map(self.key_of.pop, blocks, itertools.repeat(None))))  # no key is falsy
             _drain(map(self.cached.__delitem__, evicted))
@@ -1610,6 +1619,7 @@ class BlockPool:
         became_holder = map(operator.eq, map(cached.__getitem__, keys), blocks)
         self.key_of.update(itertools.compress(zip(blocks, keys), became_holder))
 
+    REBUILD_AFTER = 8192  # the fewest blocks taken before allocate() rebuilds the free list's table
     LOOKUP_CHUNK = 64  # keys looked up per pass in C: a long prompt's lookup stops soon after its first miss
     EVICTION_WINDOW = 1024  # evicted keys remembered for evicted_since()
 
