@@ -5292,9 +5292,27 @@ READER_LAG_WARN_MS = 2.0     # reader rounds (or, with kernel stamps, waits) thi
 SEND_LATENESS_WARN_MS = 5.0  # requests this late at p99 were not sent on the schedule
 
 
-def loadgen_warnings(report: dict, num_workers: int) -> List[str]:
-    """What makes loadgen's own figures unreliable in this run, each with the way out."""
-    warnings = []
+def usable_cpus() -> int:
+    """CPUs this process may run on (its affinity mask where the system has one)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return os.cpu_count() or 1
+
+
+def _more_workers(num_workers: int, num_cpus: int) -> str:
+    """The way out of a late reader or sender: twice the processes while each can have a
+    CPU; past that more processes only take turns on the same cores."""
+    if num_workers * 2 <= num_cpus:
+        return f"use --workers {num_workers * 2}"
+    return (f"--workers {num_workers} already has a process for each of the {num_cpus} CPUs here: run loadgen "
+            f"where it has more cores, not beside the server")
+
+
+def loadgen_warnings(report: dict, num_workers: int, num_cpus: Optional[int] = None) -> List[str]:
+    """What makes loadgen's own figures unreliable in this run, each with the way out
+    (num_cpus: the CPUs loadgen may use, by default this machine's)."""
+    warnings, more = [], _more_workers(num_workers, num_cpus or usable_cpus())
     rounds, lateness = report["reader_round_ms"], report["send_lateness_ms"]
     delays = report.get("reader_delay_ms") or {"count": 0}
     itl_p50 = report["summary"]["itl_ms"].get("p50") or 0.0
@@ -5303,14 +5321,14 @@ def loadgen_warnings(report: dict, num_workers: int) -> List[str]:
     # near the gap between them
     if delays["count"] and delays["p99"] > max(READER_LAG_WARN_MS, 0.5 * itl_p50):
         warnings.append(f"the stream reader read bytes {delays['p99']:.1f} ms after they arrived at p99: a stream's "
-                        f"events that wait together get the last one's time; use --workers {num_workers * 2}")
+                        f"events that wait together get the last one's time; {more}")
     # NOTE: a late stamp matters beside the gaps it measures: 2 ms is nothing in a 60 ms gap
     elif not delays["count"] and rounds["count"] and rounds["p99"] > max(READER_LAG_WARN_MS, 0.05 * itl_p50):
         warnings.append(f"the stream reader's rounds took {rounds['p99']:.1f} ms at p99: token times behind them "
-                        f"are late by up to that; use --workers {num_workers * 2}")
+                        f"are late by up to that; {more}")
     if lateness["count"] and lateness["p99"] > SEND_LATENESS_WARN_MS:
         warnings.append(f"requests went out {lateness['p99']:.1f} ms after their schedule at p99: the sender is "
-                        f"behind; use --workers {num_workers * 2}")
+                        f"behind; {more}")
     return warnings
 
 
@@ -9061,9 +9079,9 @@ def _simulate_flags(parser: argparse.ArgumentParser) -> None:
 
 
 def _add_jobs_flag(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--jobs", type=positive_int, default=os.cpu_count() or 1,
+    parser.add_argument("--jobs", type=positive_int, default=usable_cpus(),
                         help="processes for independent runs (sweep points, search probes, calibrate's "
-                             "replays); the result is the same for any N (default: the CPU count)")
+                             "replays); the result is the same for any N (default: the CPUs it may run on)")
 
 
 def _sweep_flags(parser: argparse.ArgumentParser) -> None:

@@ -283,17 +283,23 @@ class ReaderLagTest(unittest.TestCase):
             self.assertEqual(receiver.recv(), (b"x", 12.5, None))
 
     def test_late_reads_warn_only_near_the_gap_between_a_streams_events(self):
-        self.assertEqual(main.loadgen_warnings(lag_report(delay_p99=1.9, round_p99=30.0), 1), [])
-        self.assertEqual(main.loadgen_warnings(lag_report(delay_p99=3.0, round_p99=30.0), 2), [
+        self.assertEqual(main.loadgen_warnings(lag_report(delay_p99=1.9, round_p99=30.0), 1, 8), [])
+        self.assertEqual(main.loadgen_warnings(lag_report(delay_p99=3.0, round_p99=30.0), 2, 8), [
             "the stream reader read bytes 3.0 ms after they arrived at p99: a stream's events that wait together "
             "get the last one's time; use --workers 4"])
-        self.assertEqual(main.loadgen_warnings(lag_report(delay_p99=20.0, itl_p50=60.0), 1), [])
+        self.assertEqual(main.loadgen_warnings(lag_report(delay_p99=20.0, itl_p50=60.0), 1, 8), [])
 
     def test_without_kernel_stamps_the_readers_rounds_warn(self):
-        self.assertEqual(main.loadgen_warnings(lag_report(round_p99=3.0), 1), [
+        self.assertEqual(main.loadgen_warnings(lag_report(round_p99=3.0), 1, 8), [
             "the stream reader's rounds took 3.0 ms at p99: token times behind them are late by up to that; "
             "use --workers 2"])
-        self.assertEqual(main.loadgen_warnings(lag_report(round_p99=1.0), 1), [])
+        self.assertEqual(main.loadgen_warnings(lag_report(round_p99=1.0), 1, 8), [])
+
+    def test_a_late_reader_with_a_process_per_cpu_is_told_to_find_more_cores_not_more_workers(self):
+        self.assertEqual(main.loadgen_warnings(lag_report(delay_p99=3.0), 2, 2), [
+            "the stream reader read bytes 3.0 ms after they arrived at p99: a stream's events that wait together "
+            "get the last one's time; --workers 2 already has a process for each of the 2 CPUs here: run loadgen "
+            "where it has more cores, not beside the server"])
 
 
 class HttpBodyTest(unittest.TestCase):
