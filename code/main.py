@@ -83,7 +83,7 @@ Scheduler options (simulate, sweep, search, compare, calibrate):
                                  advances one step at a time (the reference); every
                                  figure is the same
     --jobs N                     sweep, search, calibrate: points, probes or evaluations
-                                 in N processes (the CPU count); the same results for any N
+                                 in N processes (the CPUs it may use); the same results for any N
 
 Workload options (simulate, sweep, search):
     --requests N                 requests to generate (256)
