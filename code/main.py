@@ -1609,15 +1609,17 @@ class BlockPool:
     def cache_allocated(self, blocks: Sequence[int], keys: Sequence[Hashable]) -> None:
         """cache_many() for blocks that hold no key (allocated and not cached since, as a
         request's newly computed blocks are), in C."""
-        cached, num_keys = self.cached, len(self.cached)
+        cached, num_keys, num_held = self.cached, len(self.cached), len(self.key_of)
         # NOTE: setdefault keeps the first holder of a key; a block then names its key
         # only where it became that holder: all of them when every key was new
         _drain(map(cached.setdefault, keys, blocks))
         if len(cached) - num_keys == len(keys):
-            self.key_of.update(zip(blocks, keys))
-            return
-        became_holder = map(operator.eq, map(cached.__getitem__, keys), blocks)
-        self.key_of.update(itertools.compress(zip(blocks, keys), became_holder))
+            pairs = zip(blocks, keys)
+        else:
+            pairs = list(itertools.compress(zip(blocks, keys), map(operator.eq, map(cached.__getitem__, keys), blocks)))
+        self.key_of.update(pairs)
+        if len(self.key_of) - num_held != len(cached) - num_keys:  # each new holder is a block without a key
+            raise RuntimeError("cache_allocated() was given a block that already names content")
 
     REBUILD_AFTER = 8192  # the fewest blocks taken before allocate() rebuilds the free list's table
     LOOKUP_CHUNK = 64  # keys looked up per pass in C: a long prompt's lookup stops soon after its first miss

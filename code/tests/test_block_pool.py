@@ -137,6 +137,13 @@ class BlockPoolTest(unittest.TestCase):
         self.assertEqual(pool.lookup(["system-a"]), [first])
         self.assertEqual(pool.keys_held(), {first: "system-a"})
 
+    def test_cache_allocated_refuses_a_block_that_already_names_content(self):
+        pool = make_pool(num_blocks=11)
+        block = pool.allocate(1)[0]
+        pool.cache_allocated([block], ["system-a"])
+        with self.assertRaisesRegex(RuntimeError, "already names content"):
+            pool.cache_allocated([block], ["system-b"])
+
     def test_free_among_counts_only_blocks_on_the_free_list(self):
         pool, blocks = cached_pool(num_blocks=11, count=3)
         pool.release([blocks[1]])
