@@ -1616,7 +1616,8 @@ class BlockPool:
         if len(cached) - num_keys == len(keys):
             pairs = zip(blocks, keys)
         else:
-            pairs = list(itertools.compress(zip(blocks, keys), map(operator.eq, map(cached.__getitem__, keys), blocks)))
+            became_holder = map(operator.eq, map(cached.__getitem__, keys), blocks)
+            pairs = list(itertools.compress(zip(blocks, keys), became_holder))
         self.key_of.update(pairs)
         if len(self.key_of) - num_held != len(cached) - num_keys:  # each new holder is a block without a key
             raise RuntimeError("cache_allocated() was given a block that already names content")
@@ -2061,7 +2062,8 @@ class Scheduler:
             num_full = min(request.prefix_tokens, request.computed + num_tokens) // self.config.block_size
             first = request.num_cached_blocks
             if num_full > first:  # one call for all the prefix blocks this step completed
-                self.pool.cache_allocated(request.blocks[first:num_full], self._all_prefix_keys(request)[first:num_full])
+                keys = self._all_prefix_keys(request)[first:num_full]
+                self.pool.cache_allocated(request.blocks[first:num_full], keys)
                 request.num_cached_blocks = num_full
 
     def _prefix_keys(self, request: Request) -> List[Tuple[str, int]]:
@@ -9142,7 +9144,7 @@ def _loadgen_flags(parser: argparse.ArgumentParser) -> None:
     _add_csv_flag(parser)
     parser.add_argument("--workers", type=thread_count, default=1,
                         help="processes that send and read the streams, each its share, on one schedule "
-                             "(default 1; more for hundreds of streams)")
+                             "(default 1; more for hundreds of streams, up to one per CPU)")
     _add_quiet_flag(parser)
 
 
