@@ -1526,6 +1526,8 @@ class BlockPool:
         self.cached: Dict[Hashable, int] = {}   # content key -> block
         self.key_of: Dict[int, Hashable] = {}   # block -> content key
         self.num_evictions = 0
+        self.num_freed = 0    # blocks release() has put on the free list, ever
+        self.num_entered = 0  # keys entered in the cache, ever
         self.recent_evictions: Deque[Hashable] = deque(maxlen=self.EVICTION_WINDOW)  # the last keys evicted
 
     def free_count(self) -> int:
@@ -1590,6 +1592,7 @@ class BlockPool:
             else:
                 backwards = list(itertools.filterfalse(common.__contains__, backwards))
         self.free.update(zip(backwards, itertools.repeat(None)))  # pairs: no dict built on the way
+        self.num_freed += len(backwards)
 
     def cache(self, block: int, key: Hashable) -> None:
         """Record that block holds the content named key (the first holder wins)."""
@@ -1605,6 +1608,7 @@ class BlockPool:
             if key not in cached and block not in key_of:
                 cached[key] = block
                 key_of[block] = key
+                self.num_entered += 1
 
     def cache_allocated(self, blocks: Sequence[int], keys: Sequence[Hashable]) -> None:
         """cache_many() for blocks that hold no key (allocated and not cached since, as a
@@ -1621,6 +1625,7 @@ class BlockPool:
         self.key_of.update(pairs)
         if len(self.key_of) - num_held != len(cached) - num_keys:  # each new holder is a block without a key
             raise RuntimeError("cache_allocated() was given a block that already names content")
+        self.num_entered += len(cached) - num_keys
 
     REBUILD_AFTER = 8192  # the fewest blocks taken before allocate() rebuilds the free list's table
     LOOKUP_CHUNK = 64  # keys looked up per pass in C: a long prompt's lookup stops soon after its first miss
@@ -1663,6 +1668,8 @@ class CountingPool:
         self.num_blocks = num_blocks
         self.num_free = num_blocks
         self.num_evictions = 0
+        self.num_freed = 0
+        self.num_entered = 0  # never: nothing is cached
 
     def free_count(self) -> int:
         return self.num_free
@@ -1681,6 +1688,7 @@ class CountingPool:
 
     def release(self, blocks: Sequence[int]) -> None:
         self.num_free += len(blocks)
+        self.num_freed += len(blocks)
 
     def lookup(self, keys: Sequence[Hashable]) -> List[int]:
         return []
@@ -1858,7 +1866,8 @@ class Scheduler:
       refuse (the head then blocks the queue as for any refusal) but must not change state.
     - _tokens_with_kv(request, num_hit_tokens): tokens whose KV a request has when it is
       admitted (its prefix-cache hits, or KV that came from elsewhere). It may only raise
-      the figure, up to the request's length minus one.
+      the figure, up to the request's length minus one, and fewer hits may lower it by no
+      more than the hit tokens lost (a refusal for want of blocks relies on it).
     - _preempt(request): must call the base method, which frees the blocks and requeues;
       an override may drop its own bookkeeping of the request first.
     - _free(request): a finished request's blocks; an override may keep them (a prefill
@@ -1877,6 +1886,7 @@ class Scheduler:
         self.num_prefix_hit_tokens = 0
         self._keys: Dict[Request, List[Hashable]] = {}  # prefix block keys of requests not yet done
         self._last_lookup: Optional[tuple] = None  # (request, hits, their keys, pool evictions then): see _lookup
+        self._refused: Optional[tuple] = None  # (request, pool's freed and entered counts, budget): see _still_refused
         self.token_log = None  # an engine's TokenLog, when it keeps token times without a list per token
 
     def blocks_for(self, num_tokens: int) -> int:
@@ -1972,13 +1982,15 @@ class Scheduler:
     def _admission(self, request: Request, budget: int) -> Optional[Tuple[List[int], int, int, int]]:
         """What admitting request this step takes: (prefix-cache hits, tokens with KV,
         tokens to compute, new blocks); None when it cannot be admitted now."""
+        if self._still_refused(request, budget):
+            return None
         keys = self._prefix_keys(request)
         # NOTE: however many blocks hit, this step's tokens need at least blocks_for(tokens)
         # new blocks; when not even that many are free, skip the lookup (a long prompt at
         # the head of a full cache is looked at every step). The decision is the same.
         best_cached = self._tokens_with_kv(request, len(keys) * self.config.block_size)
         if self.blocks_for(min(request.length - best_cached, budget)) > self.pool.free_count():
-            return None
+            return self._refuse(request, budget)
         hits = self._lookup(request, keys)
         num_cached = self._tokens_with_kv(request, len(hits) * self.config.block_size)
         num_tokens = min(request.length - num_cached, budget)
@@ -1992,8 +2004,25 @@ class Scheduler:
         # when the answer turns on it: the free hits number between none and all of them.
         num_free = self.pool.free_count()
         if num_new_blocks > num_free - len(hits) and num_new_blocks > num_free - self.pool.free_among(hits):
-            return None
+            return self._refuse(request, budget)
         return hits, num_cached, num_tokens, num_new_blocks
+
+    def _refuse(self, request: Request, budget: int) -> None:
+        """Refuse request for want of blocks, remembering when (see _still_refused)."""
+        self._refused = (request, self.pool.num_freed, self.pool.num_entered, budget)
+        return None
+
+    def _still_refused(self, request: Request, budget: int) -> bool:
+        """Whether request's last refusal for want of blocks must stand now, unexamined.
+
+        NOTE: it stands while no block was freed, no key entered the cache and the budget is
+        no smaller: the free blocks are then some of those there were, the hits can only
+        have lost keys (each to an eviction, so the block is not free, and each costs at
+        most its own block), and a bigger budget needs no fewer blocks. It spares the head
+        of a full cache a lookup and a count of its free hits at every decode step."""
+        refused = self._refused
+        return (refused is not None and refused[0] is request and refused[1] == self.pool.num_freed
+                and refused[2] == self.pool.num_entered and budget >= refused[3])
 
     def _lookup(self, request: Request, keys: List[Hashable]) -> List[int]:
         """pool.lookup(keys), continued from the last lookup of the same request when none of
@@ -2023,6 +2052,7 @@ class Scheduler:
                num_new_blocks: int, now_s: float) -> int:
         """Move request to running with its hits and new blocks; return its tokens."""
         num_hit_tokens = len(hits) * self.config.block_size
+        self._refused = None
         self.pool.touch(hits)
         request.blocks = hits
         request.computed = num_cached

@@ -76,6 +76,39 @@ class SchedulerInvariantTest(unittest.TestCase):
             with self.subTest(seed=seed):
                 self.run_case(seed)
 
+    def test_a_refusal_left_standing_is_what_a_fresh_look_decides(self):
+        """The head refused for want of blocks is not looked at again while no block is freed
+        and no key cached: every step must come out as it does when it is looked at anew."""
+        num_left_standing = 0
+        for seed in range(NUM_SEEDS // 5):
+            with self.subTest(seed=seed):
+                remembering, batches = self.replay(seed, remember=True)
+                self.assertEqual(batches, self.replay(seed, remember=False)[1])
+                num_left_standing += remembering
+        self.assertGreater(num_left_standing, 100)
+
+    def replay(self, seed, remember):
+        """A random case run to its end: (refusals left standing, every step's batch)."""
+        scheduler, requests = random_case(random.Random(seed))
+        still_refused, num_left_standing = scheduler._still_refused, 0
+
+        def counted(request, budget):
+            nonlocal num_left_standing
+            standing = remember and still_refused(request, budget)
+            num_left_standing += standing
+            return standing
+        scheduler._still_refused = counted
+        arrivals, batches = sorted(requests, key=lambda r: r.arrival_s), []
+        for step_index in range(2000):
+            while arrivals and arrivals[0].arrival_s <= step_index:
+                scheduler.add(arrivals.pop(0))
+            if not scheduler.has_work() and not arrivals:
+                break
+            batch = scheduler.schedule(float(step_index))
+            batches.append([(request.request_id, tokens) for request, tokens in batch])
+            scheduler.update(batch, step_index + 1.0)
+        return num_left_standing, batches
+
     def test_the_random_cases_exercise_every_rule(self):
         """Guard against a generator that never preempts, rejects or hits the cache."""
         preemptions = rejections = hits = 0
