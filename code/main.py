@@ -2017,9 +2017,9 @@ class Scheduler:
 
         NOTE: it stands while no block was freed, no key entered the cache and the budget is
         no smaller: the free blocks are then some of those there were, the hits can only
-        have lost keys (each to an eviction, so the block is not free, and each costs at
-        most its own block), and a bigger budget needs no fewer blocks. It spares the head
-        of a full cache a lookup and a count of its free hits at every decode step."""
+        have lost keys (each to an eviction, so its block is not free now), fewer hits need
+        no fewer new blocks, and neither does a bigger budget. It spares the head of a full
+        cache a lookup and a count of its free hits at every decode step."""
         refused = self._refused
         return (refused is not None and refused[0] is request and refused[1] == self.pool.num_freed
                 and refused[2] == self.pool.num_entered and budget >= refused[3])
