@@ -9362,16 +9362,17 @@ SUBCOMMANDS = (
 
 
 def build_parser(only: Optional[str] = None) -> argparse.ArgumentParser:
-    """The whole command line; with only, the flags of that subcommand alone are added
-    (argparse takes ~20 ms to add every subcommand's flags, on every run)."""
+    """The whole command line; with only, that subcommand alone (argparse takes ~20 ms to
+    add every subcommand's flags, and a few more to make each subcommand's parser)."""
     parser = _Parser(prog="servesim", description=__doc__.split("\n\n")[0],
                      epilog="Exit status: 0 success; 1 does not fit, unreachable or a request failed; "
                             "2 bad input; 130 interrupted.")
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND", parser_class=_Parser)
     for name, help_text, description, add_flags, run in SUBCOMMANDS:
+        if only is not None and only != name:
+            continue  # NOTE: argv names its subcommand: the others' parsers would never be used
         subcommand = commands.add_parser(name, help=help_text, description=description)
-        if only is None or only == name:
-            add_flags(subcommand)
+        add_flags(subcommand)
         subcommand.set_defaults(run=run)
     return parser
 
