@@ -239,5 +239,22 @@ class SchedulerTest(unittest.TestCase):
         self.assertEqual((first.queue_s, second.queue_s), (0.0, 2.0))
 
 
+class StandingRefusalTest(unittest.TestCase):
+
+    def test_a_head_refused_for_blocks_is_looked_at_again_only_once_a_block_is_freed(self):
+        scheduler = make_scheduler(num_blocks=4, block_size=4, prefix_caching=True)
+        scheduler.add(make_request(0, prompt_tokens=8, max_tokens=8))
+        scheduler.add(make_request(1, prompt_tokens=12, max_tokens=2, prefix="p", prefix_tokens=8))
+        looked_at, prefix_keys = [], scheduler._prefix_keys
+        scheduler._prefix_keys = lambda request: looked_at.append(request.request_id) or prefix_keys(request)
+        steps = []
+        for index in range(9):
+            num_looks = len(looked_at)
+            steps.append((step(scheduler, float(index)), looked_at[num_looks:]))
+        self.assertEqual(steps, [([(0, 8)], [0, 1])]  # 1 needs 3 blocks, 2 are free
+                         + [([(0, 1)], [])] * 7  # 0 decodes, taking blocks and freeing none
+                         + [([(1, 12)], [1])])  # 0 ended and freed its 4 blocks
+
+
 if __name__ == "__main__":
     unittest.main()

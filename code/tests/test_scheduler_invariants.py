@@ -24,6 +24,22 @@ def random_case(rng):
     return scheduler, requests
 
 
+def run_to_end(scheduler, requests, on_batch, after_step=lambda: None, max_num_steps=2000):
+    """Step a case until nothing is left: on_batch(batch) as each step is scheduled,
+    after_step() once it is applied. False if it has not ended after max_num_steps."""
+    arrivals = sorted(requests, key=lambda r: r.arrival_s)
+    for step_index in range(max_num_steps):
+        while arrivals and arrivals[0].arrival_s <= step_index:
+            scheduler.add(arrivals.pop(0))
+        if not scheduler.has_work() and not arrivals:
+            return True
+        batch = scheduler.schedule(float(step_index))
+        on_batch(batch)
+        scheduler.update(batch, step_index + 1.0)
+        after_step()
+    return False
+
+
 class SchedulerInvariantTest(unittest.TestCase):
 
     def check_pool(self, scheduler):
@@ -47,22 +63,15 @@ class SchedulerInvariantTest(unittest.TestCase):
         rng = random.Random(seed)
         scheduler, requests = random_case(rng)
         config = scheduler.config
-        arrivals = sorted(requests, key=lambda r: r.arrival_s)
-        for step_index in range(2000):
-            while arrivals and arrivals[0].arrival_s <= step_index:
-                scheduler.add(arrivals.pop(0))
-            if not scheduler.has_work() and not arrivals:
-                break
-            batch = scheduler.schedule(float(step_index))
+
+        def check_batch(batch):
             self.assertLessEqual(sum(tokens for _, tokens in batch), config.max_num_batched_tokens)
             self.assertLessEqual(len(scheduler.running), config.max_num_seqs)
             self.assertEqual(len({id(request) for request, _ in batch}), len(batch))
             for request, tokens in batch:
                 self.assertTrue(0 < tokens <= request.remaining)
-            scheduler.update(batch, step_index + 1.0)
-            self.check_pool(scheduler)
-        else:
-            self.fail("the run did not terminate")
+        ended = run_to_end(scheduler, requests, check_batch, lambda: self.check_pool(scheduler))
+        self.assertTrue(ended, "the run did not terminate")
         for request in requests:
             if request.error is None:
                 self.assertEqual(len(request.token_times), request.max_tokens)
@@ -98,15 +107,9 @@ class SchedulerInvariantTest(unittest.TestCase):
             num_left_standing += standing
             return standing
         scheduler._still_refused = counted
-        arrivals, batches = sorted(requests, key=lambda r: r.arrival_s), []
-        for step_index in range(2000):
-            while arrivals and arrivals[0].arrival_s <= step_index:
-                scheduler.add(arrivals.pop(0))
-            if not scheduler.has_work() and not arrivals:
-                break
-            batch = scheduler.schedule(float(step_index))
-            batches.append([(request.request_id, tokens) for request, tokens in batch])
-            scheduler.update(batch, step_index + 1.0)
+        batches = []
+        self.assertTrue(run_to_end(scheduler, requests, lambda batch: batches.append(
+            [(request.request_id, tokens) for request, tokens in batch])))
         return num_left_standing, batches
 
     def test_the_random_cases_exercise_every_rule(self):
