@@ -1668,8 +1668,8 @@ class CountingPool:
         self.num_blocks = num_blocks
         self.num_free = num_blocks
         self.num_evictions = 0
-        self.num_freed = 0
-        self.num_entered = 0  # never: nothing is cached
+        self.num_freed = 0    # blocks release() has given back, ever
+        self.num_entered = 0  # stays 0: nothing is cached
 
     def free_count(self) -> int:
         return self.num_free
