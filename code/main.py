@@ -2019,7 +2019,9 @@ class Scheduler:
         no smaller: the free blocks are then some of those there were, the hits can only
         have lost keys (each to an eviction, so its block is not free now), fewer hits need
         no fewer new blocks, and neither does a bigger budget. It spares the head of a full
-        cache a lookup and a count of its free hits at every decode step."""
+        cache a lookup and a count of its free hits at every decode step. Nothing clears the
+        memo: the counts only grow, and a request admitted since comes back to the queue only
+        by preemption, which frees its blocks."""
         refused = self._refused
         return (refused is not None and refused[0] is request and refused[1] == self.pool.num_freed
                 and refused[2] == self.pool.num_entered and budget >= refused[3])
@@ -2052,7 +2054,6 @@ class Scheduler:
                num_new_blocks: int, now_s: float) -> int:
         """Move request to running with its hits and new blocks; return its tokens."""
         num_hit_tokens = len(hits) * self.config.block_size
-        self._refused = None
         self.pool.touch(hits)
         request.blocks = hits
         request.computed = num_cached
