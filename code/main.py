@@ -150,6 +150,8 @@ import bisect
 import csv
 import dataclasses
 import datetime
+import errno
+import gc
 import heapq
 import http.client
 import io
@@ -3870,7 +3872,7 @@ def requests_from_rows(rows, where: str) -> List[Request]:
 
 
 # =============================================================================
-# HTTP and server-sent events: one streamed chat completion
+# HTTP and server-sent events: a streamed answer, parsed and dated
 # =============================================================================
 
 @dataclass(eq=False)
@@ -3880,8 +3882,8 @@ class MeasuredRequest:
     chunk_times has one entry per streamed event that carried output (content,
     reasoning or a tool call); token_times has one per output token, spread over
     those events by finish_record(). queue_s is None: the queue is inside the server.
-    Threads: a worker thread fills sent_s and status, the stream reader thread the
-    stream's fields; the main thread reads it once the request is over.
+    Threads: the thread that sends it sets sent_s, the stream loop's thread fills the
+    rest; the main thread reads it once the request is over.
     """
 
     request_id: int
@@ -3909,6 +3911,7 @@ class MeasuredRequest:
 
 CHAT_PATH, COMPLETIONS_PATH = "/v1/chat/completions", "/v1/completions"  # the two OpenAI APIs (--endpoint)
 OUTPUT_DELTA_FIELDS = ("content", "reasoning_content", "reasoning", "tool_calls")
+NO_DELTA: dict = {}  # the delta of a choice that has none (never written to)
 MAX_TOKENS_PER_REQUEST = 10_000_000  # a usage count above it is a broken stream, not a request
 TIMINGS_KEPT = ("prompt_n", "prompt_ms", "cache_n", "predicted_n", "predicted_ms", "predicted_per_token_ms")
 DONE = "[DONE]"
@@ -3963,7 +3966,7 @@ def spread_token_times(chunk_times: Sequence[float], counts: Sequence[int]) -> L
     The tokens of the first event all arrive with it (they are the first token and
     whatever came with it).
     """
-    if max(counts) == 1:  # NOTE: the usual stream, a token an event: it runs on the stream reader's thread
+    if max(counts) == 1:  # NOTE: the usual stream, a token an event: it runs on the stream loop's thread
         return list(chunk_times)
     times = [chunk_times[0]] * counts[0]
     for earlier, at, count in zip(chunk_times, chunk_times[1:], counts[1:]):
@@ -4005,8 +4008,7 @@ class StreamParser:
     without a space, CRLF, ":" comments, other SSE fields (event:, id:) and events
     spread over several data lines. The stream is over at [DONE] or an in-band error
     (feed returns False); end() closes it and checks it ended properly.
-    Runs on the stream reader thread (on the worker thread for bytes that arrived with
-    the response head).
+    Runs on the stream loop's thread.
     """
 
     def __init__(self, record: MeasuredRequest, on_event: Optional[Callable[[float, dict], None]] = None):
@@ -4069,7 +4071,7 @@ class StreamParser:
 
     def _apply(self, event, at: float) -> None:
         record = self.record
-        if event == DONE:
+        if event is DONE:  # NOTE: _decode_event returns this very string
             record.saw_done = True
             self.over = True
             return
@@ -4093,12 +4095,14 @@ class StreamParser:
 
     def _read_plain_event(self, event: dict, at: float) -> bool:
         """_read_event for the common chunk (a list of choices, each with a delta object or
-        none, or a completion's text, and a string or null finish_reason; no usage, no timings), without a JsonObject
-        per field: those checks cost more than the rest of reading a token, at every token
-        of every stream. False, having changed nothing, for any other shape."""
+        none, or a completion's text, and a string or null finish_reason; no usage, no
+        timings), without a JsonObject per field: those checks cost more than the rest of
+        reading a token, at every token of every stream. False, having changed nothing,
+        for any other shape."""
         choices = event.get("choices")
         if type(choices) is not list or event.get("usage") is not None or event.get("timings") is not None:
             return False
+        read = []
         for choice in choices:
             if type(choice) is not dict:
                 return False
@@ -4106,11 +4110,12 @@ class StreamParser:
             if ((delta is not None and type(delta) is not dict) or (finish is not None and type(finish) is not str)
                     or (text is not None and type(text) is not str)):
                 return False
+            read.append((delta or NO_DELTA, finish, text))
         record, carried = self.record, False
-        for choice in choices:
-            delta, finish, text = choice.get("delta") or {}, choice.get("finish_reason"), choice.get("text")
-            carried = carried or bool(text) or any(map(delta.get, OUTPUT_DELTA_FIELDS))
+        for delta, finish, text in read:
             content = delta.get("content") if text is None else text
+            # NOTE: most events carry content, so the other output fields are looked up only without it
+            carried = carried or bool(content) or any(map(delta.get, OUTPUT_DELTA_FIELDS))
             if record.answer is not None and type(content) is str:
                 record.answer.append(content)
             if finish is not None:
@@ -4152,8 +4157,8 @@ class StreamParser:
 class Endpoint:
     """Where an OpenAI-compatible server listens: scheme, host, port and base path.
 
-    Immutable, so shared freely: worker threads open stream sockets, the main and
-    sampler threads make plain GET requests.
+    Immutable, so shared freely: the stream loop connects to it, the main and sampler
+    threads make plain GET requests.
     """
 
     scheme: str
@@ -4201,17 +4206,14 @@ class Endpoint:
             raise BadResponse(f"cannot connect to {self}: {type(error).__name__}: {error}") from None
         return connection
 
-    def open_socket(self, timeout_s: float) -> socket.socket:
-        """A connected (and for https, TLS-wrapped) socket; ServerUnreachable when refused."""
+    def addresses(self) -> List[Tuple[int, tuple]]:
+        """(family, address) pairs to connect to, in the resolver's order; ServerUnreachable
+        for a name it does not know."""
         try:
-            sock = socket.create_connection((self.host, self.port), timeout=timeout_s)
-        except (ConnectionRefusedError, socket.gaierror) as error:
-            reason = "connection refused" if isinstance(error, ConnectionRefusedError) else "unknown host"
-            raise ServerUnreachable(f"cannot connect to {self}: {reason}") from None
-        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        if self.scheme == "https":
-            sock = ssl.create_default_context().wrap_socket(sock, server_hostname=self.host)
-        return sock
+            found = socket.getaddrinfo(self.host, self.port, type=socket.SOCK_STREAM)
+        except socket.gaierror:
+            raise ServerUnreachable(f"cannot connect to {self}: unknown host") from None
+        return [(family, address) for family, _, _, _, address in found]
 
     def request_bytes(self, method: str, path: str, headers: Dict[str, str], body: bytes) -> bytes:
         lines = [f"{method} {self.base_path}{path} HTTP/1.1", f"Host: {self.authority}",
@@ -4253,7 +4255,7 @@ class Endpoint:
 
 class HttpBody:
     """Incremental decoder of an HTTP/1.1 response body: chunked, Content-Length, or to EOF.
-    Fed by the worker thread for the bytes that came with the head, then by the reader."""
+    Fed by the stream loop's thread."""
 
     def __init__(self, headers: Dict[str, str]):
         self.chunked = "chunked" in headers.get("transfer-encoding", "").lower()
@@ -4366,18 +4368,24 @@ class Receiver:
         return data, read_at - (waited or 0.0), waited
 
 
-def read_response_head(receiver: Receiver) -> Tuple[int, Dict[str, str], bytes, float]:
-    """Status, lower-cased headers, the body bytes that came with them and when those
-    arrived (blocking; a worker thread waits here for the server to answer)."""
-    data = b""
-    while b"\r\n\r\n" not in data:
-        received, arrived_at, _ = receiver.recv()
-        if not received:
-            raise ConnectionError("the server closed the connection before answering")
-        data += received
-        if len(data) > 1 << 20:
-            raise http.client.HTTPException("a response head over 1 MiB")
-    head, _, rest = data.partition(b"\r\n\r\n")
+def chat_body(model: str, prompt: str, max_tokens: int, ignore_eos: bool, temperature: float,
+              api_path: str = CHAT_PATH) -> bytes:
+    """The JSON body of one streaming completion (built before the run starts): a chat's one
+    user message, or for /v1/completions (a base model without a chat template) the bare prompt."""
+    text = {"prompt": prompt} if api_path == COMPLETIONS_PATH else {"messages": [{"role": "user", "content": prompt}]}
+    body = dict(model=model, **text, max_tokens=max_tokens, temperature=temperature, stream=True,
+                stream_options={"include_usage": True})
+    if ignore_eos:
+        body["ignore_eos"] = True  # llama.cpp, vLLM and SGLang all accept it
+    return json.dumps(body).encode("utf-8")
+
+
+# =============================================================================
+# Stream loop: one thread connects, sends and reads every request
+# =============================================================================
+
+def parse_response_head(head: bytes) -> Tuple[int, Dict[str, str]]:
+    """The status and lower-cased headers of a response head (its bytes before the blank line)."""
     lines = head.decode("latin-1").split("\r\n")
     try:
         status = int(lines[0].split()[1])
@@ -4387,160 +4395,7 @@ def read_response_head(receiver: Receiver) -> Tuple[int, Dict[str, str], bytes, 
     for line in lines[1:]:
         name, _, value = line.partition(":")
         headers[name.strip().lower()] = value.strip()
-    return status, headers, rest, arrived_at
-
-
-@dataclass(eq=False)
-class _OpenStream:
-    """A response body being streamed: its socket, framing, parser and deadline. A worker
-    thread makes it and waits on done; from add() on only the reader thread touches it."""
-
-    receiver: Receiver
-    body: HttpBody
-    parser: StreamParser
-    deadline: float                     # time.monotonic() after which it is a timeout
-    timeout_s: float
-    done: threading.Event = field(default_factory=threading.Event)
-    partial: bytes = b""                # the start of a line not yet ended
-
-    def receive(self, data: bytes, at: float) -> bool:
-        """Feed bytes that arrived at `at`; False once the stream is over."""
-        if data:
-            self.partial += self.body.feed(data)
-            *lines, self.partial = self.partial.split(b"\n")
-            for line in lines:
-                if not self.parser.feed(line, at):
-                    return False
-            if not self.body.complete:
-                return True
-        if self.partial:
-            self.parser.feed(self.partial, at)
-        return False
-
-
-EXPIRY_CHECK_S = 0.05  # how often the stream reader looks for streams past their --timeout
-
-
-class StreamReader:
-    """One thread reading every open stream at once.
-
-    It waits on all sockets with a selector and dates bytes by when they arrived: the
-    kernel's receive stamp on Linux (see Receiver), else clock() the moment recv returns
-    them, before any decoding. With kernel stamps a busy reader reads late but dates
-    right, unless one read takes two events (both get the later one's stamp). One reader,
-    rather than a thread per stream, keeps reads from queueing behind other threads for
-    the interpreter lock: at 64 streams, without kernel stamps, that is the difference
-    between a p99 error of ~10 ms and ~2 ms. Worker threads hand it streams with add();
-    the main thread close()s it.
-    """
-
-    def __init__(self, clock: Callable[[], float] = time.perf_counter):
-        self.clock = clock
-        self.selector = selectors.DefaultSelector()
-        self._wake_read, self._wake_write = socket.socketpair()
-        self._wake_read.setblocking(False)
-        self.selector.register(self._wake_read, selectors.EVENT_READ)
-        self._incoming: List[_OpenStream] = []
-        self._lock = threading.Lock()
-        self._closing = False
-        self.round_s = array.array("d")  # how long each round of reads and decoding took
-        self.delay_s = array.array("d")  # how long each read's bytes had waited in the kernel (kernel stamps)
-        # NOTE: a kernel stamp can be put on perf_counter's time line, not on an injected clock's
-        self.kernel_stamps = clock is time.perf_counter
-        self._next_expiry_check = 0.0    # time.monotonic() of the next look for streams past their deadline
-        self._thread = threading.Thread(target=self._loop, daemon=True)
-        self._thread.start()
-
-    def __enter__(self) -> "StreamReader":
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.close()
-
-    def add(self, stream: _OpenStream) -> None:
-        with self._lock:
-            self._incoming.append(stream)
-        self._wake_write.send(b"x")
-
-    def close(self) -> None:
-        self._closing = True
-        self._wake_write.send(b"x")
-        self._thread.join()
-        self._wake_read.close()
-        self._wake_write.close()
-        self.selector.close()
-
-    def _loop(self) -> None:
-        while not self._closing:
-            arrivals = []
-            ready = self.selector.select(timeout=0.05)
-            began = self.clock()
-            for key, _ in ready:
-                if key.fileobj is self._wake_read:
-                    self._admit()
-                    continue
-                stream = key.data
-                try:
-                    data, at, waited = stream.receiver.recv()
-                except (BlockingIOError, ssl.SSLWantReadError):
-                    continue
-                except OSError as error:
-                    stream.parser.record.fail("connection", f"{type(error).__name__}: {error}")
-                    self._finish(stream)
-                    continue
-                arrivals.append((stream, data, at))
-                if waited is not None:
-                    self.delay_s.append(waited)
-            # NOTE: every ready socket is read and stamped before any is decoded, so
-            # one stream's JSON parsing cannot delay another stream's timestamps.
-            for stream, data, at in arrivals:
-                try:
-                    going = stream.receive(data, at)
-                except ValueError as error:
-                    stream.parser.record.fail("bad-response", f"malformed chunked body: {error}")
-                    going = False
-                except Exception as error:  # NOTE: one stream's surprise must not stop the others
-                    stream.parser.record.fail("bad-stream", f"{type(error).__name__}: {error}")
-                    going = False
-                if not going:
-                    self._finish(stream)
-            if arrivals:  # NOTE: bytes that arrive meanwhile wait in the kernel: this is the reader's lag
-                self.round_s.append(self.clock() - began)
-            if time.monotonic() >= self._next_expiry_check:
-                self._expire()
-        for key in list(self.selector.get_map().values()):
-            if key.fileobj is not self._wake_read:
-                key.data.parser.record.fail("interrupted", "the reader closed")
-                self._finish(key.data)
-
-    def _admit(self) -> None:
-        try:
-            self._wake_read.recv(4096)
-        except BlockingIOError:
-            pass
-        with self._lock:
-            incoming, self._incoming = self._incoming, []
-        for stream in incoming:
-            stream.receiver.sock.setblocking(False)
-            self.selector.register(stream.receiver.sock, selectors.EVENT_READ, stream)
-
-    def _expire(self) -> None:
-        """Fail the streams past their deadline. NOTE: it visits every open stream, so it runs
-        once per EXPIRY_CHECK_S rather than after every round of reads: at 256 streams of 5 ms
-        tokens a round then reads about 5 events, not 30."""
-        now = time.monotonic()
-        self._next_expiry_check = now + EXPIRY_CHECK_S
-        for key in list(self.selector.get_map().values()):
-            stream = key.data
-            if stream is not None and now > stream.deadline:
-                stream.parser.record.fail("timeout", f"no complete answer within --timeout {stream.timeout_s:g} s")
-                self._finish(stream)
-
-    def _finish(self, stream: _OpenStream) -> None:
-        self.selector.unregister(stream.receiver.sock)
-        stream.receiver.sock.close()
-        stream.parser.end()
-        stream.done.set()
+    return status, headers
 
 
 def _http_error_message(body: bytes) -> str:
@@ -4556,68 +4411,400 @@ def _http_error_message(body: bytes) -> str:
     return text[:300]
 
 
-def stream_chat(endpoint: Endpoint, body: bytes, headers: Dict[str, str], record: MeasuredRequest,
-                reader: StreamReader, timeout_s: float,
-                on_event: Optional[Callable[[float, dict], None]] = None, api_path: str = CHAT_PATH) -> None:
-    """POST one streaming chat completion; return when its answer is recorded (on a
-    worker thread, which blocks here).
+MAX_HEAD_BYTES = 1 << 20           # a response head longer than this is not an answer
+MAX_ERROR_BODY_BYTES = 1 << 16     # of an error answer's body, what is read for its message
+SENDING_STAGES = ("connect", "handshake", "send")  # a stream's stages before it reads
 
-    This thread connects, sends and reads the status line; reader reads the stream.
+
+@dataclass(eq=False)
+class _Stream:
+    """One request from its connect to the end of its answer: socket, stage, framing and
+    parser. StreamLoop.send() makes it on any thread; from then on only the loop's thread
+    touches it, and done is set once it is over (after on_end has run)."""
+
+    record: MeasuredRequest
+    parser: StreamParser
+    unsent: bytes                       # the request's bytes not yet sent
+    server: str                         # the endpoint, for messages
+    tls_host: Optional[str]             # https: the name its certificate must carry
+    deadline: float                     # time.monotonic() after which it is a timeout
+    timeout_s: float
+    on_end: Optional[Callable[["_Stream"], None]] = None
+    addresses: List[Tuple[int, tuple]] = field(default_factory=list)  # (family, address) not yet tried
+    unreachable: Optional[str] = None   # why no connection could be made at all
+    stage: str = "connect"              # connect, handshake, send, head, error-body, body
+    sock: Optional[socket.socket] = None
+    receiver: Optional[Receiver] = None
+    head: bytes = b""                   # the answer so far, until its head is whole
+    body: Optional[HttpBody] = None
+    error_body: bytes = b""
+    partial: bytes = b""                # the start of a line not yet ended
+    over: bool = False
+    done: threading.Event = field(default_factory=threading.Event)
+
+    def take(self, data: bytes, at: float) -> bool:
+        """Bytes read from the socket (b"" at its end) that arrived at `at`; False once the answer is over."""
+        if self.stage == "body":
+            return self.receive(data, at)
+        if self.stage == "error-body":
+            return self._take_error_body(data)
+        if not data:
+            raise ConnectionError("the server closed the connection before answering")
+        self.head += data
+        head, found, rest = self.head.partition(b"\r\n\r\n")
+        if not found:
+            if len(self.head) > MAX_HEAD_BYTES:
+                raise http.client.HTTPException("a response head over 1 MiB")
+            return True
+        self.record.status, headers = parse_response_head(head)
+        self.body, self.head = HttpBody(headers), b""
+        if self.record.status != 200:
+            self.stage = "error-body"
+            return self._take_error_body(rest) if rest or self.body.complete else True
+        self.stage = "body"
+        return self.receive(rest, at) if rest else True
+
+    def receive(self, data: bytes, at: float) -> bool:
+        """Feed body bytes that arrived at `at`; False once the stream is over."""
+        if data:
+            self.partial += self.body.feed(data)
+            *lines, self.partial = self.partial.split(b"\n")
+            for line in lines:
+                if not self.parser.feed(line, at):
+                    return False
+            if not self.body.complete:
+                return True
+        if self.partial:
+            self.parser.feed(self.partial, at)
+        return False
+
+    def _take_error_body(self, data: bytes) -> bool:
+        """An error answer's body, read to its end (or 64 KiB) for the server's message."""
+        self.error_body += self.body.feed(data)
+        if data and not self.body.complete and len(self.error_body) < MAX_ERROR_BODY_BYTES:
+            return True
+        self.record.fail(f"http {self.record.status}", _http_error_message(self.error_body))
+        return False
+
+
+def _read_failure(error: Exception, answering: bool) -> Tuple[str, str]:
+    """The kind and message a stream fails with when reading its answer raised error
+    (answering: the head or an error body was being read)."""
+    if answering and isinstance(error, (OSError, ValueError, http.client.HTTPException)):
+        return "connection", f"{type(error).__name__}: {error}"
+    if isinstance(error, ValueError):
+        return "bad-response", f"malformed chunked body: {error}"
+    return "bad-stream", f"{type(error).__name__}: {error}"
+
+
+EXPIRY_CHECK_S = 0.05   # how often the loop looks for streams past their --timeout
+DECODE_SLICE_S = 0.001  # how long the loop decodes before it reads the sockets that became ready meanwhile
+MAX_UNDECODED_READS = 4096  # reads the loop lets wait for decoding (~16 per stream at 256 streams)
+
+
+class StreamLoop:
+    """One thread that connects, sends and reads every stream at once.
+
+    It waits on all sockets with a selector: each request's non-blocking connect (and TLS
+    handshake) and send, then its answer. Bytes are dated by when they arrived: the
+    kernel's receive stamp on Linux (see Receiver), else clock() the moment recv returns
+    them, before any decoding. With kernel stamps a busy loop reads late but dates right,
+    unless one read takes two events (both get the later one's stamp). One thread for all
+    of it keeps reads from queueing behind other threads for the interpreter lock: a
+    reader beside a thread per stream (at 64 streams, without kernel stamps) had a p99
+    error of ~10 ms rather than ~2 ms, and lost whole token gaps whenever a wave of
+    requests went out at once. Any thread hands it requests with send() and calls with
+    call_later(); those calls and each stream's on_end run on the loop's thread. The
+    main thread close()s it.
+    """
+
+    def __init__(self, clock: Callable[[], float] = time.perf_counter):
+        self.clock = clock
+        self.selector = selectors.DefaultSelector()
+        self._wake_read, self._wake_write = socket.socketpair()
+        self._wake_read.setblocking(False)
+        self.selector.register(self._wake_read, selectors.EVENT_READ)
+        self._incoming: List[_Stream] = []
+        self._arrivals: Deque[Tuple[_Stream, bytes, float]] = deque()  # read and dated, not yet decoded
+        self._timers: List[Tuple[float, int, Callable[[], None]]] = []  # a heap: (time.monotonic() due, order, call)
+        self._order = itertools.count()
+        self._lock = threading.Lock()
+        self._closing = False
+        self._addresses: Dict[Tuple[str, int], List[Tuple[int, tuple]]] = {}  # (host, port) -> where it resolved
+        self._tls: Optional[ssl.SSLContext] = None
+        self.round_s = array.array("d")  # how long each round of reads and decoding took
+        self.delay_s = array.array("d")  # how long each read's bytes had waited in the kernel (kernel stamps)
+        self.decode_lag_s = array.array("d")  # how long after its bytes arrived each read was decoded
+        # NOTE: a kernel stamp can be put on perf_counter's time line, not on an injected clock's
+        self.kernel_stamps = clock is time.perf_counter
+        self._next_expiry_check = 0.0    # time.monotonic() of the next look for streams past their deadline
+        self._thread = threading.Thread(target=self._loop, daemon=True)
+        self._thread.start()
+
+    def __enter__(self) -> "StreamLoop":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def send(self, endpoint: Endpoint, request: bytes, record: MeasuredRequest, timeout_s: float,
+             on_event: Optional[Callable[[float, dict], None]] = None,
+             on_end: Optional[Callable[[_Stream], None]] = None) -> _Stream:
+        """Send request (an HTTP request's bytes) to endpoint and read its streamed answer
+        into record; on_end(stream) runs once it is over. From any thread."""
+        stream = _Stream(record, StreamParser(record, on_event), request, str(endpoint),
+                         endpoint.host if endpoint.scheme == "https" else None, time.monotonic() + timeout_s,
+                         timeout_s, on_end)
+        try:
+            stream.addresses = list(self._resolve(endpoint))
+        except ServerUnreachable as error:
+            stream.unreachable = str(error)
+        with self._lock:
+            self._incoming.append(stream)
+        self._wake()
+        return stream
+
+    def call_later(self, delay_s: float, call: Callable[[], None]) -> None:
+        """Run call() on the loop's thread delay_s from now (real time). From any thread."""
+        with self._lock:
+            heapq.heappush(self._timers, (time.monotonic() + delay_s, next(self._order), call))
+        self._wake()
+
+    def close(self) -> None:
+        self._closing = True
+        self._wake_write.send(b"x")
+        self._thread.join()
+        self._wake_read.close()
+        self._wake_write.close()
+        self.selector.close()
+
+    def _wake(self) -> None:
+        if threading.current_thread() is not self._thread:  # NOTE: the loop looks at both lists every round
+            self._wake_write.send(b"x")
+
+    def _resolve(self, endpoint: Endpoint) -> List[Tuple[int, tuple]]:
+        key = (endpoint.host, endpoint.port)
+        if key not in self._addresses:  # NOTE: once per server: a name lookup blocks whoever makes it
+            self._addresses[key] = endpoint.addresses()
+        return self._addresses[key]
+
+    def _loop(self) -> None:
+        while not self._closing:
+            ready = self.selector.select(timeout=self._select_timeout())
+            began, num_read = self.clock(), 0
+            for key, _ in ready:
+                stream = key.data
+                if stream is None:
+                    self._drain_wake()
+                elif stream.stage in SENDING_STAGES:
+                    self._advance(stream)
+                else:
+                    num_read += self._read(stream)
+            # NOTE: every ready socket is read and dated before anything is decoded, and
+            # decoding stops after a slice to read again, so neither one stream's JSON
+            # parsing nor a burst of events delays another stream's timestamps.
+            self._decode_for(DECODE_SLICE_S)
+            if num_read:  # NOTE: bytes that arrive meanwhile wait in the kernel: this is the loop's lag
+                self.round_s.append(self.clock() - began)
+            self._run_due()
+            if time.monotonic() >= self._next_expiry_check:
+                self._expire()
+        self._abandon()
+
+    def _select_timeout(self) -> float:
+        if self._incoming or self._arrivals:
+            return 0.0
+        if self._timers:
+            return min(EXPIRY_CHECK_S, max(0.0, self._timers[0][0] - time.monotonic()))
+        return EXPIRY_CHECK_S
+
+    def _drain_wake(self) -> None:
+        try:
+            self._wake_read.recv(4096)
+        except BlockingIOError:
+            pass
+
+    def _run_due(self) -> None:
+        """Start the streams handed over since the last round and make the calls now due."""
+        now, due = time.monotonic(), []
+        with self._lock:
+            incoming, self._incoming = self._incoming, []
+            while self._timers and self._timers[0][0] <= now:
+                due.append(heapq.heappop(self._timers)[2])
+        for stream in incoming:
+            self._connect(stream)
+        for call in due:
+            call()
+
+    def _read(self, stream: _Stream) -> int:
+        """Read what the stream's socket holds and queue it, dated, for decoding; 1 if it read."""
+        try:
+            data, at, waited = stream.receiver.recv()
+        except (BlockingIOError, ssl.SSLWantReadError):
+            return 0
+        except OSError as error:
+            stream.record.fail("connection", f"{type(error).__name__}: {error}")
+            self._finish(stream)
+            return 0
+        if not data:  # NOTE: a socket at its end stays ready: no more reads while its end waits to be decoded
+            self.selector.unregister(stream.sock)
+        self._arrivals.append((stream, data, at))
+        if waited is not None:
+            self.delay_s.append(waited)
+        return 1
+
+    def _decode_for(self, budget_s: float) -> None:
+        """Decode read bytes in the order they were read, for about budget_s (time.monotonic),
+        and on past it while more than MAX_UNDECODED_READS wait: a load the loop cannot keep
+        up with then merges events under one stamp rather than piling up unread answers."""
+        arrivals, lags, stop_at = self._arrivals, self.decode_lag_s, time.monotonic() + budget_s
+        while arrivals:
+            stream, data, at = arrivals.popleft()
+            if not stream.over:
+                self._decode(stream, data, at)
+                lags.append(self.clock() - at)
+            if len(arrivals) <= MAX_UNDECODED_READS and time.monotonic() >= stop_at:
+                return
+
+    def _decode(self, stream: _Stream, data: bytes, at: float) -> None:
+        answering = stream.stage != "body"
+        try:
+            going = stream.take(data, at)
+        except Exception as error:  # NOTE: one stream's surprise must not stop the others
+            stream.record.fail(*_read_failure(error, answering))
+            going = False
+        if not going:
+            self._finish(stream)
+
+    def _connect(self, stream: _Stream) -> None:
+        """Open a non-blocking connection to the stream's next address (the loop's thread)."""
+        if not stream.addresses:
+            stream.unreachable = stream.unreachable or f"cannot connect to {stream.server}: it has no address"
+            stream.record.fail("unreachable", stream.unreachable)
+            self._finish(stream)
+            return
+        family, address = stream.addresses.pop(0)
+        try:
+            sock = socket.socket(family, socket.SOCK_STREAM)
+        except OSError as error:
+            stream.record.fail("connection", f"{type(error).__name__}: {error}")
+            self._finish(stream)
+            return
+        sock.setblocking(False)
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        stamped = self.kernel_stamps and stream.tls_host is None and enable_kernel_stamps(sock)
+        stream.sock, stream.receiver, stream.stage = sock, Receiver(sock, self.clock, stamped), "connect"
+        self.selector.register(sock, selectors.EVENT_WRITE, stream)
+        error = sock.connect_ex(address)
+        if error not in (0, errno.EINPROGRESS, errno.EAGAIN):
+            self._not_connected(stream, error)
+
+    def _not_connected(self, stream: _Stream, error: int) -> None:
+        """A connect failed: the next address, as socket.create_connection() does, else the
+        stream fails (unreachable when every address refused)."""
+        self.selector.unregister(stream.sock)
+        stream.sock.close()
+        stream.sock = None
+        refused = error == errno.ECONNREFUSED
+        stream.unreachable = f"cannot connect to {stream.server}: connection refused" if refused else None
+        if stream.addresses:
+            self._connect(stream)
+            return
+        if stream.unreachable is not None:
+            stream.record.fail("unreachable", stream.unreachable)
+        else:
+            stream.record.fail("connection", f"cannot connect to {stream.server}: {os.strerror(error)}")
+        self._finish(stream)
+
+    def _advance(self, stream: _Stream) -> None:
+        """The next steps of a stream being connected, TLS-wrapped and sent, as far as its
+        socket lets them go now."""
+        try:
+            if stream.stage == "connect":
+                error = stream.sock.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR)
+                if error:
+                    self._not_connected(stream, error)
+                    return
+                stream.stage = "handshake" if stream.tls_host else "send"
+                if stream.tls_host:
+                    self._wrap_tls(stream)
+            if stream.stage == "handshake":
+                stream.sock.do_handshake()
+                stream.stage = "send"
+            if stream.stage == "send":
+                stream.unsent = stream.unsent[stream.sock.send(stream.unsent):]
+                if not stream.unsent:
+                    stream.stage = "head"
+                    self.selector.modify(stream.sock, selectors.EVENT_READ, stream)
+        except ssl.SSLWantReadError:
+            self.selector.modify(stream.sock, selectors.EVENT_READ, stream)
+        except (ssl.SSLWantWriteError, BlockingIOError):
+            self.selector.modify(stream.sock, selectors.EVENT_WRITE, stream)
+        except OSError as error:  # a reset, a TLS failure
+            stream.record.fail("connection", f"cannot connect to {stream.server}: {type(error).__name__}: {error}")
+            self._finish(stream)
+
+    def _wrap_tls(self, stream: _Stream) -> None:
+        """Put TLS over a connected socket; the handshake then goes step by step in _advance."""
+        if self._tls is None:
+            self._tls = ssl.create_default_context()
+        self.selector.unregister(stream.sock)
+        stream.sock = self._tls.wrap_socket(stream.sock, server_hostname=stream.tls_host,
+                                            do_handshake_on_connect=False)
+        stream.receiver.sock = stream.sock
+        self.selector.register(stream.sock, selectors.EVENT_WRITE, stream)
+
+    def _expire(self) -> None:
+        """Fail the streams past their deadline. NOTE: it visits every open stream, so it runs
+        once per EXPIRY_CHECK_S rather than after every round of reads: at 256 streams of 5 ms
+        tokens a round then reads about 5 events, not 30."""
+        now = time.monotonic()
+        self._next_expiry_check = now + EXPIRY_CHECK_S
+        for key in list(self.selector.get_map().values()):
+            stream = key.data
+            if stream is not None and now > stream.deadline:
+                if stream.stage == "error-body":
+                    stream.take(b"", now)  # the status and what came of its message stand
+                stream.record.fail("timeout", f"no complete answer within --timeout {stream.timeout_s:g} s")
+                self._finish(stream)
+
+    def _abandon(self) -> None:
+        """At close: every stream still open or not yet started ends as interrupted."""
+        with self._lock:
+            streams, self._incoming, self._timers = list(self._incoming), [], []
+        streams += [key.data for key in self.selector.get_map().values() if key.data is not None]
+        streams += [stream for stream, _, _ in self._arrivals]
+        for stream in streams:
+            stream.record.fail("interrupted", "the reader closed")
+            self._finish(stream)
+
+    def _finish(self, stream: _Stream) -> None:
+        if stream.over:
+            return
+        stream.over = True
+        if stream.sock is not None:
+            if stream.sock in self.selector.get_map():
+                self.selector.unregister(stream.sock)
+            stream.sock.close()
+        stream.parser.end()
+        if stream.on_end is not None:
+            stream.on_end(stream)
+        stream.done.set()
+
+
+def stream_chat(endpoint: Endpoint, body: bytes, headers: Dict[str, str], record: MeasuredRequest,
+                loop: StreamLoop, timeout_s: float,
+                on_event: Optional[Callable[[float, dict], None]] = None, api_path: str = CHAT_PATH) -> None:
+    """POST one streaming chat completion through loop; return when its answer is recorded.
+
     HTTP errors, timeouts, broken and truncated streams are kept on the record; only a
     refused connection raises (ServerUnreachable), because then nothing else can work.
     """
-    deadline = time.monotonic() + timeout_s
-    parser = StreamParser(record, on_event)
-    try:
-        sock = endpoint.open_socket(timeout_s)
-    except OSError as error:  # ServerUnreachable (refused, unknown host) goes up: nothing else can work
-        record.fail("timeout" if isinstance(error, socket.timeout) else "connection", f"{type(error).__name__}: {error}")
-        parser.end()
-        return
-    try:
-        receiver = Receiver(sock, reader.clock, reader.kernel_stamps and enable_kernel_stamps(sock))
-        sock.sendall(endpoint.request_bytes("POST", api_path, headers, body))
-        record.status, response_headers, rest, rest_at = read_response_head(receiver)
-        body_reader = HttpBody(response_headers)
-        if record.status != 200:
-            record.fail(f"http {record.status}", _http_error_message(_error_body(sock, body_reader, rest, deadline)))
-        else:
-            stream = _OpenStream(receiver, body_reader, parser, deadline, timeout_s)
-            if not rest or stream.receive(rest, rest_at):
-                reader.add(stream)  # from here the reader owns the socket and ends the parser
-                if not stream.done.wait(timeout_s + 5.0):
-                    record.fail("timeout", f"no complete answer within --timeout {timeout_s:g} s")
-                return
-    except socket.timeout:
-        record.fail("timeout", f"no answer within --timeout {timeout_s:g} s")
-    except (OSError, ValueError, http.client.HTTPException) as error:
-        record.fail("connection", f"{type(error).__name__}: {error}")
-    sock.close()
-    parser.end()
-
-
-def _error_body(sock: socket.socket, body_reader: "HttpBody", rest: bytes, deadline: float) -> bytes:
-    """The first 64 KiB of an error answer's body, read until the deadline."""
-    sock.settimeout(max(0.1, deadline - time.monotonic()))
-    payload = body_reader.feed(rest)
-    while not body_reader.complete and len(payload) < 65536:
-        received = sock.recv(1 << 16)
-        if not received:
-            break
-        payload += body_reader.feed(received)
-    return payload
-
-
-def chat_body(model: str, prompt: str, max_tokens: int, ignore_eos: bool, temperature: float,
-              api_path: str = CHAT_PATH) -> bytes:
-    """The JSON body of one streaming completion (built before the run starts): a chat's one
-    user message, or for /v1/completions (a base model without a chat template) the bare prompt."""
-    text = {"prompt": prompt} if api_path == COMPLETIONS_PATH else {"messages": [{"role": "user", "content": prompt}]}
-    body = dict(model=model, **text, max_tokens=max_tokens, temperature=temperature, stream=True,
-                stream_options={"include_usage": True})
-    if ignore_eos:
-        body["ignore_eos"] = True  # llama.cpp, vLLM and SGLang all accept it
-    return json.dumps(body).encode("utf-8")
+    stream = loop.send(endpoint, endpoint.request_bytes("POST", api_path, headers, body), record, timeout_s, on_event)
+    if not stream.done.wait(timeout_s + 5.0):
+        record.fail("timeout", f"no complete answer within --timeout {timeout_s:g} s")
+    if record.error_kind == "unreachable":
+        raise ServerUnreachable(stream.unreachable)
 
 
 # =============================================================================
@@ -5001,15 +5188,17 @@ def _body_text(data: dict) -> str:
 
 
 class LoadRun:
-    """Sends a LoadPlan's requests from worker threads and keeps their records.
+    """Sends a LoadPlan's requests through one StreamLoop and keeps their records.
 
-    Closed loop: concurrency threads, each sending its next request as soon as the
-    last one ends. Open loop: requests go out on the precomputed absolute schedule (so
-    slow sends do not make the rate drift), at most concurrency in flight if set.
+    Closed loop: concurrency clients, each sending its next request as soon as the last
+    one ends. Open loop: requests go out on the precomputed absolute schedule (so slow
+    sends do not make the rate drift), at most concurrency in flight if set. A
+    conversation's later turn goes out its think time after the turn before it ended.
     stop() ends sending; requests already in flight finish. Threads: the main thread
     calls start(), wait(), stop() and close(); the open-loop schedule is kept by the
-    thread that calls start(); each request is sent by a worker thread of its own
-    (closed loop: one per client), and its stream is read by the StreamReader.
+    thread that calls start(); the rest (a closed loop's next request, a conversation's
+    next turn) happens on the loop's thread as each answer ends, so a wave of requests
+    going out wakes no thread at all.
     """
 
     def __init__(self, plan: LoadPlan, clock: Callable[[], float] = time.perf_counter,
@@ -5018,13 +5207,17 @@ class LoadRun:
         self.plan = plan
         self.clock = clock
         self.on_event = on_event  # instrumentation: sees every decoded event and its time
-        self.reader = StreamReader(clock)
+        self.loop = StreamLoop(clock)
         self.stopping = threading.Event()
         self.sleep = sleep or self.stopping.wait
         self.records = [MeasuredRequest(index) for index in range(len(plan.bodies))]
         self.unreachable: Optional[ServerUnreachable] = None
-        self.threads: List[threading.Thread] = []
-        self.lock = threading.Lock()
+        self.idle = threading.Condition()  # guards num_active and pending
+        self.num_active = 0  # closed loop: clients still sending; open loop: requests (with later turns) in flight
+        self.pending: Iterator[int] = iter(())  # closed loop: the requests no client has taken yet
+        self.closed_loop = True
+        self.slots: Optional[threading.Semaphore] = None  # open loop: room under the in-flight cap
+        self.paused_collector = False
 
     def __enter__(self) -> "LoadRun":
         return self
@@ -5033,9 +5226,23 @@ class LoadRun:
         self.close()
 
     def close(self) -> None:
-        """Stop the reader thread; streams still open end as interrupted."""
+        """Stop the loop; streams still open end as interrupted."""
         self.stop()
-        self.reader.close()
+        self.loop.close()
+        if self.paused_collector:
+            gc.enable()
+
+    def _pause_collector(self) -> None:
+        """Turn the cyclic garbage collector off until close(), where it was on.
+
+        NOTE: a full pass walks every object the process holds (15-60 ms for loadgen on a
+        2-vCPU VM), and while it runs no socket is read, so the events each stream sent
+        meanwhile merge under one receive stamp. A load run makes no cyclic garbage (none
+        in a run of 512 streamed requests), so reference counts free all that it drops and
+        nothing piles up while the collector is off."""
+        if gc.isenabled():
+            gc.disable()
+            self.paused_collector = True
 
     def stop(self) -> None:
         self.stopping.set()
@@ -5043,12 +5250,14 @@ class LoadRun:
     def measured(self) -> List[MeasuredRequest]:
         return self.records[self.plan.num_warmup:]
 
-    def reader_lag_s(self) -> Tuple[List[float], List[float]]:
-        """The reader's rounds and its reads' waits in the kernel (see StreamReader)."""
-        return list(self.reader.round_s), list(self.reader.delay_s)
+    def reader_lag_s(self) -> Tuple[List[float], List[float], List[float]]:
+        """The loop's rounds, its reads' waits in the kernel and its decoding's lag behind
+        the bytes' arrival (see StreamLoop)."""
+        return list(self.loop.round_s), list(self.loop.delay_s), list(self.loop.decode_lag_s)
 
     def warm_up(self) -> None:
         if self.plan.num_warmup:
+            self._pause_collector()
             clients = min(self.plan.num_warmup, self.plan.concurrency or self.plan.num_warmup)
             self._start_closed(range(self.plan.num_warmup), clients)
             self.wait()
@@ -5058,29 +5267,34 @@ class LoadRun:
         loop dispatches from the calling thread, so it returns when all are sent).
         start_at: the clock() reading the schedule counts from (default: now)."""
         indices = range(self.plan.num_warmup, len(self.records))
+        self._pause_collector()
         if self.plan.schedule is None:
             self._start_closed(indices, self.plan.concurrency or 1)
         else:
             self._dispatch_open(indices, start_at)
 
+    def settle(self, timeout_s: float) -> bool:
+        """Wait up to timeout_s for every client and request in flight to end; whether they have."""
+        with self.idle:
+            return self.idle.wait_for(lambda: self.num_active == 0, timeout_s)
+
     def wait(self, poll: Optional[Callable[[], None]] = None, interval_s: float = 0.2) -> None:
-        """Block until every worker is done; poll() runs every interval_s meanwhile.
+        """Block until every client and request in flight is done; poll() runs every
+        interval_s meanwhile.
 
         A watchdog ends a run in which no request ended for --timeout plus 10 s: the
         requests still open fail as stalled and the partial run is what is reported.
         """
         patience_s, last_ended, last_change = self.plan.timeout_s + 10.0, -1, time.monotonic()
-        for thread in list(self.threads):
-            while thread.is_alive():
-                thread.join(interval_s)
-                if poll is not None:
-                    poll()
-                ended = sum(1 for r in self.records if r.error is not None or r.finish_reason or r.saw_done)
-                if ended != last_ended:
-                    last_ended, last_change = ended, time.monotonic()
-                elif time.monotonic() - last_change > patience_s:
-                    self._give_up(patience_s)
-                    return
+        while not self.settle(interval_s):
+            if poll is not None:
+                poll()
+            ended = sum(1 for r in self.records if r.error is not None or r.finish_reason or r.saw_done)
+            if ended != last_ended:
+                last_ended, last_change = ended, time.monotonic()
+            elif time.monotonic() - last_change > patience_s:
+                self._give_up(patience_s)
+                return
         if self.unreachable is not None:
             raise self.unreachable
 
@@ -5091,30 +5305,30 @@ class LoadRun:
                 record.fail("stalled", f"no request ended for {patience_s:g} s; the run was stopped (watchdog)")
 
     def _start_closed(self, indices: Iterable[int], num_clients: int) -> None:
-        pending = iter(indices)
-
-        def client() -> None:
-            while not self.stopping.is_set():
-                with self.lock:
-                    index = next(pending, None)
-                if index is None:
-                    return
-                self.records[index].sent_s = self.clock()
-                self._send(index)
-
-        self.threads = []
+        later = set(self.plan.next_turn.values())  # NOTE: a conversation's later turns go out after its earlier
+        self.closed_loop, self.pending = True, iter([index for index in indices if index not in later])
         for _ in range(num_clients):
-            thread = threading.Thread(target=client, daemon=True)
-            thread.start()
-            self.threads.append(thread)  # NOTE: only started threads, so a Ctrl-C here can join them
+            with self.idle:
+                self.num_active += 1
+            self._next_request()
+
+    def _next_request(self) -> None:
+        """A closed-loop client's next request, or the client's end when none is left."""
+        with self.idle:
+            index = None if self.stopping.is_set() else next(self.pending, None)
+        if index is None:
+            self._chain_over()
+            return
+        self.records[index].sent_s = self.clock()
+        self._send(index, ())
 
     def _dispatch_open(self, indices: Iterable[int], start_at: Optional[float] = None) -> None:
-        slots = threading.Semaphore(self.plan.concurrency) if self.plan.concurrency else None
+        self.closed_loop = False
+        self.slots = slots = threading.Semaphore(self.plan.concurrency) if self.plan.concurrency else None
         start = self.clock() if start_at is None else start_at
-        self.threads = []
         for index, offset in zip(indices, self.plan.schedule):
             if offset is None:
-                continue  # a conversation's later turn: the thread of the turn before sends it
+                continue  # a conversation's later turn: it goes out when the turn before it ends
             delay = start + offset - self.clock()
             if delay > 0:
                 self.sleep(delay)
@@ -5126,30 +5340,20 @@ class LoadRun:
             record = self.records[index]
             record.scheduled_s = start + offset
             record.sent_s = self.clock()
-            thread = threading.Thread(target=self._send, args=(index, slots), daemon=True)
-            thread.start()
-            self.threads.append(thread)
+            with self.idle:
+                self.num_active += 1
+            self._send(index, ())
 
-    def _send(self, index: int, slots: Optional[threading.Semaphore] = None,
-              history: Sequence[dict] = ()) -> None:
-        """Send request index (after history, a conversation so far), then the turns after it."""
-        try:
-            self._send_one(index, history)
-            while index in self.plan.next_turn and not self.stopping.is_set():
-                record, after = self.records[index], self.plan.next_turn[index]
-                history = list(history) + [{"role": "user", "content": _body_text(json.loads(self.plan.bodies[index]))},
-                                           {"role": "assistant", "content": "".join(record.answer or ())}]
-                self.sleep(self.plan.think_s.get(after, 0.0))
-                if self.stopping.is_set():
-                    break
-                self.records[after].scheduled_s = self.records[after].sent_s = self.clock()
-                index = after
-                self._send_one(index, history)
-        finally:
-            if slots is not None:
-                slots.release()
+    def _chain_over(self) -> None:
+        """A closed-loop client, or an open-loop request with all its later turns, is done."""
+        if self.slots is not None:
+            self.slots.release()
+        with self.idle:
+            self.num_active -= 1
+            self.idle.notify_all()
 
-    def _send_one(self, index: int, history: Sequence[dict]) -> None:
+    def _send(self, index: int, history: Sequence[dict]) -> None:
+        """Hand request index (after history, a conversation so far) to the loop."""
         record, body = self.records[index], self.plan.bodies[index]
         if history:  # NOTE: the body's own message goes after the conversation so far
             data = json.loads(body)
@@ -5160,15 +5364,34 @@ class LoadRun:
             body = json.dumps(data).encode("utf-8")
         if index in self.plan.next_turn:
             record.answer = []
-        try:
-            stream_chat(self.plan.endpoint, body, self.plan.headers, record,
-                        self.reader, self.plan.timeout_s, self.on_event, self.plan.api_path)
-        except ServerUnreachable as error:
-            record.fail("unreachable", str(error))
-            self.unreachable = error
+        request = self.plan.endpoint.request_bytes("POST", self.plan.api_path, self.plan.headers, body)
+        self.loop.send(self.plan.endpoint, request, record, self.plan.timeout_s, self.on_event,
+                       on_end=lambda stream: self._ended(index, history, stream))
+
+    def _ended(self, index: int, history: Sequence[dict], stream: _Stream) -> None:
+        """On the loop's thread, once request index's answer is over: its conversation's next
+        turn after the think time, else the client's next request or a free slot."""
+        if stream.unreachable is not None and self.unreachable is None:
+            self.unreachable = ServerUnreachable(stream.unreachable)
             self.stop()
-        except Exception as error:  # NOTE: a worker must end its request, whatever happened
-            record.fail("bad-response", f"{type(error).__name__}: {error}")
+        after = self.plan.next_turn.get(index)
+        if after is not None and not self.stopping.is_set():
+            history = list(history) + [
+                {"role": "user", "content": _body_text(json.loads(self.plan.bodies[index]))},
+                {"role": "assistant", "content": "".join(self.records[index].answer or ())}]
+            self.loop.call_later(self.plan.think_s.get(after, 0.0), lambda: self._next_turn(after, history))
+        elif self.closed_loop:
+            self._next_request()
+        else:
+            self._chain_over()
+
+    def _next_turn(self, index: int, history: Sequence[dict]) -> None:
+        if self.stopping.is_set():
+            self._chain_over()
+            return
+        record = self.records[index]
+        record.scheduled_s = record.sent_s = self.clock()
+        self._send(index, history)
 
 
 def normalize_times(records: Sequence[MeasuredRequest]) -> None:
@@ -5315,9 +5538,7 @@ def discover_server(endpoint: Endpoint, headers: Dict[str, str], timeout_s: floa
 
 def finish_in_flight(run: LoadRun, grace_s: float) -> None:
     """After Ctrl-C: give streams in flight grace_s to end, then mark the rest interrupted."""
-    deadline = time.monotonic() + grace_s
-    for thread in run.threads:
-        thread.join(max(0.0, deadline - time.monotonic()))
+    run.settle(grace_s)
     for record in run.measured():
         if record.sent_s is not None and record.error is None and not (record.finish_reason or record.saw_done):
             record.fail("interrupted", "still streaming when the run was interrupted")
@@ -5364,6 +5585,11 @@ def loadgen_warnings(report: dict, num_workers: int, num_cpus: Optional[int] = N
     if lateness["count"] and lateness["p99"] > SEND_LATENESS_WARN_MS:
         warnings.append(f"requests went out {lateness['p99']:.1f} ms after their schedule at p99: the sender is "
                         f"behind; {more}")
+    lags = report.get("reader_decode_lag_ms") or {"count": 0}
+    if lags["count"] and lags["p99"] > SEND_LATENESS_WARN_MS:
+        warnings.append(f"the stream reader decoded answers {lags['p99']:.1f} ms after they arrived at p99: a request "
+                        f"that waits for another to end (a closed loop's next, a conversation's next turn, one "
+                        f"under --concurrency) went out up to that late; {more}")
     return warnings
 
 
@@ -5418,9 +5644,9 @@ class Progress:
             sys.stderr.write("\n")
 
 
-# NOTE: a 1 ms interpreter switch interval (the default is 5 ms) lets the stream reader
-# thread take the GIL back sooner from threads busy connecting; it halves loadgen's p99
-# timestamp error at 64 streams (see code/bench.py loadgen).
+# NOTE: a 1 ms interpreter switch interval (the default is 5 ms) lets the stream loop's
+# thread take the GIL back sooner from the other threads that run Python meanwhile: the
+# metrics sampler parsing a scrape, the open-loop dispatcher, the progress line.
 LOADGEN_SWITCH_INTERVAL_S = 0.001
 
 
@@ -5487,22 +5713,22 @@ class ProcessLoadRun:
     def __init__(self, plan: LoadPlan, num_workers: int, on_event=None):
         self.plan, self.local, self.on_event = plan, LoadRun(plan), on_event
         self.records = self.local.records
-        self.round_s: List[float] = []   # every worker's reader's rounds
-        self.delay_s: List[float] = []   # and its reads' waits in the kernel
+        self.round_s: List[float] = []   # every worker's loop's rounds
+        self.delay_s: List[float] = []   # its reads' waits in the kernel
+        self.decode_lag_s: List[float] = []  # and its decoding's lag
         self.event_copies: list = []  # each worker's on_event, as it came back
         self.parts = split_plan(plan, num_workers)
         self.processes: List[Tuple[multiprocessing.Process, object, List[int]]] = []
 
-    @property
-    def threads(self) -> List[threading.Thread]:
-        """This process's sending threads (the warm-ups'): the workers' are their own."""
-        return self.local.threads
+    def settle(self, timeout_s: float) -> bool:
+        """Wait for this process's own requests (the warm-ups): the workers end their own."""
+        return self.local.settle(timeout_s)
 
     def measured(self) -> List[MeasuredRequest]:
         return self.records[self.plan.num_warmup:]
 
     def reader_lag_s(self) -> Tuple[List[float], List[float]]:
-        return self.round_s, self.delay_s
+        return self.round_s, self.delay_s, self.decode_lag_s
 
     def warm_up(self) -> None:
         self.local.warm_up()
@@ -5541,7 +5767,7 @@ class ProcessLoadRun:
             raise ServerUnreachable(unreachable)
 
     def _merge(self, connection, share: List[int]) -> Optional[str]:
-        records, (rounds, delays), problem, on_event = connection.recv()
+        records, (rounds, delays, lags), problem, on_event = connection.recv()
         connection.close()
         self.event_copies.append(on_event)
         for index, record in zip(share, records):
@@ -5549,6 +5775,7 @@ class ProcessLoadRun:
             self.records[index] = record
         self.round_s += rounds
         self.delay_s += delays
+        self.decode_lag_s += lags
         return problem
 
     def stop(self) -> None:
@@ -5654,9 +5881,9 @@ def _usage_prompt_tokens(endpoint: Endpoint, headers: Dict[str, str], model: str
                          timeout_s: float, api_path: str = CHAT_PATH) -> int:
     """The prompt tokens a request of text counts (usage), from a one-token answer."""
     record = MeasuredRequest(-1)
-    with StreamReader() as reader:
+    with StreamLoop() as loop:
         stream_chat(endpoint, chat_body(model, text, 1, False, 0.0, api_path), dict(headers, **{"Content-Type":
-                    "application/json"}), record, reader, timeout_s, api_path=api_path)
+                    "application/json"}), record, loop, timeout_s, api_path=api_path)
     if record.error is not None or record.token_counts == "chunks" or record.prompt_tokens <= 0:
         raise BadResponse(f"{endpoint}: a probe request to size the prompts failed or reported no usage "
                           f"({record.error or 'no usage.prompt_tokens'})")
@@ -8527,8 +8754,9 @@ def cmd_loadgen(args) -> int:
     if replay is not None:
         settings["num_requests"] = len(replay[0])
     report = build_loadgen_report(settings, records, window, sampler.problem, slo, args.json_requests)
-    rounds_s, delays_s = run.reader_lag_s()
+    rounds_s, delays_s, lags_s = run.reader_lag_s()
     report["reader_round_ms"], report["reader_delay_ms"] = distribution_ms(rounds_s), distribution_ms(delays_s)
+    report["reader_decode_lag_ms"] = distribution_ms(lags_s)
     report["warnings"] = loadgen_warnings(report, args.workers)
     add_cost(report["summary"], (args.price_per_hour or 0.0) * args.num_devices, args.num_devices)
     if replay is not None:

@@ -10,6 +10,7 @@ maps other GET paths (/props, /get_server_info, ...) to the JSON they answer.
 
 import json
 import socket
+import ssl
 import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -192,8 +193,9 @@ class FakeServer:
     """
 
     def __init__(self, chat=None, metrics=None, models=("fake-model",), per_request=False, tokenizer=None, pages=None,
-                 host="127.0.0.1"):
+                 host="127.0.0.1", tls=None):
         self.host = host                  # "::1" listens on IPv6
+        self.tls = tls                    # (certificate file, key file): serve https
         self.chat = chat or stream_of(standard_stream())
         self.pages = dict(pages or {})  # path -> the JSON a GET of it answers (a server's own endpoints)
         self.per_request = per_request
@@ -215,6 +217,10 @@ class FakeServer:
         self.httpd = server_class((self.host, 0), _Handler)
         self.httpd.daemon_threads = True
         self.httpd.fake = self
+        if self.tls is not None:
+            context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+            context.load_cert_chain(*self.tls)
+            self.httpd.socket = context.wrap_socket(self.httpd.socket, server_side=True)
         self.thread = threading.Thread(target=self.httpd.serve_forever, kwargs={"poll_interval": 0.02},
                                        daemon=True)
         self.thread.start()
@@ -232,4 +238,4 @@ class FakeServer:
     @property
     def url(self):
         host = f"[{self.host}]" if ":" in self.host else self.host
-        return f"http://{host}:{self.httpd.server_address[1]}"
+        return f"{'https' if self.tls else 'http'}://{host}:{self.httpd.server_address[1]}"

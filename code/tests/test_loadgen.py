@@ -1,9 +1,13 @@
 """loadgen against a scripted fake server: stream parsing, metrics, errors, load shapes."""
 
+import gc
 import json
 import os
 import signal
 import socket
+import ssl
+import subprocess
+import tempfile
 import threading
 import time
 import unittest
@@ -32,7 +36,7 @@ def parse(stream):
 def measure(server, timeout_s=10.0):
     """Send one request to server and return its record."""
     record = main.MeasuredRequest(0, sent_s=0.0)
-    with main.StreamReader() as reader:
+    with main.StreamLoop() as reader:
         main.stream_chat(main.Endpoint.parse(server.url), main.chat_body("m", "hi", 8, False, 0.0),
                          {"Content-Type": "application/json"}, record, reader, timeout_s)
     return record
@@ -143,6 +147,18 @@ class StreamParsingTest(unittest.TestCase):
                           record.finish_reason), (None, [1.0, 3.0], 2, 7, "length"))  # lines 1 and 3
 
 
+def self_signed_certificate(folder):
+    """(certificate, key) files for 127.0.0.1 made by openssl, or None without it."""
+    cert, key = os.path.join(folder, "cert.pem"), os.path.join(folder, "key.pem")
+    try:
+        subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", key, "-out", cert,
+                        "-days", "1", "-subj", "/CN=127.0.0.1", "-addext", "subjectAltName=IP:127.0.0.1"],
+                       check=True, capture_output=True, timeout=60)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return cert, key
+
+
 class HttpStreamTest(unittest.TestCase):
     """The same streams over HTTP from the fake server: framing, flush boundaries, errors."""
 
@@ -155,6 +171,25 @@ class HttpStreamTest(unittest.TestCase):
             record = measure(server)
         self.assertIsNone(record.error)
         self.assertEqual((len(record.chunk_times), record.output_tokens, record.saw_done), (2, 2, True))
+
+    def test_a_stream_over_tls_is_connected_step_by_step_and_read_whole(self):
+        with tempfile.TemporaryDirectory() as folder:
+            tls = self_signed_certificate(folder) or self.skipTest("openssl is not installed (it makes the certificate)")
+            trusting = ssl.create_default_context(cafile=tls[0])
+            with FakeServer(tls=tls) as server, mock.patch.object(main.ssl, "create_default_context",
+                                                                 return_value=trusting):
+                self.assertTrue(server.url.startswith("https://"))
+                record = measure(server)
+        self.assertIsNone(record.error)
+        self.assertEqual((len(record.chunk_times), record.output_tokens, record.prompt_tokens), (4, 4, 12))
+
+    def test_a_server_certificate_that_is_not_trusted_fails_the_request_saying_so(self):
+        with tempfile.TemporaryDirectory() as folder:
+            tls = self_signed_certificate(folder) or self.skipTest("openssl is not installed (it makes the certificate)")
+            with FakeServer(tls=tls) as server:
+                record = measure(server)
+        self.assertEqual(record.error_kind, "connection")
+        self.assertIn("CERTIFICATE_VERIFY_FAILED", record.error)
 
     def test_a_truncated_stream_is_an_error_not_a_short_answer(self):
         with FakeServer(chat=stream_of(sse(chunk("a"), chunk("b"), done=False))) as server:
@@ -185,7 +220,7 @@ class HttpStreamTest(unittest.TestCase):
 
     def test_a_refused_connection_raises_server_unreachable(self):
         with self.assertRaisesRegex(main.ServerUnreachable, "connection refused"):
-            with main.StreamReader() as reader:
+            with main.StreamLoop() as reader:
                 main.stream_chat(main.Endpoint.parse(f"http://127.0.0.1:{free_port()}"), b"{}", {},
                                  main.MeasuredRequest(0, sent_s=0.0), reader, 5.0)
 
@@ -212,12 +247,13 @@ def connected_pair():
     return client, server
 
 
-def lag_report(delay_p99=None, round_p99=None, itl_p50=5.0):
+def lag_report(delay_p99=None, round_p99=None, itl_p50=5.0, decode_lag_p99=None):
     """The parts of a loadgen report that loadgen_warnings reads."""
     def distribution(p99):
         return {"count": 0} if p99 is None else {"count": 100, "p50": p99 / 4, "p99": p99, "max": p99 * 2}
     return {"reader_delay_ms": distribution(delay_p99), "reader_round_ms": distribution(round_p99),
-            "send_lateness_ms": distribution(None), "summary": {"itl_ms": {"p50": itl_p50}}}
+            "reader_decode_lag_ms": distribution(decode_lag_p99), "send_lateness_ms": distribution(None),
+            "summary": {"itl_ms": {"p50": itl_p50}}}
 
 
 class ReaderLagTest(unittest.TestCase):
@@ -266,7 +302,7 @@ class ReaderLagTest(unittest.TestCase):
                 released_s.append(time.perf_counter())
 
         record = main.MeasuredRequest(0, sent_s=0.0)
-        with FakeServer(chat=handle) as server, main.StreamReader() as reader:
+        with FakeServer(chat=handle) as server, main.StreamLoop() as reader:
             main.stream_chat(main.Endpoint.parse(server.url), main.chat_body("m", "hi", 2, False, 0.0),
                              {"Content-Type": "application/json"}, record, reader, 10.0, on_event)
         self.assertIsNone(record.error)
@@ -276,7 +312,7 @@ class ReaderLagTest(unittest.TestCase):
     def test_an_injected_clock_dates_bytes_when_read_without_kernel_stamps(self):
         clock = iter([10.0, 12.5]).__next__
         client, server = connected_pair()
-        with client, server, main.StreamReader(clock=FakeTime().clock) as reader:
+        with client, server, main.StreamLoop(clock=FakeTime().clock) as reader:
             self.assertFalse(reader.kernel_stamps)
             receiver = main.Receiver(client, clock, stamped=False)
             server.sendall(b"x")
@@ -294,6 +330,67 @@ class ReaderLagTest(unittest.TestCase):
             "the stream reader's rounds took 3.0 ms at p99: token times behind them are late by up to that; "
             "use --workers 2"])
         self.assertEqual(main.loadgen_warnings(lag_report(round_p99=1.0), 1, 8), [])
+
+    def test_answers_decoded_late_warn_that_requests_waiting_on_them_went_out_late(self):
+        self.assertEqual(main.loadgen_warnings(lag_report(decode_lag_p99=4.0), 1, 8), [])
+        self.assertEqual(main.loadgen_warnings(lag_report(decode_lag_p99=40.0), 1, 8), [
+            "the stream reader decoded answers 40.0 ms after they arrived at p99: a request that waits for another "
+            "to end (a closed loop's next, a conversation's next turn, one under --concurrency) went out up to "
+            "that late; use --workers 2"])
+
+    def backlog_then_a_new_event(self, max_undecoded_reads):
+        """Twelve "slow" streams' events wait, read, to be decoded when a "late" stream's event
+        arrives (it is written while the first slow one is decoded). The clock counts the
+        slow events decoded, so the late event's time says how many were decoded before it
+        was read. A "first" stream's event holds the loop until every slow event is written."""
+        num_slow, decoded = 12, []
+        all_sent, all_written = threading.Barrier(num_slow + 2), threading.Barrier(num_slow + 1)
+        loop_held, late_go, late_written = threading.Event(), threading.Event(), threading.Event()
+
+        def handle(handler, body):
+            prompt = body["messages"][0]["content"]
+            handler.start_stream()
+            all_sent.wait(10)
+            if prompt == "slow":
+                loop_held.wait(10)
+            if prompt == "late":
+                late_go.wait(10)
+            handler.write_chunk(sse(chunk(prompt), done=False))
+            if prompt == "slow":
+                all_written.wait(10)
+            if prompt == "late":
+                late_written.set()
+            handler.write_chunk(sse(chunk(finish="stop", usage=(1, 1))))
+            handler.end_stream()
+
+        def on_event(at, event):
+            content = event["choices"][0]["delta"].get("content")
+            if content == "first":
+                loop_held.set()
+                all_written.wait(10)
+            elif content == "slow":
+                if not decoded:
+                    late_go.set()
+                    late_written.wait(10)
+                decoded.append(at)
+
+        records = [main.MeasuredRequest(index) for index in range(num_slow + 2)]
+        prompts = ["first", "late"] + ["slow"] * num_slow
+        with FakeServer(chat=handle) as server, main.StreamLoop(clock=lambda: float(len(decoded))) as loop, \
+                mock.patch.object(main, "DECODE_SLICE_S", 0.0), \
+                mock.patch.object(main, "MAX_UNDECODED_READS", max_undecoded_reads):
+            endpoint = main.Endpoint.parse(server.url)
+            streams = [loop.send(endpoint, endpoint.request_bytes("POST", main.CHAT_PATH, {}, main.chat_body(
+                "m", prompt, 2, False, 0.0)), record, 10.0, on_event) for prompt, record in zip(prompts, records)]
+            self.assertTrue(all(stream.done.wait(10) for stream in streams))
+        self.assertTrue(all(record.error is None for record in records), [r.error for r in records])
+        return records[1].chunk_times[0]
+
+    def test_a_socket_that_becomes_ready_is_read_before_a_backlog_of_reads_is_decoded(self):
+        self.assertEqual(self.backlog_then_a_new_event(max_undecoded_reads=4096), 1.0)
+
+    def test_past_max_undecoded_reads_the_loop_decodes_its_backlog_before_reading_on(self):
+        self.assertEqual(self.backlog_then_a_new_event(max_undecoded_reads=0), 12.0)
 
     def test_a_late_reader_with_a_process_per_cpu_is_told_to_find_more_cores_not_more_workers(self):
         self.assertEqual(main.loadgen_warnings(lag_report(delay_p99=3.0), 2, 2), [
@@ -631,6 +728,19 @@ class OpenLoopTest(unittest.TestCase):
         self.assertLess(errors[len(errors) // 2], 0.005)
         self.assertTrue(all(r.error is None for r in run.records))
 
+    def test_a_load_run_keeps_the_cyclic_collector_off_until_it_is_closed(self):
+        seen = []  # whether the collector was on, at each event read
+
+        def on_event(at, event):
+            seen.append(gc.isenabled())
+        with FakeServer() as server:
+            with main.LoadRun(self.plan(server, [0.0, 0.0]), on_event=on_event) as run:
+                run.start()
+                run.wait()
+            self.assertTrue(gc.isenabled())
+        self.assertTrue(seen)
+        self.assertEqual(set(seen), {False})
+
     def test_rate_with_concurrency_caps_requests_in_flight(self):
         gate = threading.Event()
         with FakeServer(chat=stream_of(sse(chunk("a"), done=False), sse(chunk(finish="stop", usage=(1, 1))), gate=gate)) as server:
@@ -639,7 +749,7 @@ class OpenLoopTest(unittest.TestCase):
                 dispatcher.start()
                 self.assertTrue(server.wait_for_requests(2))
                 dispatcher.join(0.3)
-                self.assertEqual(len(run.threads), 2)  # the third waits for a slot
+                self.assertEqual(sum(r.sent_s is not None for r in run.records), 2)  # the third waits for a slot
                 gate.set()
                 dispatcher.join(10)
                 run.wait()
