@@ -3882,8 +3882,8 @@ class MeasuredRequest:
     chunk_times has one entry per streamed event that carried output (content,
     reasoning or a tool call); token_times has one per output token, spread over
     those events by finish_record(). queue_s is None: the queue is inside the server.
-    Threads: the thread that sends it sets sent_s, the stream loop's thread fills the
-    rest; the main thread reads it once the request is over.
+    Threads: the stream loop's thread fills it (sent_s as it starts to connect, unless the
+    open-loop dispatcher set it); the main thread reads it once the request is over.
     """
 
     request_id: int
@@ -4684,6 +4684,8 @@ class StreamLoop:
             self._finish(stream)
             return
         family, address = stream.addresses.pop(0)
+        if stream.record.sent_s is None:  # NOTE: unless its sender dated it (an open loop's schedule)
+            stream.record.sent_s = self.clock()
         try:
             sock = socket.socket(family, socket.SOCK_STREAM)
         except OSError as error:
@@ -5319,8 +5321,7 @@ class LoadRun:
         if index is None:
             self._chain_over()
             return
-        self.records[index].sent_s = self.clock()
-        self._send(index, ())
+        self._send(index, ())  # NOTE: its sent_s is set by the loop, as it starts to connect
 
     def _dispatch_open(self, indices: Iterable[int], start_at: Optional[float] = None) -> None:
         self.closed_loop = False
@@ -5371,6 +5372,13 @@ class LoadRun:
     def _ended(self, index: int, history: Sequence[dict], stream: _Stream) -> None:
         """On the loop's thread, once request index's answer is over: its conversation's next
         turn after the think time, else the client's next request or a free slot."""
+        try:
+            self._go_on(index, history, stream)
+        except Exception as error:  # NOTE: whatever happened, the client or slot ends, or the run never would
+            self.records[index].fail("bad-response", f"{type(error).__name__}: {error}")
+            self._chain_over()
+
+    def _go_on(self, index: int, history: Sequence[dict], stream: _Stream) -> None:
         if stream.unreachable is not None and self.unreachable is None:
             self.unreachable = ServerUnreachable(stream.unreachable)
             self.stop()

@@ -741,6 +741,17 @@ class OpenLoopTest(unittest.TestCase):
         self.assertTrue(seen)
         self.assertEqual(set(seen), {False})
 
+    def test_a_surprise_after_an_answer_fails_that_request_and_the_run_still_ends(self):
+        bodies = [b'{"model": "m", "stream": true}', main.chat_body("m", "next", 4, False, 0.0)]  # no prompt in the first
+        with FakeServer() as server:
+            plan = main.LoadPlan(main.Endpoint.parse(server.url), bodies, {"Content-Type": "application/json"}, 0,
+                                 None, [0.0, None], 10.0, next_turn={0: 1}, think_s={1: 0.0})
+            with main.LoadRun(plan) as run:
+                run.start()
+                run.wait()
+        self.assertEqual((run.records[0].error_kind, run.records[0].error), ("bad-response", "KeyError: 'prompt'"))
+        self.assertIsNone(run.records[1].sent_s)
+
     def test_rate_with_concurrency_caps_requests_in_flight(self):
         gate = threading.Event()
         with FakeServer(chat=stream_of(sse(chunk("a"), done=False), sse(chunk(finish="stop", usage=(1, 1))), gate=gate)) as server:
