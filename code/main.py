@@ -2723,7 +2723,7 @@ class Arrivals:
     Open loop (concurrency None): each request is sent at its arrival_s, whatever the
     engine is doing. Closed loop: concurrency clients each send their next request, in
     list order, the moment the previous one ends or is refused, as a load generator's
-    worker threads do. A request reaches the engine delay_s after it is sent (the fixed
+    clients do. A request reaches the engine delay_s after it is sent (the fixed
     front-end time a step profile measured: network, HTTP, tokenizing). send(request,
     now_s) queues a request and says whether it was accepted (False: it could never run);
     done(request), when given, hears of each request once it has finished or been refused.
@@ -5712,7 +5712,7 @@ def _load_worker(plan: LoadPlan, connection, on_event=None) -> None:
 
 class ProcessLoadRun:
     """A LoadRun over several processes (loadgen --workers): each reads its share of the
-    streams with its own reader thread, so one interpreter lock no longer stamps every
+    streams with its own stream loop, so one interpreter lock no longer reads every
     stream. Warm-ups run here first; the measured requests go out on one schedule from a
     start time all processes share. Threads: the main thread calls everything."""
 
@@ -6017,7 +6017,7 @@ class ProfileSettings:
 
 class Profiler:
     """Measures a server point by point on the main thread; each point is one or more
-    LoadRuns (workers and the stream reader as in loadgen). The profile dict fills as
+    LoadRuns (the stream loop as in loadgen). The profile dict fills as
     points finish, so what was measured before Ctrl-C or the budget is kept."""
 
     def __init__(self, endpoint: Endpoint, headers: Dict[str, str], model: str, settings: ProfileSettings,
