@@ -4667,11 +4667,11 @@ class StreamLoop:
                 return
 
     def _decode(self, stream: _Stream, data: bytes, at: float) -> None:
-        answering = stream.stage != "body"
         try:
             going = stream.take(data, at)
         except Exception as error:  # NOTE: one stream's surprise must not stop the others
-            stream.record.fail(*_read_failure(error, answering))
+            # NOTE: the stage as it failed: a body's first bytes can come in the head's read
+            stream.record.fail(*_read_failure(error, answering=stream.stage != "body"))
             going = False
         if not going:
             self._finish(stream)

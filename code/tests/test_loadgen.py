@@ -191,6 +191,15 @@ class HttpStreamTest(unittest.TestCase):
         self.assertEqual(record.error_kind, "connection")
         self.assertIn("CERTIFICATE_VERIFY_FAILED", record.error)
 
+    def test_a_malformed_chunk_in_the_heads_read_fails_as_a_malformed_body(self):
+        def handle(handler, body):  # NOTE: one write, so the bad chunk comes in the head's read
+            handler.wfile.write(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\nhello\r\n")
+            handler.close_connection = True
+        with FakeServer(chat=handle) as server:
+            record = measure(server)
+        self.assertEqual((record.status, record.error_kind, record.error),
+                         (200, "bad-response", "malformed chunked body: invalid literal for int() with base 16: b'zz'"))
+
     def test_a_truncated_stream_is_an_error_not_a_short_answer(self):
         with FakeServer(chat=stream_of(sse(chunk("a"), chunk("b"), done=False))) as server:
             record = measure(server)
