@@ -36,9 +36,9 @@ def parse(stream):
 def measure(server, timeout_s=10.0):
     """Send one request to server and return its record."""
     record = main.MeasuredRequest(0, sent_s=0.0)
-    with main.StreamLoop() as reader:
+    with main.StreamLoop() as loop:
         main.stream_chat(main.Endpoint.parse(server.url), main.chat_body("m", "hi", 8, False, 0.0),
-                         {"Content-Type": "application/json"}, record, reader, timeout_s)
+                         {"Content-Type": "application/json"}, record, loop, timeout_s)
     return record
 
 
@@ -229,9 +229,9 @@ class HttpStreamTest(unittest.TestCase):
 
     def test_a_refused_connection_raises_server_unreachable(self):
         with self.assertRaisesRegex(main.ServerUnreachable, "connection refused"):
-            with main.StreamLoop() as reader:
+            with main.StreamLoop() as loop:
                 main.stream_chat(main.Endpoint.parse(f"http://127.0.0.1:{free_port()}"), b"{}", {},
-                                 main.MeasuredRequest(0, sent_s=0.0), reader, 5.0)
+                                 main.MeasuredRequest(0, sent_s=0.0), loop, 5.0)
 
     def test_a_close_delimited_stream_without_chunking_parses(self):
         def handle(handler, body):
@@ -311,9 +311,9 @@ class ReaderLagTest(unittest.TestCase):
                 released_s.append(time.perf_counter())
 
         record = main.MeasuredRequest(0, sent_s=0.0)
-        with FakeServer(chat=handle) as server, main.StreamLoop() as reader:
+        with FakeServer(chat=handle) as server, main.StreamLoop() as loop:
             main.stream_chat(main.Endpoint.parse(server.url), main.chat_body("m", "hi", 2, False, 0.0),
-                             {"Content-Type": "application/json"}, record, reader, 10.0, on_event)
+                             {"Content-Type": "application/json"}, record, loop, 10.0, on_event)
         self.assertIsNone(record.error)
         self.assertEqual(len(record.chunk_times), 2)
         self.assertLess(record.chunk_times[1], released_s[0] - 0.1)  # read after released_s, dated before it
@@ -321,8 +321,8 @@ class ReaderLagTest(unittest.TestCase):
     def test_an_injected_clock_dates_bytes_when_read_without_kernel_stamps(self):
         clock = iter([10.0, 12.5]).__next__
         client, server = connected_pair()
-        with client, server, main.StreamLoop(clock=FakeTime().clock) as reader:
-            self.assertFalse(reader.kernel_stamps)
+        with client, server, main.StreamLoop(clock=FakeTime().clock) as loop:
+            self.assertFalse(loop.kernel_stamps)
             receiver = main.Receiver(client, clock, stamped=False)
             server.sendall(b"x")
             self.assertEqual(receiver.recv(), (b"x", 12.5, None))
