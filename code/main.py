@@ -4433,14 +4433,17 @@ class _Stream:
     addresses: List[Tuple[int, tuple]] = field(default_factory=list)  # (family, address) not yet tried
     unreachable: Optional[str] = None   # why no connection could be made at all
     stage: str = "connect"              # connect, handshake, send, head, error-body, body
-    sock: Optional[socket.socket] = None
-    receiver: Optional[Receiver] = None
+    receiver: Optional[Receiver] = None  # its socket's reader (None until it connects)
     head: bytes = b""                   # the answer so far, until its head is whole
     body: Optional[HttpBody] = None
     error_body: bytes = b""
     partial: bytes = b""                # the start of a line not yet ended
     over: bool = False
     done: threading.Event = field(default_factory=threading.Event)
+
+    @property
+    def sock(self) -> Optional[socket.socket]:
+        return self.receiver.sock if self.receiver is not None else None
 
     def take(self, data: bytes, at: float) -> bool:
         """Bytes read from the socket (b"" at its end) that arrived at `at`; False once the answer is over."""
@@ -4695,7 +4698,7 @@ class StreamLoop:
         sock.setblocking(False)
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         stamped = self.kernel_stamps and stream.tls_host is None and enable_kernel_stamps(sock)
-        stream.sock, stream.receiver, stream.stage = sock, Receiver(sock, self.clock, stamped), "connect"
+        stream.receiver, stream.stage = Receiver(sock, self.clock, stamped), "connect"
         self.selector.register(sock, selectors.EVENT_WRITE, stream)
         error = sock.connect_ex(address)
         if error not in (0, errno.EINPROGRESS, errno.EAGAIN):
@@ -4706,7 +4709,7 @@ class StreamLoop:
         stream fails (unreachable when every address refused)."""
         self.selector.unregister(stream.sock)
         stream.sock.close()
-        stream.sock = None
+        stream.receiver = None
         refused = error == errno.ECONNREFUSED
         stream.unreachable = f"cannot connect to {stream.server}: connection refused" if refused else None
         if stream.addresses:
@@ -4751,9 +4754,8 @@ class StreamLoop:
         if self._tls is None:
             self._tls = ssl.create_default_context()
         self.selector.unregister(stream.sock)
-        stream.sock = self._tls.wrap_socket(stream.sock, server_hostname=stream.tls_host,
-                                            do_handshake_on_connect=False)
-        stream.receiver.sock = stream.sock
+        stream.receiver.sock = self._tls.wrap_socket(stream.sock, server_hostname=stream.tls_host,
+                                                     do_handshake_on_connect=False)
         self.selector.register(stream.sock, selectors.EVENT_WRITE, stream)
 
     def _expire(self) -> None:
