@@ -5737,7 +5737,7 @@ class ProcessLoadRun:
     def measured(self) -> List[MeasuredRequest]:
         return self.records[self.plan.num_warmup:]
 
-    def reader_lag_s(self) -> Tuple[List[float], List[float]]:
+    def reader_lag_s(self) -> Tuple[List[float], List[float], List[float]]:
         return self.round_s, self.delay_s, self.decode_lag_s
 
     def warm_up(self) -> None:
