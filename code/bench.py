@@ -210,6 +210,8 @@ class StubServer:
     def _send_due(self) -> None:
         while self.due and self.due[0][0] <= time.perf_counter():
             stream = heapq.heappop(self.due)[2]
+            if stream.num_sent >= STUB_TOKENS:  # closed by its client meanwhile
+                continue
             # NOTE: stamp as late as possible: the error measured runs from here to the client.
             self._write(stream, STUB_EVENT_HEAD + repr(time.perf_counter()).encode() + b', "i": '
                         + str(stream.num_sent).encode() + b"}\n\n")
@@ -242,12 +244,16 @@ class StubServer:
         except OSError:
             stream.outbox = b""
         if not stream.outbox:
-            if stream.num_sent == STUB_TOKENS:
+            if stream.num_sent >= STUB_TOKENS:
                 self._close(stream)
             else:
                 self.selector.modify(stream.sock, selectors.EVENT_READ, stream)
 
     def _close(self, stream) -> None:
+        """Close a stream for good (once: a client that hangs up early stops its schedule)."""
+        if stream.num_sent > STUB_TOKENS:
+            return
+        stream.num_sent = STUB_TOKENS + 1  # NOTE: past the last event, so _send_due drops it
         self.selector.unregister(stream.sock)
         stream.sock.close()
 
