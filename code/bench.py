@@ -147,6 +147,7 @@ class StubStream:
 
     def __init__(self, sock):
         self.sock, self.request, self.start_s, self.num_sent, self.outbox = sock, b"", None, 0, b""
+        self.closed = False
 
     def has_request(self) -> bool:
         head, found, rest = self.request.partition(b"\r\n\r\n")
@@ -210,7 +211,7 @@ class StubServer:
     def _send_due(self) -> None:
         while self.due and self.due[0][0] <= time.perf_counter():
             stream = heapq.heappop(self.due)[2]
-            if stream.num_sent >= STUB_TOKENS:  # closed by its client meanwhile
+            if stream.closed:  # its client hung up meanwhile
                 continue
             # NOTE: stamp as late as possible: the error measured runs from here to the client.
             self._write(stream, STUB_EVENT_HEAD + repr(time.perf_counter()).encode() + b', "i": '
@@ -244,16 +245,16 @@ class StubServer:
         except OSError:
             stream.outbox = b""
         if not stream.outbox:
-            if stream.num_sent >= STUB_TOKENS:
+            if stream.num_sent == STUB_TOKENS:
                 self._close(stream)
             else:
                 self.selector.modify(stream.sock, selectors.EVENT_READ, stream)
 
     def _close(self, stream) -> None:
         """Close a stream for good (once: a client that hangs up early stops its schedule)."""
-        if stream.num_sent > STUB_TOKENS:
+        if stream.closed:
             return
-        stream.num_sent = STUB_TOKENS + 1  # NOTE: past the last event, so _send_due drops it
+        stream.closed = True
         self.selector.unregister(stream.sock)
         stream.sock.close()
 

@@ -4516,7 +4516,7 @@ class StreamLoop:
     before decoding (see _loop). One thread for all of it keeps reads from queueing
     behind other threads for the interpreter lock: a reader beside a thread per stream
     had a p99 error of ~10 ms rather than ~2 ms at 64 streams without kernel stamps, and
-    at 512 streams with them 59 ms against this loop's 1.4 ms (code/bench.py workers).
+    at 512 streams with them 55 ms against this loop's 22 ms (code/bench.py workers).
     Any thread hands it requests with send() and calls with call_later(); those calls
     and each stream's on_end run on the loop's thread. The main thread close()s it.
     """
