@@ -1516,6 +1516,8 @@ class BlockPool:
     - Keys are hashable and never falsy (None, 0, "" or () would read as "no key").
     """
 
+    names_blocks = True  # which block holds what is kept, block by block
+
     def __init__(self, num_blocks: int):
         self.num_blocks = num_blocks
         # NOTE: a dict keeps insertion order and removes from anywhere in O(1), a third
@@ -1629,6 +1631,10 @@ class BlockPool:
             raise RuntimeError("cache_allocated() was given a block that already names content")
         self.num_entered += len(cached) - num_keys
 
+    def cache_range(self, blocks: Sequence[int], keys: Sequence[Hashable], first: int, end: int) -> None:
+        """cache_allocated() for blocks first..end-1 of a request's list and the same keys of its chain."""
+        self.cache_allocated(blocks[first:end], keys[first:end])
+
     REBUILD_AFTER = 8192  # the fewest blocks taken before allocate() rebuilds the free list's table
     LOOKUP_CHUNK = 64  # keys looked up per pass in C: a long prompt's lookup stops soon after its first miss
     EVICTION_WINDOW = 1024  # evicted keys remembered for evicted_since()
@@ -1652,8 +1658,9 @@ class BlockPool:
             blocks += chunk
         return blocks
 
-    def touch(self, blocks: Sequence[int]) -> None:
-        """Take a reference on cached blocks (distinct ones), reviving any that were free."""
+    def touch(self, blocks: Sequence[int], keys: Sequence[Hashable] = ()) -> None:
+        """Take a reference on cached blocks (distinct ones), reviving any that were free
+        (keys, the chain they lead, matters only to a RunPool)."""
         free, shared = self.free, self.shared
         in_use = list(itertools.filterfalse(free.__contains__, blocks))
         shared.update(zip(in_use, map(operator.add, map(shared.get, in_use, itertools.repeat(1)), itertools.repeat(1))))
@@ -1665,6 +1672,8 @@ class CountingPool:
     """BlockPool's contract for a cache without prefix caching, counting blocks instead
     of naming them: nothing is cached, so nothing is evicted and no figure depends on
     which block holds what. allocate() hands out placeholders (-1) to keep the counts."""
+
+    names_blocks = False
 
     def __init__(self, num_blocks: int):
         self.num_blocks = num_blocks
@@ -1695,7 +1704,7 @@ class CountingPool:
     def lookup(self, keys: Sequence[Hashable]) -> List[int]:
         return []
 
-    def touch(self, blocks: Sequence[int]) -> None:
+    def touch(self, blocks: Sequence[int], keys: Sequence[Hashable] = ()) -> None:
         pass
 
     def cache(self, block: int, key: Hashable) -> None:
@@ -1706,6 +1715,259 @@ class CountingPool:
 
     def cache_allocated(self, blocks: Sequence[int], keys: Sequence[Hashable]) -> None:
         pass
+
+    def cache_range(self, blocks: Sequence[int], keys: Sequence[Hashable], first: int, end: int) -> None:
+        pass
+
+
+# =============================================================================
+# KV cache in runs: the fast engine's pool under prefix caching
+# =============================================================================
+
+class Run:
+    """Blocks that hold positions lo..hi-1 of one chain of content keys (keys, the chain of
+    the request that entered them), all with the same reference count (refs): a run is in
+    use or free as a whole. A free run sits in the free list as one node, its top block
+    (hi - 1) nearest the front, as release() leaves a request's blocks."""
+
+    __slots__ = ("keys", "lo", "hi", "refs", "before", "after")
+
+    def __init__(self, keys: Sequence[Hashable], lo: int, hi: int, refs: int):
+        self.keys, self.lo, self.hi, self.refs = keys, lo, hi, refs
+        self.before = self.after = None  # neighbours in the free list, while free
+
+
+class PlainBlocks:
+    """A free-list node of count blocks that name no content: no figure tells them apart."""
+
+    __slots__ = ("count", "before", "after")
+
+    def __init__(self, count: int):
+        self.count = count
+        self.before = self.after = None
+
+
+class RunPool:
+    """BlockPool's contract and figures, kept in runs of blocks instead of block by block.
+
+    A request's prefix blocks are entered, hit, released and evicted together, in the
+    order BlockPool would take them one by one; so here the unit is a run: consecutive
+    positions of one chain of keys, entered by one cache_range() call, with one reference
+    count. The free list holds runs and counts of plain blocks in LRU order; a lookup,
+    a touch or a release costs a few steps per run, and only entering and evicting a key
+    costs a dict operation per block. Every count (free, evicted, entered, freed) and
+    every lookup's length is BlockPool's.
+
+    It relies on what prefix_block_keys() guarantees: a key names its position and all
+    the content before it, so two chains that share the key at position i share every
+    key before i. Hence a lookup that matches a run's key at some position matches every
+    key of the run below it, and a cached key whose predecessor is cached elsewhere (or
+    not at all) starts its run.
+
+    Block lists: allocate() hands out placeholders (-1); a lookup's answer names the run
+    holding each hit, good only until the pool next changes (touch() reads it at once).
+    The pool remembers which positions each request's list holds as runs (by the list's
+    identity, from touch() or cache_range() until release()), not what the list contains.
+    """
+
+    names_blocks = False  # which block holds what is not kept (see Scheduler._lookup)
+
+    def __init__(self, num_blocks: int):
+        self.num_blocks = num_blocks
+        self.num_free = num_blocks
+        self.head = PlainBlocks(0)  # the free list: a ring through this sentinel node
+        self.head.before = self.head.after = self.head
+        if num_blocks:
+            self._append(PlainBlocks(num_blocks))
+        self.index: Dict[Hashable, Run] = {}  # every cached key -> the run holding it
+        # id(block list) -> (the list, its chain of keys, [[lo, hi], ...] the positions it holds as runs)
+        self.holdings: Dict[int, Tuple[list, Sequence[Hashable], List[List[int]]]] = {}
+        self.num_evictions = 0
+        self.num_freed = 0
+        self.num_entered = 0
+
+    def free_count(self) -> int:
+        return self.num_free
+
+    def used_count(self) -> int:
+        return self.num_blocks - self.num_free
+
+    def _append(self, node) -> None:
+        """Put node at the back of the free list (the most recently released end)."""
+        last = self.head.before
+        if type(node) is PlainBlocks and type(last) is PlainBlocks and last is not self.head:
+            last.count += node.count  # plain blocks side by side are one node
+            return
+        node.before, node.after, last.after, self.head.before = last, self.head, node, node
+
+    @staticmethod
+    def _unlink(node) -> None:
+        node.before.after, node.after.before = node.after, node.before
+        node.before = node.after = None
+
+    def allocate(self, count: int) -> List[int]:
+        """Take count blocks from the front of the free list, evicting the keys they held."""
+        if count > self.num_free:
+            raise CapacityError(f"asked for {count} KV blocks, {self.num_free} free")
+        self.num_free -= count
+        left = count
+        while left:
+            node = self.head.after
+            if type(node) is PlainBlocks:
+                taken = min(node.count, left)
+                node.count -= taken
+                empty = not node.count
+            else:  # NOTE: a free run gives its top blocks first, evicting their keys
+                taken = min(node.hi - node.lo, left)
+                _drain(map(self.index.__delitem__, node.keys[node.hi - taken:node.hi]))
+                node.hi -= taken
+                self.num_evictions += taken
+                empty = node.hi == node.lo
+            if empty:
+                self._unlink(node)
+            left -= taken
+        return [-1] * count
+
+    def release(self, blocks: Sequence[int]) -> None:
+        """Drop one reference on each block of a request's list; those at zero join the
+        free list, the list's last block first (as BlockPool.release walks it)."""
+        holding = self.holdings.pop(id(blocks), None)
+        end = len(blocks)
+        if holding is not None:
+            _, keys, pieces = holding
+            for lo, hi in reversed(pieces):
+                self._free_plain(end - hi)
+                for run in reversed(self._runs(keys, lo, hi)):
+                    run.refs -= 1
+                    if not run.refs:
+                        self._append(run)
+                        self.num_free += run.hi - run.lo
+                        self.num_freed += run.hi - run.lo
+                end = lo
+        self._free_plain(end)
+
+    def _free_plain(self, count: int) -> None:
+        if count:
+            self._append(PlainBlocks(count))
+            self.num_free += count
+            self.num_freed += count
+
+    def _runs(self, keys: Sequence[Hashable], lo: int, hi: int) -> List[Run]:
+        """The runs holding positions lo..hi-1 of keys (all cached), in order."""
+        runs, index = [], self.index
+        while lo < hi:
+            run = index[keys[lo]]
+            runs.append(run)
+            lo = run.hi
+        return runs
+
+    def lookup(self, keys: Sequence[Hashable]) -> List[Run]:
+        """The leading run of keys that are cached, as the run holding each; stops at the first miss."""
+        hits: List[Run] = []
+        position, index = 0, self.index
+        while position < len(keys):
+            run = index.get(keys[position])
+            if run is None:
+                break
+            end = min(run.hi, len(keys))
+            if run.keys[end - 1] != keys[end - 1]:  # the chains part inside the run
+                end = self._first_false(lambda at: run.keys[at] == keys[at], position, end - 1)
+            hits += itertools.repeat(run, end - position)
+            position = end
+        return hits
+
+    @staticmethod
+    def _first_false(holds: Callable[[int], bool], true_at: int, false_at: int) -> int:
+        """The first position after true_at where holds() is false, given it is true up to
+        some position and false from there on (keys chain: two chains agree, then never)."""
+        while false_at - true_at > 1:
+            middle = (true_at + false_at) // 2
+            true_at, false_at = (middle, false_at) if holds(middle) else (true_at, middle)
+        return false_at
+
+    @classmethod
+    def _hit_end(cls, hits: Sequence[Run], position: int) -> int:
+        """One past the last of a lookup's hits held by the run of hits[position]: where the
+        hits end, where that run ends, or (chains parting inside it) where the next run starts."""
+        run = hits[position]
+        end = min(run.hi, len(hits))
+        if hits[end - 1] is not run:
+            end = cls._first_false(lambda at: hits[at] is run, position, end - 1)
+        return end
+
+    def free_among(self, blocks: Sequence[Run]) -> int:
+        """How many of a lookup's hits sit on the free list."""
+        count, position = 0, 0
+        while position < len(blocks):
+            end = self._hit_end(blocks, position)
+            if not blocks[position].refs:
+                count += end - position
+            position = end
+        return count
+
+    def touch(self, blocks: List[Run], keys: Sequence[Hashable] = ()) -> None:
+        """Take a reference on a lookup's hits, the leading blocks of keys' chain; blocks
+        becomes the request's list, holding them."""
+        position = 0
+        while position < len(blocks):
+            run, end = blocks[position], self._hit_end(blocks, position)
+            if end < run.hi:  # the hits leave it inside: only its lower part is touched
+                run = self._split(run, end)
+            elif not run.refs:
+                self._unlink(run)
+            if not run.refs:
+                self.num_free -= run.hi - run.lo
+            run.refs += 1
+            position = run.hi
+        if blocks:
+            self.holdings[id(blocks)] = (blocks, keys, [[0, len(blocks)]])
+
+    def _split(self, run: Run, at: int) -> Run:
+        """Cut run at position at into two runs; return the lower one. A free run's upper
+        part keeps its place in the free list, the lower one is out of it. The smaller part becomes the new object,
+        so re-pointing its keys costs at most half the run."""
+        if at - run.lo <= run.hi - at:
+            lower = Run(run.keys, run.lo, at, run.refs)
+            run.lo = at
+            self.index.update(zip(lower.keys[lower.lo:at], itertools.repeat(lower)))
+            return lower
+        upper = Run(run.keys, at, run.hi, run.refs)
+        run.hi = at
+        self.index.update(zip(upper.keys[at:upper.hi], itertools.repeat(upper)))
+        if run.before is not None:  # free: the upper part takes the run's node in the free list
+            upper.before, upper.after = run.before, run.after
+            upper.before.after = upper.after.before = upper
+            run.before = run.after = None
+        return run
+
+    def cache_range(self, blocks: list, keys: Sequence[Hashable], first: int, end: int) -> None:
+        """Enter positions first..end-1 of keys as held by the request whose list is blocks
+        (those blocks are newly computed and name nothing yet); a key already cached keeps
+        its holder, and that block of blocks stays plain (BlockPool's first holder wins)."""
+        holding = self.holdings.get(id(blocks))
+        if holding is None:
+            holding = self.holdings[id(blocks)] = (blocks, keys, [])
+        index, run = self.index, Run(keys, first, end, 1)
+        num_keys = len(index)
+        _drain(map(index.setdefault, keys[first:end], itertools.repeat(run)))
+        self.num_entered += len(index) - num_keys
+        if len(index) - num_keys == end - first:
+            self._hold(holding[2], first, end)
+            return
+        won = [index[key] is run for key in keys[first:end]]  # the rare race: some were entered first
+        for is_won, group in itertools.groupby(range(first, end), lambda position: won[position - first]):
+            positions = list(group)
+            if is_won:
+                part = Run(keys, positions[0], positions[-1] + 1, 1)
+                index.update(zip(keys[part.lo:part.hi], itertools.repeat(part)))
+                self._hold(holding[2], part.lo, part.hi)
+
+    @staticmethod
+    def _hold(pieces: List[List[int]], lo: int, hi: int) -> None:
+        if pieces and pieces[-1][1] == lo:
+            pieces[-1][1] = hi
+        else:
+            pieces.append([lo, hi])
 
 
 # =============================================================================
@@ -1876,11 +2138,15 @@ class Scheduler:
       engine holds them for the KV link) but must clear request.blocks and _keys.
     """
 
-    def __init__(self, config: SchedulerConfig, num_blocks: int, counting_pool: bool = False):
+    def __init__(self, config: SchedulerConfig, num_blocks: int, fast_pool: bool = False):
         self.config = config
-        # NOTE: without prefix caching no figure depends on which block holds what, so a
-        # fast engine may count blocks instead of naming them (see CountingPool).
-        self.pool = CountingPool(num_blocks) if counting_pool and not config.prefix_caching else BlockPool(num_blocks)
+        # NOTE: no figure depends on which block holds what, only on how many are free and
+        # which keys are cached, so a fast engine counts blocks (CountingPool) or, with
+        # prefix caching, keeps them in runs (RunPool); BlockPool names each one.
+        if fast_pool:
+            self.pool = RunPool(num_blocks) if config.prefix_caching else CountingPool(num_blocks)
+        else:
+            self.pool = BlockPool(num_blocks)
         self.waiting: Deque[Request] = deque()
         self.running: List[Request] = []
         self.num_preemptions = 0
@@ -2036,6 +2302,8 @@ class Scheduler:
         its whole prompt each time."""
         if not keys:  # no prefix caching, or nothing shared: nothing to look up (CountingPool among them)
             return []
+        if not self.pool.names_blocks:  # a RunPool looks up run by run: nothing to spare
+            return self.pool.lookup(keys)
         last = self._last_lookup
         if last is not None and last[0] is request and len(last[1]) <= len(keys):
             _, hits, hit_keys, num_evictions = last
@@ -2056,7 +2324,8 @@ class Scheduler:
                num_new_blocks: int, now_s: float) -> int:
         """Move request to running with its hits and new blocks; return its tokens."""
         num_hit_tokens = len(hits) * self.config.block_size
-        self.pool.touch(hits)
+        if hits:
+            self.pool.touch(hits, self._all_prefix_keys(request))
         request.blocks = hits
         request.computed = num_cached
         request.num_cached_blocks = len(hits)
@@ -2095,8 +2364,7 @@ class Scheduler:
             num_full = min(request.prefix_tokens, request.computed + num_tokens) // self.config.block_size
             first = request.num_cached_blocks
             if num_full > first:  # one call for all the prefix blocks this step completed
-                keys = self._all_prefix_keys(request)[first:num_full]
-                self.pool.cache_allocated(request.blocks[first:num_full], keys)
+                self.pool.cache_range(request.blocks, self._all_prefix_keys(request), first, num_full)
                 request.num_cached_blocks = num_full
 
     def _prefix_keys(self, request: Request) -> List[Tuple[str, int]]:
@@ -2178,10 +2446,10 @@ class SlotScheduler(Scheduler):
     decodes first, then prompt chunks, as llama-server fills a batch.
     """
 
-    def __init__(self, config: SchedulerConfig, num_blocks: int, counting_pool: bool = False):
+    def __init__(self, config: SchedulerConfig, num_blocks: int, fast_pool: bool = False):
         self.slot_tokens = num_blocks * config.block_size // config.max_num_seqs
         blocks_per_slot = -(-self.slot_tokens // config.block_size)
-        super().__init__(config, config.max_num_seqs * blocks_per_slot, counting_pool)
+        super().__init__(config, config.max_num_seqs * blocks_per_slot, fast_pool)
         self.num_cut = 0
 
     def add(self, request: Request) -> bool:
@@ -2199,13 +2467,13 @@ class SlotScheduler(Scheduler):
         raise AssertionError("a llama.cpp slot never runs out of cache, so nothing is preempted")
 
 
-def new_scheduler(config: SchedulerConfig, num_blocks: int, counting_pool: bool = False) -> Scheduler:
-    """The scheduler a configuration asks for (counting_pool: see Scheduler)."""
+def new_scheduler(config: SchedulerConfig, num_blocks: int, fast_pool: bool = False) -> Scheduler:
+    """The scheduler a configuration asks for (fast_pool: see Scheduler)."""
     if config.scheduler == "llamacpp":
-        return SlotScheduler(config, num_blocks, counting_pool)
+        return SlotScheduler(config, num_blocks, fast_pool)
     if config.max_tokens_in_flight is not None:
-        return TokenCapScheduler(config, num_blocks, counting_pool)
-    return Scheduler(config, num_blocks, counting_pool)
+        return TokenCapScheduler(config, num_blocks, fast_pool)
+    return Scheduler(config, num_blocks, fast_pool)
 
 
 # =============================================================================
@@ -2527,7 +2795,7 @@ class DecodeRun:
     def _take_blocks(self, running, pool: BlockPool, block_size: int, steps: int) -> None:
         """The blocks the run's steps took, handed out in the step engine's order: step by
         step, in admission order within a step."""
-        if isinstance(pool, CountingPool):  # which block goes where does not matter
+        if not pool.names_blocks:  # which block goes where does not matter
             for request, first in zip(running, self.first_step_per_request):
                 if first <= steps:
                     request.blocks += pool.allocate((steps - first) // block_size + 1)
@@ -2644,7 +2912,7 @@ class DecodeCohort:
         """The num_blocks new blocks of num_steps member steps from first_step, taken in one
         call and handed out step by step, in running order within a step."""
         blocks = iter(pool.allocate(num_blocks))
-        if isinstance(pool, CountingPool):
+        if not pool.names_blocks:
             return  # placeholders: _leave tops each member up to its count
         by_phase, block_size = self.by_phase, self.block_size
         for step in range(first_step, first_step + num_steps):
@@ -3217,8 +3485,8 @@ class PrefillScheduler(Scheduler):
     link has delivered them to the decode engine (release_held), as a real prefill
     engine must, so a slow link fills the prefill engine's memory."""
 
-    def __init__(self, config: SchedulerConfig, num_blocks: int, counting_pool: bool = False):
-        super().__init__(config, num_blocks, counting_pool)
+    def __init__(self, config: SchedulerConfig, num_blocks: int, fast_pool: bool = False):
+        super().__init__(config, num_blocks, fast_pool)
         self.held: Dict[Request, List[int]] = {}
 
     def _free(self, request: Request) -> None:
@@ -3236,8 +3504,8 @@ class DecodeScheduler(Scheduler):
     (vLLM's NIXL connector does the same). A preempted request loses the transferred
     KV and recomputes it here."""
 
-    def __init__(self, config: SchedulerConfig, num_blocks: int, counting_pool: bool = False):
-        super().__init__(config, num_blocks, counting_pool)
+    def __init__(self, config: SchedulerConfig, num_blocks: int, fast_pool: bool = False):
+        super().__init__(config, num_blocks, fast_pool)
         self.transferred: Dict[Request, int] = {}  # request -> tokens whose KV came over the link
 
     def add_with_kv(self, request: Request) -> bool:

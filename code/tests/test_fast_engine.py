@@ -139,7 +139,7 @@ class FastEngineTest(unittest.TestCase):
     def test_a_cohort_moves_its_decoding_requests_on_together_and_writes_them_back_exactly(self):
         def engine(fast, caching):
             config = main.SchedulerConfig(block_size=4, prefix_caching=caching)  # caching: named blocks
-            scheduler = main.Scheduler(config, 1000, counting_pool=True)
+            scheduler = main.Scheduler(config, 1000, fast_pool=True)
             for request_id in range(3):
                 scheduler.add(main.Request(request_id, 10, 20 + request_id))
             return main.Engine(scheduler, main.HARDWARE["l4-24gb"], main.MODELS["llama-3.1-8b"], fast=fast)

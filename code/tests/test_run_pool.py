@@ -1,0 +1,147 @@
+"""RunPool: the fast engine's pool under prefix caching gives BlockPool's figures, run by run.
+
+Both pools are driven through the same random life of requests whose prefixes share
+chains of keys (a trie): admissions that look up, touch and allocate, chunks whose full
+blocks are entered (racing requests of the same prefix lose blocks to the first holder),
+preemptions and finishes that release. After every operation every figure must agree:
+free and used blocks, evictions, keys entered, blocks freed, each lookup's length and
+the free blocks among its hits.
+"""
+
+import random
+import unittest
+
+from support import main
+
+
+class Chains:
+    """Content keys as prefix_block_keys() makes them: each names its position and every
+    key before it (a node of a trie over a few symbols, numbered as first seen)."""
+
+    def __init__(self, rng, num_symbols):
+        self.rng, self.num_symbols, self.nodes = rng, num_symbols, {}
+
+    def chain(self, length):
+        keys, parent = [], None
+        for _ in range(length):
+            parent = self.nodes.setdefault((parent, self.rng.randrange(self.num_symbols)), len(self.nodes) + 1)
+            keys.append(parent)
+        return keys
+
+
+class Life:
+    """One random life of requests over a BlockPool and a RunPool, checked step by step."""
+
+    def __init__(self, test, seed):
+        self.test, self.rng = test, random.Random(seed)
+        num_blocks = self.rng.choice((6, 20, 64, 200))
+        self.pools = (main.BlockPool(num_blocks), main.RunPool(num_blocks))
+        self.chains = Chains(self.rng, self.rng.choice((1, 2, 3)))
+        self.running = []  # [keys, number of blocks wanted, blocks cached so far, a list per pool]
+
+    def same(self, figures):
+        reference, runs = (figures(pool) for pool in self.pools)
+        self.test.assertEqual(reference, runs)
+        return reference
+
+    def counts(self):
+        self.same(lambda pool: (pool.free_count(), pool.used_count(), pool.num_evictions, pool.num_entered,
+                                pool.num_freed))
+
+    def admit(self):
+        keys = self.chains.chain(self.rng.randint(0, 12))
+        wanted = len(keys) + self.rng.randint(1, 4)
+        hits = [pool.lookup(keys[:wanted - 1]) for pool in self.pools]
+        self.test.assertEqual(len(hits[0]), len(hits[1]))
+        free = self.pools[0].free_among(hits[0])
+        self.test.assertEqual(self.pools[1].free_among(hits[1]), free)
+        first = self.rng.randint(len(hits[0]) + 1, wanted)  # blocks this admission's chunk needs
+        if first - len(hits[0]) > self.pools[0].free_count() - free:
+            return
+        request = [keys, wanted, len(hits[0]), []]
+        for pool, blocks in zip(self.pools, hits):
+            if blocks:
+                pool.touch(blocks, keys)
+            blocks += pool.allocate(first - len(blocks))
+            request[3].append(blocks)
+        self.running.append(request)
+        self.enter(request)
+
+    def enter(self, request):
+        """Enter the full prefix blocks the request has computed (all it holds)."""
+        keys, _, cached, lists = request
+        full = min(len(keys), len(lists[0]))
+        if full > cached:
+            for pool, blocks in zip(self.pools, lists):
+                pool.cache_range(blocks, keys, cached, full)
+            request[2] = full
+
+    def grow(self):
+        request = self.rng.choice(self.running)
+        more = min(self.rng.randint(1, 5), request[1] - len(request[3][0]))
+        if more <= 0 or more > self.pools[0].free_count():
+            return
+        for pool, blocks in zip(self.pools, request[3]):
+            blocks += pool.allocate(more)
+        self.enter(request)
+
+    def release(self):
+        request = self.running.pop(self.rng.randrange(len(self.running)))
+        for pool, blocks in zip(self.pools, request[3]):
+            pool.release(blocks)
+
+    def run(self, num_steps):
+        for _ in range(num_steps):
+            action = self.rng.random()
+            if action < 0.4 or not self.running:
+                self.admit()
+            elif action < 0.75:
+                self.grow()
+            else:
+                self.release()
+            self.counts()
+            probe = self.chains.chain(self.rng.randint(1, 12))
+            self.same(lambda pool: len(pool.lookup(probe)))
+
+
+class RunPoolTest(unittest.TestCase):
+    def test_a_run_pool_gives_every_figure_of_a_block_pool_over_random_lives(self):
+        for seed in range(300):
+            with self.subTest(seed=seed):
+                Life(self, seed).run(120)
+
+    def test_a_free_run_is_evicted_from_its_last_block_down(self):
+        pool = main.RunPool(6)
+        blocks = pool.allocate(4)
+        pool.cache_range(blocks, ["a", "b", "c", "d"], 0, 4)
+        pool.release(blocks)
+        pool.allocate(2 + 1)  # the two plain blocks first, then the run's top
+        self.assertEqual(len(pool.lookup(["a", "b", "c", "d"])), 3)
+        self.assertEqual(pool.num_evictions, 1)
+
+    def test_hits_ending_inside_a_free_run_revive_only_its_lower_part(self):
+        pool = main.RunPool(8)
+        blocks = pool.allocate(5)
+        pool.cache_range(blocks, ["a", "b", "c", "d", "e"], 0, 5)
+        pool.release(blocks)
+        hits = pool.lookup(["a", "b"])
+        self.assertEqual(pool.free_among(hits), 2)
+        pool.touch(hits, ["a", "b"])
+        self.assertEqual(pool.free_count(), 6)
+        pool.allocate(3 + 2)  # the plain blocks, then c's run from its top: e, d
+        self.assertEqual((len(pool.lookup(["a", "b", "c", "d", "e"])), pool.num_evictions), (3, 2))
+
+    def test_a_block_entered_second_stays_plain_and_is_never_a_hit(self):
+        pool = main.RunPool(8)
+        first, second = pool.allocate(2), pool.allocate(3)
+        pool.cache_range(first, ["a", "b"], 0, 2)
+        pool.cache_range(second, ["a", "b", "c"], 0, 3)  # a, b held already: only c is entered
+        self.assertEqual(pool.num_entered, 3)
+        pool.release(first)
+        pool.allocate(3 + 2)  # the free blocks, then a and b
+        self.assertEqual(len(pool.lookup(["a", "b", "c"])), 0)
+        self.assertEqual(pool.num_evictions, 2)
+
+
+if __name__ == "__main__":
+    unittest.main()
