@@ -1753,16 +1753,18 @@ class RunPool:
     A request's prefix blocks are entered, hit, released and evicted together, in the
     order BlockPool would take them one by one; so here the unit is a run: consecutive
     positions of one chain of keys, entered by one cache_range() call, with one reference
-    count. The free list holds runs and counts of plain blocks in LRU order; a lookup,
-    a touch or a release costs a few steps per run, and only entering and evicting a key
-    costs a dict operation per block. Every count (free, evicted, entered, freed) and
-    every lookup's length is BlockPool's.
+    count. The free list holds runs and counts of plain blocks in LRU order, and the
+    index holds each run under the key at its start. Entering, hitting, releasing and
+    evicting cost a few steps per run; the one step per block left is a test, in C, that
+    no key a request enters is cached already. Every count (free, evicted, entered,
+    freed) and every lookup's length is BlockPool's.
 
     It relies on what prefix_block_keys() guarantees: a key names its position and all
     the content before it, so two chains that share the key at position i share every
     key before i. Hence a lookup that matches a run's key at some position matches every
-    key of the run below it, and a cached key whose predecessor is cached elsewhere (or
-    not at all) starts its run.
+    key of the run below it, and a cached key whose predecessor is cached in another run
+    (or not at all) starts its own run: the index finds every cached key of a chain by
+    walking it from a run's start, or from the run that holds its predecessor.
 
     Block lists: allocate() hands out placeholders (-1); a lookup's answer names the run
     holding each hit, good only until the pool next changes (touch() reads it at once).
@@ -1779,7 +1781,7 @@ class RunPool:
         self.head.before = self.head.after = self.head
         if num_blocks:
             self._append(PlainBlocks(num_blocks))
-        self.index: Dict[Hashable, Run] = {}  # every cached key -> the run holding it
+        self.index: Dict[Hashable, Run] = {}  # the key at each run's start -> the run
         # id(block list) -> (the list, its chain of keys, [[lo, hi], ...] the positions it holds as runs)
         self.holdings: Dict[int, Tuple[list, Sequence[Hashable], List[List[int]]]] = {}
         self.num_evictions = 0
@@ -1819,10 +1821,11 @@ class RunPool:
                 empty = not node.count
             else:  # NOTE: a free run gives its top blocks first, evicting their keys
                 taken = min(node.hi - node.lo, left)
-                _drain(map(self.index.__delitem__, node.keys[node.hi - taken:node.hi]))
                 node.hi -= taken
                 self.num_evictions += taken
                 empty = node.hi == node.lo
+                if empty:
+                    del self.index[node.keys[node.lo]]
             if empty:
                 self._unlink(node)
             left -= taken
@@ -1869,9 +1872,7 @@ class RunPool:
             run = index.get(keys[position])
             if run is None:
                 break
-            end = min(run.hi, len(keys))
-            if run.keys[end - 1] != keys[end - 1]:  # the chains part inside the run
-                end = self._first_false(lambda at: run.keys[at] == keys[at], position, end - 1)
+            end = self._agree_end(run, keys, position, len(keys))
             hits += itertools.repeat(run, end - position)
             position = end
         return hits
@@ -1884,6 +1885,14 @@ class RunPool:
             middle = (true_at + false_at) // 2
             true_at, false_at = (middle, false_at) if holds(middle) else (true_at, middle)
         return false_at
+
+    @classmethod
+    def _agree_end(cls, run: Run, keys: Sequence[Hashable], position: int, end: int) -> int:
+        """One past the last position before end where run holds keys' key, from position (where it does)."""
+        end = min(run.hi, end)
+        if run.keys[end - 1] != keys[end - 1]:  # the chains part inside the run
+            end = cls._first_false(lambda at: run.keys[at] == keys[at], position, end - 1)
+        return end
 
     @classmethod
     def _hit_end(cls, hits: Sequence[Run], position: int) -> int:
@@ -1923,22 +1932,12 @@ class RunPool:
             self.holdings[id(blocks)] = (blocks, keys, [[0, len(blocks)]])
 
     def _split(self, run: Run, at: int) -> Run:
-        """Cut run at position at into two runs; return the lower one. A free run's upper
-        part keeps its place in the free list, the lower one is out of it. The smaller part becomes the new object,
-        so re-pointing its keys costs at most half the run."""
-        if at - run.lo <= run.hi - at:
-            lower = Run(run.keys, run.lo, at, run.refs)
-            run.lo = at
-            self.index.update(zip(lower.keys[lower.lo:at], itertools.repeat(lower)))
-            return lower
-        upper = Run(run.keys, at, run.hi, run.refs)
-        run.hi = at
-        self.index.update(zip(upper.keys[at:upper.hi], itertools.repeat(upper)))
-        if run.before is not None:  # free: the upper part takes the run's node in the free list
-            upper.before, upper.after = run.before, run.after
-            upper.before.after = upper.after.before = upper
-            run.before = run.after = None
-        return run
+        """Cut run at position at into two runs; return the lower one, a new run. A free
+        run's upper part keeps its place in the free list; the lower one is out of it."""
+        lower = Run(run.keys, run.lo, at, run.refs)
+        run.lo = at
+        self.index[run.keys[lower.lo]], self.index[run.keys[at]] = lower, run
+        return lower
 
     def cache_range(self, blocks: list, keys: Sequence[Hashable], first: int, end: int) -> None:
         """Enter positions first..end-1 of keys as held by the request whose list is blocks
@@ -1947,20 +1946,41 @@ class RunPool:
         holding = self.holdings.get(id(blocks))
         if holding is None:
             holding = self.holdings[id(blocks)] = (blocks, keys, [])
-        index, run = self.index, Run(keys, first, end, 1)
-        num_keys = len(index)
-        _drain(map(index.setdefault, keys[first:end], itertools.repeat(run)))
-        self.num_entered += len(index) - num_keys
-        if len(index) - num_keys == end - first:
-            self._hold(holding[2], first, end)
+        pieces, index = holding[2], self.index
+        # NOTE: when the request holds the block before first, that block's run ends at
+        # first, so any of these keys that is cached starts a run: one test per key finds
+        # none in the usual case. When it does not (it lost that block to another holder),
+        # the run holding it may go on past first.
+        follows_own = first == 0 or pieces and pieces[-1][1] == first
+        if follows_own and not any(map(index.__contains__, keys[first:end])):
+            self._enter(keys, first, end, pieces)
             return
-        won = [index[key] is run for key in keys[first:end]]  # the rare race: some were entered first
-        for is_won, group in itertools.groupby(range(first, end), lambda position: won[position - first]):
-            positions = list(group)
-            if is_won:
-                part = Run(keys, positions[0], positions[-1] + 1, 1)
-                index.update(zip(keys[part.lo:part.hi], itertools.repeat(part)))
-                self._hold(holding[2], part.lo, part.hi)
+        position = first if follows_own else self._past_predecessor(keys, first, end)
+        while position < end:  # the rare race: some keys were entered first, by another request
+            run = index.get(keys[position])
+            if run is not None:
+                position = self._agree_end(run, keys, position, end)
+                continue
+            start = position
+            while position < end and keys[position] not in index:
+                position += 1
+            self._enter(keys, start, position, pieces)
+
+    def _past_predecessor(self, keys: Sequence[Hashable], first: int, end: int) -> int:
+        """The first position from first, before end, whose key is not in the run holding keys[first - 1]."""
+        for start in range(first - 1, -1, -1):  # the run holding it, if any, starts at or before it
+            run = self.index.get(keys[start])
+            if run is not None:
+                if run.hi > first and run.keys[first - 1] == keys[first - 1] and run.keys[first] == keys[first]:
+                    return self._agree_end(run, keys, first, end)
+                return first
+        return first
+
+    def _enter(self, keys: Sequence[Hashable], lo: int, hi: int, pieces: List[List[int]]) -> None:
+        """A new run of the request's own blocks, holding positions lo..hi-1 of keys."""
+        self.index[keys[lo]] = Run(keys, lo, hi, 1)
+        self.num_entered += hi - lo
+        self._hold(pieces, lo, hi)
 
     @staticmethod
     def _hold(pieces: List[List[int]], lo: int, hi: int) -> None:

@@ -142,6 +142,24 @@ class RunPoolTest(unittest.TestCase):
         self.assertEqual(len(pool.lookup(["a", "b", "c"])), 0)
         self.assertEqual(pool.num_evictions, 2)
 
+    def test_keys_lost_past_a_chunk_boundary_are_found_in_the_run_that_won_them(self):
+        for pool in (main.BlockPool(10), main.RunPool(10)):
+            keys, late = list("abcd"), pool.allocate(1)
+            early = pool.allocate(3)
+            pool.cache_range(early, keys, 0, 3)
+            pool.cache_range(late, keys, 0, 1)  # a is early's
+            late += pool.allocate(1)
+            pool.cache_range(late, keys, 1, 2)  # b too, though late does not hold a
+            late += pool.allocate(2)
+            pool.cache_range(late, keys, 2, 4)  # c too; d is late's
+            self.assertEqual(pool.num_entered, 4)
+            pool.release(early)
+            pool.allocate(6)  # the three never used, then c, b, a
+            self.assertEqual((len(pool.lookup(keys)), pool.num_evictions), (0, 3))
+            pool.release(late)
+            pool.allocate(1)  # d, the last block late released first
+            self.assertEqual(pool.num_evictions, 4)
+
 
 if __name__ == "__main__":
     unittest.main()
