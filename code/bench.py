@@ -400,7 +400,7 @@ def bench_million(repeat, with_step):
 
 def bench_jobs(repeat):
     """sweep --jobs 1 against --jobs 2 over 8 points, in processes of their own."""
-    argv = ["sweep", "--requests", "512", "--concurrency", "1,2,4,8,16,32,64,128"]
+    argv = ["sweep", "--requests", "2048", "--concurrency", "1,2,4,8,16,32,64,128"]
     walls = {jobs: statistics.median(run_child(argv + ["--jobs", str(jobs)])[0] for _ in range(repeat))
              for jobs in (1, 2)}
     print(f"jobs     sweep of 8 points: --jobs 1 {walls[1]:.2f} s, --jobs 2 {walls[2]:.2f} s: "
