@@ -1782,7 +1782,8 @@ class RunPool:
         if num_blocks:
             self._append(PlainBlocks(num_blocks))
         self.index: Dict[Hashable, Run] = {}  # the key at each run's start -> the run
-        # id(block list) -> (the list, its chain of keys, [[lo, hi], ...] the positions it holds as runs)
+        # id(block list) -> (the list, kept so that its id is not reused; its chain of keys;
+        # [[lo, hi], ...] the positions it holds as runs, in order)
         self.holdings: Dict[int, Tuple[list, Sequence[Hashable], List[List[int]]]] = {}
         self.num_evictions = 0
         self.num_freed = 0
@@ -1914,7 +1915,7 @@ class RunPool:
             position = end
         return count
 
-    def touch(self, blocks: List[Run], keys: Sequence[Hashable] = ()) -> None:
+    def touch(self, blocks: List[Run], keys: Sequence[Hashable]) -> None:
         """Take a reference on a lookup's hits, the leading blocks of keys' chain; blocks
         becomes the request's list, holding them."""
         position = 0
@@ -2844,8 +2845,9 @@ class DecodeCohort:
     request joins when it decodes, sampled in the last step, will not finish in the next
     one, has every block of its shared prefix in the cache, and every request before it
     is a member. While the cohort holds them, members' computed, generated and last
-    token are stale (and their blocks, over a CountingPool); the next step is left to the engine
-    (materialize writes every member back) when it might preempt or run out of token budget.
+    token are stale (and their blocks, over a pool that does not name blocks); the next
+    step is left to the engine (materialize writes every member back) when it might preempt
+    or run out of token budget.
 
     NOTE: the step engine hands a step's new blocks out in running order, where members
     and the members that finish in the step are mixed; here the finishing ones come
@@ -2916,7 +2918,7 @@ class DecodeCohort:
         joined, computed, generated = self.members.pop(request)
         steps = log.step + 1 - joined
         request.computed, request.generated = computed + steps, generated + steps
-        request.blocks += [-1] * (-(-request.computed // self.block_size) - len(request.blocks))  # a CountingPool's
+        request.blocks += [-1] * (-(-request.computed // self.block_size) - len(request.blocks))  # see _hand_out
         if steps:
             request.last_token_s, request.last_token_step = log._end_s, log.step
         self.by_phase[(joined - computed) % self.block_size].remove(request)
