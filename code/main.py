@@ -1334,6 +1334,7 @@ class RooflineCost:
 
     def __init__(self, hardware: Hardware, model: ModelSpec, ubatch_tokens: Optional[int] = None):
         self.hardware, self.model, self.ubatch_tokens = hardware, model, ubatch_tokens
+        self.pricers: Dict[int, Callable[[int], float]] = {}  # decode_pricer's, by batch size
 
     def step_s(self, num_tokens: int, num_context_tokens: int, num_sampled: int,
                num_decodes: int = 0, decode_context_tokens: int = 0, num_seqs: int = 0) -> float:
@@ -1345,6 +1346,12 @@ class RooflineCost:
         """step_s of a step in which num_seqs sequences decode, as a function of its context
         tokens alone: the same arithmetic, with what does not change bound once (the fast
         engine prices a run of such steps with it)."""
+        price = self.pricers.get(num_seqs)
+        if price is None:
+            price = self.pricers[num_seqs] = self._decode_pricer(num_seqs)
+        return price
+
+    def _decode_pricer(self, num_seqs: int) -> Callable[[int], float]:
         if self.ubatch_tokens and num_seqs > self.ubatch_tokens:
             return lambda context: self.step_s(num_seqs, context, num_seqs, num_seqs, context, num_seqs)
         hardware, model = self.hardware, self.model
