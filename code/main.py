@@ -6567,7 +6567,7 @@ def _resolve(args) -> Tuple[Hardware, ModelSpec]:
     if args.hardware_file is not None:
         hardware = read_hardware_file(args.hardware_file)
     else:
-        hardware = get_preset(HARDWARE, args.hardware, "--hardware")
+        hardware = get_preset(HARDWARE, args.hardware or DEFAULT_HARDWARE, "--hardware")
     if args.model_file is not None:
         if args.model is not None:
             raise UsageError("--model and --model-file: give one or the other")
@@ -8342,12 +8342,17 @@ def scheduler_text(spec: EngineSpec) -> str:
     return f"{plan.num_kv_tokens:,} KV tokens, max-num-seqs {config.max_num_seqs}"
 
 
-def format_compare(spec: EngineSpec, reports: Sequence[dict], rows: Sequence[dict]) -> List[str]:
-    """Measured beside predicted per run, with the relative error of each figure."""
+def format_compare(spec: EngineSpec, reports: Sequence[dict], rows: Sequence[dict],
+                   hardware_named: bool = True) -> List[str]:
+    """Measured beside predicted per run, with the relative error of each figure
+    (hardware_named: false when the device is the default, not the server's)."""
     plan = spec.plan
     sources = sorted({report.get("source") or f"loadgen at {report['settings']['url']}" for report in reports})
     lines = [f"compare {plan.model.name} on {plan.devices} ({scheduler_text(spec)}) with {', '.join(sources)}; "
              f"times in ms"]
+    if not hardware_named:
+        lines.append(f"no --hardware given: the default {plan.hardware.name}'s price, memory and roofline stand "
+                     f"in for the server's where the measurement is silent")
     told = server_flags_text(measured_server(reports[0]))
     lines += [f"{told}; the prediction takes them where no flag says otherwise"] if told else []
     lines += _format_compare_table(rows) + [_format_compare_totals(compare_totals(rows))]
@@ -8357,7 +8362,8 @@ def format_compare(spec: EngineSpec, reports: Sequence[dict], rows: Sequence[dic
     costs = [(row, row["usd_per_million_output_tokens"]) for row in rows if "usd_per_million_output_tokens" in row]
     if costs:
         n = plan.tensor_parallel_size
-        lines.append(f"cost per M output tokens at ${plan.hardware.price_per_hour * n:,.2f}/h, measured / predicted: "
+        lines.append(f"cost per M output tokens at ${plan.hardware.price_per_hour * n:,.2f}/h ({plan.devices}), "
+                     f"measured / predicted: "
                      + ", ".join(f"{'concurrency ' if row['concurrency'] else ''}{_load_label(row)} "
                                  f"{_usd(cost['measured'])} / {_usd(cost['predicted'])}"
                                  for row, cost in costs))
@@ -9126,27 +9132,39 @@ def cmd_profile(args) -> int:
     return status
 
 
+def _served_model(args, server: dict) -> None:
+    """Without --model or --model-file, the model preset the measured server loaded, where
+    the file it names is one (llama.cpp's model_path: .../gemma-3-270m-q4_k_m.gguf)."""
+    name = os.path.basename(server.get("model_path") or "").lower()
+    name = name[:-len(".gguf")] if name.endswith(".gguf") else name
+    if args.model is None and args.model_file is None and name in MODELS:
+        args.model = name
+
+
 def cmd_compare(args) -> int:
     reports = [read_loadgen_report(path) for path in args.reports]
+    _served_model(args, measured_server(reports[0]))
     spec = build_engine_spec(args, server=measured_server(reports[0]))
     predictions = [predict_loadgen_run(report, spec) for report in reports]
     devices = spec.plan.tensor_parallel_size
     for run in reports + predictions:  # both at the price of the device predicted
         add_cost(run["summary"], spec.plan.hardware.price_per_hour * devices, devices)
     rows = compare_rows(reports, predictions)
+    named = args.hardware is not None or args.hardware_file is not None
     if args.html or args.svg:
         _write_charts(args, f"servesim compare: {spec.plan.model.name} on {spec.plan.devices}",
-                      format_compare(spec, reports, rows), compare_charts(rows))
+                      format_compare(spec, reports, rows, named), compare_charts(rows))
     if args.json:
         _print_json({"hardware": spec.plan.hardware.name, "model": spec.plan.model.name,
                      "capacity": spec.plan.to_dict(), "scheduler": asdict(spec.config), "rows": rows})
     else:
-        _print_lines(format_compare(spec, reports, rows))
+        _print_lines(format_compare(spec, reports, rows, named))
     return 0
 
 
 def cmd_calibrate(args) -> int:
     reports = [(path, read_loadgen_report(path)) for path in args.reports]
+    _served_model(args, measured_server(reports[0][1]))
     spec = build_engine_spec(args, server=measured_server(reports[0][1]))
     name = args.name or f"{spec.plan.hardware.name}-calibrated"
     with Workers(args.jobs) as workers:
@@ -9441,8 +9459,7 @@ def _add_hardware_flags(parser: argparse.ArgumentParser, of_server: bool = False
         parser.add_argument("--model", help=f"the served model's preset: {', '.join(MODELS)}")
         parser.add_argument("--model-file", help="the served model as a GGUF file or a config.json")
     else:
-        parser.add_argument("--hardware", default=DEFAULT_HARDWARE,
-                            help=f"hardware preset: {', '.join(HARDWARE)} (default %(default)s)")
+        parser.add_argument("--hardware", help=f"hardware preset: {', '.join(HARDWARE)} (default {DEFAULT_HARDWARE})")
         parser.add_argument("--hardware-file", help="read the hardware from a JSON file (calibrate --out writes one)")
         parser.add_argument("--model", help=f"model preset: {', '.join(MODELS)} (default {DEFAULT_MODEL})")
         parser.add_argument("--model-file",

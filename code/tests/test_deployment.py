@@ -152,9 +152,19 @@ class CostTest(unittest.TestCase):
                                  "--price-per-hour", "0.1")
         self.assertEqual((code, err), (0, ""))
         line = next(line for line in out.splitlines() if line.startswith("cost per M output tokens"))
-        self.assertTrue(line.startswith("cost per M output tokens at $0.10/h, measured / predicted: concurrency 1 $"),
-                        line)
+        self.assertTrue(line.startswith("cost per M output tokens at $0.10/h (cpu-2vcpu), measured / predicted: "
+                                        "concurrency 1 $"), line)
         self.assertNotIn("cost per M", run_cli("compare", *reports, "--hardware", "cpu-2vcpu")[1])  # no price
+
+    def test_compare_takes_the_model_the_server_loaded_and_says_when_the_hardware_is_the_default(self):
+        report = os.path.join(FIXTURES_DIR, "llamacpp", "c1.json")  # llama.cpp's model_path: .../gemma-3-270m-q4_k_m.gguf
+        lines = run_cli("compare", report)[1].splitlines()
+        self.assertTrue(lines[0].startswith("compare gemma-3-270m-q4_k_m on h100-sxm-80gb (llama.cpp slots: "), lines[0])
+        self.assertEqual(lines[1], "no --hardware given: the default h100-sxm-80gb's price, memory and roofline "
+                                   "stand in for the server's where the measurement is silent")
+        lines = run_cli("compare", report, "--hardware", "cpu-2vcpu", "--model", "smollm2-135m-q8_0")[1].splitlines()
+        self.assertTrue(lines[0].startswith("compare smollm2-135m-q8_0 on cpu-2vcpu ("), lines[0])
+        self.assertFalse(any(line.startswith("no --hardware") for line in lines))
 
 
 class ReplicasTest(unittest.TestCase):
