@@ -2886,10 +2886,11 @@ class DecodeCohort:
         if not self._fits(scheduler, step):
             self.materialize(engine.token_log)
             return None
-        if (len(self.members) == len(scheduler.running) and not self._finishing(step)
-                and not (scheduler.waiting and DecodeRun._head_could_be_admitted(scheduler))):
-            if self._decode_steps(engine, horizon_s):
-                return []
+        if len(self.members) == len(scheduler.running) and not (
+                scheduler.waiting and DecodeRun._head_could_be_admitted(scheduler)):
+            finished = self._decode_steps(engine, horizon_s)
+            if finished is not None:
+                return finished
         return self._step(engine, step)
 
     def _join(self, scheduler: "Scheduler", step: int) -> None:
@@ -2970,18 +2971,31 @@ class DecodeCohort:
         self.context_tokens += num_members
         return scheduler.update(batch, engine.clock_s)
 
-    def _decode_steps(self, engine: "Engine", horizon_s: float) -> int:
+    def _decode_steps(self, engine: "Engine", horizon_s: float) -> Optional[List[Request]]:
         """Decode-only steps while nothing else can happen: up to the step in which a member
-        finishes or whose new blocks would not fit, and none starting at or after horizon_s.
-        How many it took (0: the next step is not one)."""
+        finishes (that one included) or before the one whose new blocks would not fit, none
+        starting at or after horizon_s. The members that finished, retired (none when the run
+        ended before a finish); None when not even one step fits.
+
+        NOTE: the step in which a member samples its last token is a decode step like the
+        others: nobody could be admitted before it (advance checked the head, and a run only
+        takes blocks), and the finished member leaves only after it, as update() retires."""
         step = engine.token_log.step + 1
-        most = self.finishes[0][0] - step if self.finishes else math.inf  # a step in which one finishes is a _step
+        most = self.finishes[0][0] - step + 1 if self.finishes else math.inf
         num_members = len(self.members)
         num_steps, num_new_blocks, _ = engine.take_decode_steps(num_members, self.context_tokens,
                                                                 list(map(len, self.by_phase)), most, horizon_s)
+        if not num_steps:
+            return None
         self._hand_out(engine.scheduler.pool, step, num_steps, num_new_blocks)
         self.context_tokens += num_members * num_steps
-        return num_steps
+        finished = []
+        while self._finishing(step + num_steps - 1):
+            finished.append(heapq.heappop(self.finishes)[2])
+            self._leave(finished[-1], engine.token_log)
+        if finished:
+            engine.scheduler.retire(finished)
+        return finished
 
 
 def follow_ups(requests: Sequence[Request]) -> Dict[Request, Request]:
