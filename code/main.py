@@ -2845,8 +2845,9 @@ class DecodeCohort:
     each step (a member takes one every block_size steps, so members are listed by the
     phase of the step at which they do) and when each finishes (a heap). The other
     running requests (prefills, at the tail) and admissions are scheduled one by one by
-    the scheduler's own code; a member is written back and scheduled that way for the
-    step in which it finishes.
+    the scheduler's own code; a member that finishes in a step with such work is written
+    back and scheduled that way, one that finishes in a run of decode steps is written
+    back and retired at the run's end.
 
     Contract: members are the leading requests of scheduler.running, in its order. A
     request joins when it decodes, sampled in the last step, will not finish in the next
