@@ -3,7 +3,9 @@
 Both pools are driven through the same random life of requests whose prefixes share
 chains of keys (a trie): admissions that look up, touch and allocate, chunks whose full
 blocks are entered (racing requests of the same prefix lose blocks to the first holder),
-preemptions and finishes that release. After every operation every figure must agree:
+preemptions and finishes that release; and lives of one prefix computed a block or two
+at a time, where requests race to enter the same blocks. After every operation every
+figure must agree:
 free and used blocks, evictions, keys entered, blocks freed, each lookup's length and
 the free blocks among its hits.
 """
@@ -32,11 +34,14 @@ class Chains:
 class Life:
     """One random life of requests over a BlockPool and a RunPool, checked step by step."""
 
-    def __init__(self, test, seed):
+    def __init__(self, test, seed, racing=False):
+        """racing: one chain for all, long prompts computed a block or two at a time, so
+        requests of the same prefix often enter blocks another entered first."""
         self.test, self.rng = test, random.Random(seed)
         num_blocks = self.rng.choice((6, 20, 64, 200))
         self.pools = (main.BlockPool(num_blocks), main.RunPool(num_blocks))
-        self.chains = Chains(self.rng, self.rng.choice((1, 2, 3)))
+        self.chains = Chains(self.rng, 1 if racing else self.rng.choice((1, 2, 3)))
+        self.longest, self.most_grown = (24, 2) if racing else (12, 5)
         self.running = []  # [keys, number of blocks wanted, blocks cached so far, a list per pool]
 
     def same(self, figures):
@@ -49,13 +54,13 @@ class Life:
                                 pool.num_freed))
 
     def admit(self):
-        keys = self.chains.chain(self.rng.randint(0, 12))
+        keys = self.chains.chain(self.rng.randint(0, self.longest))
         wanted = len(keys) + self.rng.randint(1, 4)
         hits = [pool.lookup(keys[:wanted - 1]) for pool in self.pools]
         self.test.assertEqual(len(hits[0]), len(hits[1]))
         free = self.pools[0].free_among(hits[0])
         self.test.assertEqual(self.pools[1].free_among(hits[1]), free)
-        first = self.rng.randint(len(hits[0]) + 1, wanted)  # blocks this admission's chunk needs
+        first = self.rng.randint(len(hits[0]) + 1, min(wanted, len(hits[0]) + self.most_grown))  # this chunk's blocks
         if first - len(hits[0]) > self.pools[0].free_count() - free:
             return
         request = [keys, wanted, len(hits[0]), []]
@@ -78,7 +83,7 @@ class Life:
 
     def grow(self):
         request = self.rng.choice(self.running)
-        more = min(self.rng.randint(1, 5), request[1] - len(request[3][0]))
+        more = min(self.rng.randint(1, self.most_grown), request[1] - len(request[3][0]))
         if more <= 0 or more > self.pools[0].free_count():
             return
         for pool, blocks in zip(self.pools, request[3]):
@@ -100,7 +105,7 @@ class Life:
             else:
                 self.release()
             self.counts()
-            probe = self.chains.chain(self.rng.randint(1, 12))
+            probe = self.chains.chain(self.rng.randint(1, self.longest))
             self.same(lambda pool: len(pool.lookup(probe)))
 
 
@@ -109,6 +114,11 @@ class RunPoolTest(unittest.TestCase):
         for seed in range(300):
             with self.subTest(seed=seed):
                 Life(self, seed).run(120)
+
+    def test_racing_requests_of_one_prefix_give_every_figure_of_a_block_pool(self):
+        for seed in range(100):
+            with self.subTest(seed=seed):
+                Life(self, seed, racing=True).run(200)
 
     def test_a_free_run_is_evicted_from_its_last_block_down(self):
         pool = main.RunPool(6)
