@@ -5,9 +5,8 @@ chains of keys (a trie): admissions that look up, touch and allocate, chunks who
 blocks are entered (racing requests of the same prefix lose blocks to the first holder),
 preemptions and finishes that release; and lives of one prefix computed a block or two
 at a time, where requests race to enter the same blocks. After every operation every
-figure must agree:
-free and used blocks, evictions, keys entered, blocks freed, each lookup's length and
-the free blocks among its hits.
+figure must agree: free and used blocks, evictions, keys entered, blocks freed, each
+lookup's length and the free blocks among its hits.
 """
 
 import random
