@@ -1959,7 +1959,7 @@ class RunPool:
         # first, so any of these keys that is cached starts a run: one test per key finds
         # none in the usual case. When it does not (it lost that block to another holder),
         # the run holding it may go on past first.
-        follows_own = first == 0 or pieces and pieces[-1][1] == first
+        follows_own = first == 0 or bool(pieces) and pieces[-1][1] == first
         if follows_own and not any(map(index.__contains__, keys[first:end])):
             self._enter(keys, first, end, pieces)
             return
