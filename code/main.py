@@ -2858,9 +2858,10 @@ class DecodeCohort:
     or run out of token budget.
 
     NOTE: the step engine hands a step's new blocks out in running order, where members
-    and the members that finish in the step are mixed; here the finishing ones come
-    last. The same blocks are taken and evicted; only which of two uncached blocks a
-    member or a finishing member holds differs, and no figure can tell them apart.
+    and the members that finish in the step are mixed; here, in a step with other work,
+    the finishing ones come last. The same blocks are taken and evicted; only which of
+    two uncached blocks a member or a finishing member holds differs, and no figure can
+    tell them apart.
 
     Applies to the base Scheduler and llama.cpp's slots (which differ only in what they
     refuse or cut when a request is added), not to a scheduler whose admission rule reads
@@ -9158,8 +9159,9 @@ def _served_model(args, server: dict) -> None:
 
 def cmd_compare(args) -> int:
     reports = [read_loadgen_report(path) for path in args.reports]
-    _served_model(args, measured_server(reports[0]))
-    spec = build_engine_spec(args, server=measured_server(reports[0]))
+    server = measured_server(reports[0])
+    _served_model(args, server)
+    spec = build_engine_spec(args, server=server)
     predictions = [predict_loadgen_run(report, spec) for report in reports]
     devices = spec.plan.tensor_parallel_size
     for run in reports + predictions:  # both at the price of the device predicted
@@ -9179,8 +9181,9 @@ def cmd_compare(args) -> int:
 
 def cmd_calibrate(args) -> int:
     reports = [(path, read_loadgen_report(path)) for path in args.reports]
-    _served_model(args, measured_server(reports[0][1]))
-    spec = build_engine_spec(args, server=measured_server(reports[0][1]))
+    server = measured_server(reports[0][1])
+    _served_model(args, server)
+    spec = build_engine_spec(args, server=server)
     name = args.name or f"{spec.plan.hardware.name}-calibrated"
     with Workers(args.jobs) as workers:
         hardware, residuals = fit_hardware(reports, spec, name, workers)
@@ -9913,12 +9916,13 @@ SUBCOMMANDS = (
     ("compare", "predict loadgen runs and show both side by side",
      "Replay each loadgen --json report's workload (concurrency or rate, requests, the prompt and "
      "output lengths the server counted) in the simulator and print the measured and predicted figures "
-     "side by side, with the relative error.",
+     "side by side, with the relative error. Without --model, the preset named by the model file the "
+     "server loaded (llama.cpp's model_path), if there is one.",
      _compare_flags, cmd_compare),
     ("calibrate", "fit hardware figures to loadgen runs",
      "Fit bandwidth, FLOPs and step overhead (mfu and mbu folded in) so the simulator reproduces the "
      "TPOT p50 of every report and the TTFT p50 of the lowest concurrency. Memory and reserve come "
-     "from --hardware.",
+     "from --hardware. Without --model, the preset named by the model file the server loaded, if there is one.",
      _calibrate_flags, cmd_calibrate),
     ("plan", "the cheapest configuration that meets the SLO",
      "Simulate the workload at its load on every combination of hardware, tensor-parallel size, replicas, "
