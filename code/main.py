@@ -175,7 +175,7 @@ import time
 import traceback
 import urllib.parse
 import zlib
-from collections import deque
+from collections import defaultdict, deque
 from dataclasses import asdict, dataclass, field
 from typing import Callable, Deque, Dict, Hashable, Iterable, Iterator, List, Optional, Sequence, Tuple
 
@@ -3213,55 +3213,53 @@ def percentile(sorted_values: Sequence[float], pct: float) -> Optional[float]:
     return sorted_values[nearest_rank(pct, len(sorted_values)) - 1] if sorted_values else None
 
 
-# NOTE: a weighted sort packs each value with its weight into one int: the value's IEEE bits
-# (made to order as the values do), shifted past a 32-bit weight. One list of ints sorts in
-# a third of the memory of an index list with its keys and a list of running totals (a
-# million-request run has a million and a half weighted gaps).
-_WEIGHT_BITS = 32
-_WEIGHT_MASK = (1 << _WEIGHT_BITS) - 1
-
-
-def _ordered_bits(bits: int) -> int:
-    """A double's signed 64-bit pattern made to order as the doubles do, and back (it is its
-    own inverse): a negative double's bits order backwards, so all but the sign bit flip."""
+def _ordered_bits(value: float) -> int:
+    """A double's bits as a signed int that orders as the doubles do (a negative double's
+    bits order backwards, so all but the sign bit flip)."""
+    bits = struct.unpack("<q", struct.pack("<d", value))[0]
     return bits ^ 0x7FFFFFFFFFFFFFFF if bits < 0 else bits
 
 
-def _sorted_weighted(values_s: Sequence[float], weights: Sequence[int]) -> List[int]:
-    """Each (value, weight) of a weight above zero as one int, sorted by value: weights
-    are counts below 2**32."""
-    bits = array.array("q")
-    bits.frombytes(array.array("d", values_s).tobytes())
-    if bits and min(bits) < 0:  # a negative value (or -0.0): its bits need turning round
-        bits = map(_ordered_bits, bits)
-    # NOTE: in C: the bits of a double that is not negative already order as it does
-    keys = list(itertools.compress(map(operator.or_, map(operator.lshift, bits, itertools.repeat(_WEIGHT_BITS)),
-                                       weights), weights))
-    keys.sort()
-    return keys
+def _from_ordered_bits(bits: int) -> float:
+    """The double whose _ordered_bits() these are."""
+    return struct.unpack("<d", struct.pack("<q", bits ^ 0x7FFFFFFFFFFFFFFF if bits < 0 else bits))[0]
 
 
-def _key_value(key: int) -> float:
-    """The value a key of _sorted_weighted() holds."""
-    return struct.unpack("<d", struct.pack("<q", _ordered_bits(key >> _WEIGHT_BITS)))[0]
+def _sorted_by_weight(values_s: Sequence[float], weights: Sequence[int]) -> Dict[int, List[float]]:
+    """The values of each weight above zero, sorted: a weighted run's values take few
+    weights (a step's gap is weighted by its batch), and lists of floats sort fast."""
+    groups: Dict[int, List[float]] = defaultdict(list)
+    for value, weight in zip(values_s, weights):
+        groups[weight].append(value)
+    groups.pop(0, None)
+    for group in groups.values():
+        group.sort()
+    return groups
+
+
+def _weighted_rank_value(groups: Dict[int, List[float]], rank: int) -> float:
+    """The rank-th (from 1) smallest value when each counts as often as its weight: the
+    least value with at least rank of weight at or below it, found by bisecting the
+    doubles' order, each probe counting every group by bisection (no merged list)."""
+    low = _ordered_bits(min(group[0] for group in groups.values())) - 1  # less than rank at or below
+    high = _ordered_bits(max(group[-1] for group in groups.values()))   # all of it at or below
+    while high - low > 1:
+        middle = (low + high) // 2
+        value = _from_ordered_bits(middle)
+        if sum(weight * bisect.bisect_right(group, value) for weight, group in groups.items()) >= rank:
+            high = middle
+        else:
+            low = middle
+    return _from_ordered_bits(high)
 
 
 def _weighted_distribution_ms(values_s: Sequence[float], weights: Sequence[int]) -> dict:
     count = sum(weights)
     stats = {"count": count, "mean": sum(map(operator.mul, values_s, weights)) * 1000 / count if count else None}
-    ranks = {pct: nearest_rank(pct, count) for pct in PERCENTILES}
-    found = dict.fromkeys(PERCENTILES)
-    if count:  # NOTE: a running total, not a list of them: a million-request run has millions of gaps
-        cumulative, pending = 0, list(PERCENTILES)
-        for key in _sorted_weighted(values_s, weights):
-            cumulative += key & _WEIGHT_MASK
-            while pending and cumulative >= ranks[pending[0]]:
-                found[pending.pop(0)] = _key_value(key)
-            if not pending:
-                break
+    groups = _sorted_by_weight(values_s, weights) if count else {}
     for pct in PERCENTILES:
-        stats[f"p{pct}"] = None if found[pct] is None else found[pct] * 1000
-    stats["max"] = max(itertools.compress(values_s, weights)) * 1000 if count else None
+        stats[f"p{pct}"] = _weighted_rank_value(groups, nearest_rank(pct, count)) * 1000 if count else None
+    stats["max"] = max(group[-1] for group in groups.values()) * 1000 if count else None
     return stats
 
 
