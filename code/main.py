@@ -1335,6 +1335,7 @@ class RooflineCost:
     def __init__(self, hardware: Hardware, model: ModelSpec, ubatch_tokens: Optional[int] = None):
         self.hardware, self.model, self.ubatch_tokens = hardware, model, ubatch_tokens
         self.pricers: Dict[int, Callable[[int], float]] = {}  # decode_pricer's, by batch size
+        self.terms: Dict[int, Optional[tuple]] = {}            # decode_terms's, by batch size
 
     def step_s(self, num_tokens: int, num_context_tokens: int, num_sampled: int,
                num_decodes: int = 0, decode_context_tokens: int = 0, num_seqs: int = 0) -> float:
@@ -1344,27 +1345,39 @@ class RooflineCost:
 
     def decode_pricer(self, num_seqs: int) -> Callable[[int], float]:
         """step_s of a step in which num_seqs sequences decode, as a function of its context
-        tokens alone: the same arithmetic, with what does not change bound once (the fast
-        engine prices a run of such steps with it)."""
+        tokens alone: the same arithmetic, with what does not change bound once."""
         price = self.pricers.get(num_seqs)
         if price is None:
             price = self.pricers[num_seqs] = self._decode_pricer(num_seqs)
         return price
 
+    def decode_terms(self, num_seqs: int) -> Optional[Tuple[float, float, float, float, float, float]]:
+        """(overhead_s, weight_bytes, compute_s, kv_bytes, bytes_per_s, allreduce_s) of a
+        decode step of num_seqs sequences, whose price with context tokens is overhead_s +
+        max(compute_s, (weight_bytes + context * kv_bytes) / bytes_per_s) + allreduce_s, in
+        that order; None where the price is not that (micro-batches, sliding-window layers).
+        The fast engine's runs of decode steps do this arithmetic inline."""
+        if num_seqs not in self.terms:
+            hardware, model, terms = self.hardware, self.model, None
+            if not (self.ubatch_tokens and num_seqs > self.ubatch_tokens) and not model.sliding_kv_bytes_per_token:
+                terms = (hardware.step_overhead_ms / 1000, model.step_weight_bytes(num_seqs),
+                         compute_seconds(hardware, model, num_seqs, num_seqs), model.kv_bytes_per_token,
+                         hardware.bandwidth_gbs * GB * hardware.mbu, allreduce_seconds(hardware, model, num_seqs))
+            self.terms[num_seqs] = terms
+        return self.terms[num_seqs]
+
+    def count_decode_steps(self, num_seqs: int, num_steps: int) -> None:
+        """The engine took num_steps steps at decode_pricer's prices (a roofline keeps no count)."""
+
     def _decode_pricer(self, num_seqs: int) -> Callable[[int], float]:
-        if self.ubatch_tokens and num_seqs > self.ubatch_tokens:
+        terms = self.decode_terms(num_seqs)
+        if terms is None:
             return lambda context: self.step_s(num_seqs, context, num_seqs, num_seqs, context, num_seqs)
-        hardware, model = self.hardware, self.model
-        if model.sliding_kv_bytes_per_token:
-            return lambda context: self.step_s(num_seqs, context, num_seqs, num_seqs, context, num_seqs)
-        overhead_s, weight_bytes = hardware.step_overhead_ms / 1000, model.step_weight_bytes(num_seqs)
-        compute_s, kv_bytes = compute_seconds(hardware, model, num_seqs, num_seqs), model.kv_bytes_per_token
-        bytes_per_s = hardware.bandwidth_gbs * GB * hardware.mbu
-        allreduce_s = allreduce_seconds(hardware, model, num_seqs)
+        overhead_s, weight_bytes, compute_s, kv_bytes, bytes_per_s, allreduce_s = terms
 
         def price(context: int) -> float:
             memory_s = (weight_bytes + context * kv_bytes) / bytes_per_s
-            return overhead_s + max(compute_s, memory_s) + allreduce_s
+            return overhead_s + (memory_s if memory_s > compute_s else compute_s) + allreduce_s  # max(), inline
         return price
 
     def describe(self) -> dict:
@@ -1465,7 +1478,14 @@ class ProfileCost:
 
     def step_s(self, num_tokens: int, num_context_tokens: int, num_sampled: int,
                num_decodes: int = 0, decode_context_tokens: int = 0, num_seqs: int = 0) -> float:
-        self.num_steps += 1
+        price_s, outside = self._price(num_tokens, num_context_tokens, num_sampled, num_decodes,
+                                       decode_context_tokens, num_seqs)
+        self._count(1, outside, num_decodes, num_tokens - num_decodes)
+        return price_s
+
+    def _price(self, num_tokens: int, num_context_tokens: int, num_sampled: int, num_decodes: int,
+               decode_context_tokens: int, num_seqs: int) -> Tuple[float, bool]:
+        """(step_s's seconds, whether the step lay outside the profile), nothing counted."""
         num_prefill = num_tokens - num_decodes
         decode_s = _interpolate(self.profile.decode, num_decodes) if num_decodes else 0.0
         prefill_s = _interpolate(self.profile.prefill, num_prefill) if num_prefill else 0.0
@@ -1473,19 +1493,32 @@ class ProfileCost:
             factors = self.profile.prefill_factors
             prefill_s *= _interpolate(factors, min(num_seqs - num_decodes, factors[-1][0]))
         if decode_s is None or prefill_s is None:
-            self.num_outside += 1
-            self.largest_outside = [max(self.largest_outside[0], num_decodes), max(self.largest_outside[1], num_prefill)]
             return self.fallback.step_s(num_tokens, num_context_tokens, num_sampled, num_decodes,
-                                        decode_context_tokens, num_seqs)
+                                        decode_context_tokens, num_seqs), True
         both_s = decode_s + prefill_s
         if decode_s and prefill_s:
             both_s = max(both_s - self.profile.mixed_overlap_s, decode_s)
         unmeasured = decode_context_tokens - num_decodes * self.profile.decode_context_tokens
-        return both_s + max(0.0, unmeasured) * self.kv_read_s_per_token
+        return both_s + max(0.0, unmeasured) * self.kv_read_s_per_token, False
+
+    def _count(self, num_steps: int, outside: bool, num_decodes: int, num_prefill: int) -> None:
+        self.num_steps += num_steps
+        if outside:
+            self.num_outside += num_steps
+            self.largest_outside = [max(self.largest_outside[0], num_decodes), max(self.largest_outside[1], num_prefill)]
 
     def decode_pricer(self, num_seqs: int) -> Callable[[int], float]:
-        """step_s of a decode-only step of num_seqs sequences, as a function of its context."""
-        return lambda context: self.step_s(num_seqs, context, num_seqs, num_seqs, context, num_seqs)
+        """step_s of a decode-only step of num_seqs sequences, as a function of its context
+        (not counted: the engine counts the steps it took, count_decode_steps)."""
+        return lambda context: self._price(num_seqs, context, num_seqs, num_seqs, context, num_seqs)[0]
+
+    def decode_terms(self, num_seqs: int) -> None:
+        """A profile's price is no roofline's (see RooflineCost.decode_terms)."""
+        return None
+
+    def count_decode_steps(self, num_seqs: int, num_steps: int) -> None:
+        """num_steps decode-only steps of num_seqs sequences were taken at decode_pricer's prices."""
+        self._count(num_steps, _interpolate(self.profile.decode, num_seqs) is None, num_seqs, 0)
 
     def describe(self) -> dict:
         profile = self.profile
@@ -2629,34 +2662,16 @@ class Engine:
         num_seqs tokens of context and takes new_blocks_by_phase[s % block_size] new blocks, s
         being its number. Returns (steps taken, new blocks, the clock at the end of the first)."""
         scheduler, log = self.scheduler, self.token_log
-        price, add_gap, add_weight = self.cost.decode_pricer(num_seqs), log.step_gaps.append, log.step_weights.append
-        step = first_step = log.step + 1
-        free, used, num_new_blocks, block_size = scheduler.pool.free_count(), scheduler.pool.used_count(), 0, \
-            len(new_blocks_by_phase)
-        clock_s, end_s, busy_s, block_seconds, first_end_s = self.clock_s, log._end_s, self.busy_s, \
-            self.kv_block_seconds, 0.0
-        while step - first_step < max_steps and (step == first_step or clock_s < horizon_s):
-            new_blocks = new_blocks_by_phase[step % block_size]
-            if num_new_blocks + new_blocks > free:
-                break
-            # NOTE: the very arithmetic of take_step and TokenLog.begin_step, in their order, so
-            # that every clock, gap and sum is the step engine's to the last bit.
-            num_new_blocks += new_blocks
-            used += new_blocks
-            duration_s = price(context_tokens)
-            context_tokens += num_seqs
-            busy_s += duration_s
-            block_seconds += used * duration_s
-            clock_s += duration_s
-            add_gap(clock_s - end_s)
-            add_weight(num_seqs)
-            end_s = clock_s
-            first_end_s = first_end_s or clock_s
-            step += 1
-        num_steps = step - first_step
-        if not num_steps:
+        first_step, first_used = log.step + 1, scheduler.pool.used_count()
+        most = min(max_steps, self._steps_within(new_blocks_by_phase, first_step, scheduler.pool.free_count()))
+        if not most:
             return 0, 0, 0.0
-        self.clock_s, self.busy_s, self.kv_block_seconds = clock_s, busy_s, block_seconds
+        first_end_s = self.clock_s + self.cost.decode_pricer(num_seqs)(context_tokens)
+        steps = itertools.count(first_step) if most == math.inf else range(first_step, first_step + most)
+        num_steps, used = self._decode_loop(steps, num_seqs, context_tokens, new_blocks_by_phase, horizon_s, first_used)
+        log.step_weights.extend(itertools.repeat(num_seqs, num_steps))
+        log.step += num_steps
+        self.cost.count_decode_steps(num_seqs, num_steps)
         self.kv_peak = max(self.kv_peak, used / scheduler.pool.num_blocks)  # used only grows in a run
         self.num_steps += num_steps
         self.num_batched_seqs += num_seqs * num_steps
@@ -2664,10 +2679,53 @@ class Engine:
         self.max_batch_seqs = max(self.max_batch_seqs, num_seqs)
         self.max_waiting = max(self.max_waiting, len(scheduler.waiting))  # the queue stands still in a run
         if self.timeline is not None:
-            self.timeline.append((clock_s, num_seqs, len(scheduler.waiting), used / scheduler.pool.num_blocks,
+            self.timeline.append((self.clock_s, num_seqs, len(scheduler.waiting), used / scheduler.pool.num_blocks,
                                   scheduler.num_preemptions, num_seqs))
-        log._end_s, log.step = end_s, log.step + num_steps
-        return num_steps, num_new_blocks, first_end_s
+        return num_steps, used - first_used, first_end_s
+
+    @staticmethod
+    def _steps_within(new_blocks_by_phase: Sequence[int], first_step: int, num_free: int) -> float:
+        """The most decode steps from first_step whose new blocks (new_blocks_by_phase[s %
+        block_size] for step s) all fit in num_free blocks; math.inf when they take none."""
+        per_cycle = sum(new_blocks_by_phase)
+        if not per_cycle:
+            return math.inf
+        phase = first_step % len(new_blocks_by_phase)
+        taken_by = list(itertools.accumulate(list(new_blocks_by_phase[phase:]) + list(new_blocks_by_phase[:phase])))
+        num_cycles, rest = divmod(num_free, per_cycle)
+        return num_cycles * len(new_blocks_by_phase) + bisect.bisect_right(taken_by, rest)
+
+    def _decode_loop(self, steps: Iterable[int], num_seqs: int, context_tokens: int,
+                     new_blocks_by_phase: Sequence[int], horizon_s: float, used: int) -> Tuple[int, int]:
+        """take_decode_steps's steps, one per number in steps, until one ends at or after
+        horizon_s: the clock, busy time, block-seconds and gaps advanced; returns (steps
+        taken, blocks in use after them). A roofline's price is worked out inline.
+
+        NOTE: the very arithmetic of take_step and TokenLog.begin_step, in their order, so
+        that every clock, gap and sum is the step engine's to the last bit."""
+        log, price, block_size = self.token_log, self.cost.decode_pricer(num_seqs), len(new_blocks_by_phase)
+        terms = self.cost.decode_terms(num_seqs)
+        overhead_s, weight_bytes, compute_s, kv_bytes, bytes_per_s, allreduce_s = terms or (0, 0, 0, 0, 1, 0)
+        clock_s, end_s, busy_s, block_seconds, add_gap = self.clock_s, log._end_s, self.busy_s, \
+            self.kv_block_seconds, log.step_gaps.append
+        step = -1
+        for step in steps:
+            if terms is None:
+                duration_s = price(context_tokens)
+            else:
+                memory_s = (weight_bytes + context_tokens * kv_bytes) / bytes_per_s
+                duration_s = overhead_s + (memory_s if memory_s > compute_s else compute_s) + allreduce_s
+            context_tokens += num_seqs
+            used += new_blocks_by_phase[step % block_size]
+            busy_s += duration_s
+            block_seconds += used * duration_s
+            clock_s += duration_s
+            add_gap(clock_s - end_s)
+            end_s = clock_s
+            if clock_s >= horizon_s:
+                break
+        self.clock_s, self.busy_s, self.kv_block_seconds, log._end_s = clock_s, busy_s, block_seconds, end_s
+        return step - log.step, used
 
     def advance(self, horizon_s: float = math.inf) -> Optional[List[Request]]:
         """step(), once more when a pass only preempted (the blocks it freed let the next
