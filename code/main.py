@@ -177,7 +177,7 @@ import urllib.parse
 import zlib
 from collections import defaultdict, deque
 from dataclasses import asdict, dataclass, field
-from typing import Callable, Deque, Dict, Hashable, Iterable, Iterator, List, Optional, Sequence, Tuple
+from typing import Callable, Deque, Dict, Hashable, Iterable, Iterator, List, NamedTuple, Optional, Sequence, Tuple
 
 
 GIB = 1024 ** 3
@@ -3945,9 +3945,9 @@ MOONCAKE_FIELDS = ("timestamp", "input_length", "output_length", "hash_ids")
 MOONCAKE_BLOCK_TOKENS = 512
 
 
-@dataclass(frozen=True)
-class TraceRow:
-    """One request of a trace, before slicing: where it came from and what it asks."""
+class TraceRow(NamedTuple):
+    """One request of a trace, before slicing: where it came from and what it asks (a
+    tuple: a trace has tens of thousands of rows, and a frozen dataclass is slow to make)."""
 
     lineno: int
     arrival_s: float
@@ -4009,22 +4009,30 @@ def _servesim_rows(lines: List[str], path: str) -> Iterator[TraceRow]:
                        *_conversation_fields(where, row))
 
 
-def _wall_clock(text: str, where: str, minutes: Dict[str, int]) -> Tuple[int, float]:
-    """Whole seconds since 1970 and the fraction of 'YYYY-MM-DD HH:MM:SS.fffffff'. minutes
-    remembers each 'YYYY-MM-DD HH:MM' parsed (a trace has thousands of rows a minute)."""
+def _wall_clock(text: str, where: str, seconds: Dict[str, int]) -> Tuple[int, float]:
+    """Whole seconds since 1970 and the fraction of 'YYYY-MM-DD HH:MM:SS.fffffff'. seconds
+    remembers each 'YYYY-MM-DD HH:MM' and 'YYYY-MM-DD HH:MM:SS' parsed (a trace has
+    thousands of rows a minute, and several a second)."""
     whole, _, decimals = text.strip().partition(".")
     try:
-        minute, seconds = whole[:16], whole[16:]
-        if len(whole) != 19 or seconds[0] != ":" or not seconds[1:].isascii() or not seconds[1:].isdigit():
-            raise ValueError(whole)
-        if minute not in minutes:
-            moment = datetime.datetime.strptime(minute, "%Y-%m-%d %H:%M").replace(tzinfo=datetime.timezone.utc)
-            minutes[minute] = int(moment.timestamp())
-        if int(seconds[1:]) > 59 or (decimals and not (decimals.isascii() and decimals.isdigit())):
-            raise ValueError(whole)
-        return minutes[minute] + int(seconds[1:]), float("0." + decimals) if decimals else 0.0
+        if whole not in seconds:
+            seconds[whole] = _whole_seconds(whole, seconds)
+        if decimals and not (decimals.isascii() and decimals.isdigit()):
+            raise ValueError(decimals)
+        return seconds[whole], float("0." + decimals) if decimals else 0.0
     except ValueError:
         raise UsageError(f"{where}: TIMESTAMP must look like 2023-11-16 18:15:46.6805900, got {text!r}") from None
+
+
+def _whole_seconds(whole: str, minutes: Dict[str, int]) -> int:
+    """Seconds since 1970 of 'YYYY-MM-DD HH:MM:SS' (UTC); ValueError when it is not that."""
+    minute, second = whole[:16], whole[17:]
+    if len(whole) != 19 or whole[16] != ":" or not second.isascii() or not second.isdigit() or int(second) > 59:
+        raise ValueError(whole)
+    if minute not in minutes:
+        moment = datetime.datetime.strptime(minute, "%Y-%m-%d %H:%M").replace(tzinfo=datetime.timezone.utc)
+        minutes[minute] = int(moment.timestamp())
+    return minutes[minute] + int(second)
 
 
 def _csv_rows(lines: List[str], path: str) -> Iterator[Tuple[int, List[str]]]:
@@ -4048,14 +4056,14 @@ def _azure_rows(lines: List[str], path: str) -> Iterator[TraceRow]:
     if header is None or [column.strip() for column in header[:3]] != list(AZURE_COLUMNS):
         raise UsageError(f"--trace {path}:1: expected the header {','.join(AZURE_COLUMNS)}, got {header!r}")
     origin = None  # the first whole second: arrivals stay small numbers, exact to the microsecond
-    minutes: Dict[str, int] = {}
+    seconds: Dict[str, int] = {}
     for lineno, row in rows:
         if not row:
             continue
         where = f"--trace {path}:{lineno}"
         if len(row) < 3:
             raise UsageError(f"{where}: expected {len(AZURE_COLUMNS)} columns ({','.join(AZURE_COLUMNS)}), got {row!r}")
-        whole_s, fraction_s = _wall_clock(row[0], where, minutes)
+        whole_s, fraction_s = _wall_clock(row[0], where, seconds)
         origin = whole_s if origin is None else origin
         counts = [int(cell) if cell.strip().isascii() and cell.strip().isdigit() else cell for cell in row[1:3]]
         yield TraceRow(lineno, (whole_s - origin) + fraction_s, _check_int(where, "ContextTokens", counts[0], 1),
