@@ -2663,7 +2663,7 @@ class Engine:
         being its number. Returns (steps taken, new blocks, the clock at the end of the first)."""
         scheduler, log = self.scheduler, self.token_log
         first_step, first_used = log.step + 1, scheduler.pool.used_count()
-        most = min(max_steps, self._steps_within(new_blocks_by_phase, first_step, scheduler.pool.free_count()))
+        most = self._steps_within(new_blocks_by_phase, first_step, scheduler.pool.free_count(), max_steps)
         if not most:
             return 0, 0, 0.0
         first_end_s = self.clock_s + self.cost.decode_pricer(num_seqs)(context_tokens)
@@ -2684,16 +2684,16 @@ class Engine:
         return num_steps, used - first_used, first_end_s
 
     @staticmethod
-    def _steps_within(new_blocks_by_phase: Sequence[int], first_step: int, num_free: int) -> float:
-        """The most decode steps from first_step whose new blocks (new_blocks_by_phase[s %
-        block_size] for step s) all fit in num_free blocks; math.inf when they take none."""
-        per_cycle = sum(new_blocks_by_phase)
-        if not per_cycle:
-            return math.inf
-        phase = first_step % len(new_blocks_by_phase)
+    def _steps_within(new_blocks_by_phase: Sequence[int], first_step: int, num_free: int, max_steps: float) -> float:
+        """The most decode steps from first_step, up to max_steps, whose new blocks
+        (new_blocks_by_phase[s % block_size] for step s) all fit in num_free blocks."""
+        per_cycle, block_size = sum(new_blocks_by_phase), len(new_blocks_by_phase)
+        if not per_cycle or max_steps < math.inf and per_cycle * (max_steps // block_size + 1) <= num_free:
+            return max_steps  # the usual case: blocks to spare
+        phase = first_step % block_size
         taken_by = list(itertools.accumulate(list(new_blocks_by_phase[phase:]) + list(new_blocks_by_phase[:phase])))
         num_cycles, rest = divmod(num_free, per_cycle)
-        return num_cycles * len(new_blocks_by_phase) + bisect.bisect_right(taken_by, rest)
+        return min(max_steps, num_cycles * block_size + bisect.bisect_right(taken_by, rest))
 
     def _decode_loop(self, steps: Iterable[int], num_seqs: int, context_tokens: int,
                      new_blocks_by_phase: Sequence[int], horizon_s: float, used: int) -> Tuple[int, int]:

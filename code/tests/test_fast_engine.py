@@ -10,6 +10,7 @@ exactly, times to 1e-9 relative.
 """
 
 import json
+import math
 import multiprocessing
 import os
 import random
@@ -161,6 +162,14 @@ class FastEngineTest(unittest.TestCase):
             finished = [fast.advance() for _ in range(2)]
             self.assertEqual([[request.request_id for request in batch] for batch in finished], [[1], [2]])
             self.assertEqual(fast.num_steps, 22)
+
+    def test_a_run_of_decode_steps_stops_before_the_step_whose_new_blocks_would_not_fit(self):
+        # steps 1, 2, ... take 1, 0, 2, 0, 1, 0, 2 blocks (phase = step % 4): 6 fit in 5 free blocks
+        self.assertEqual(main.Engine._steps_within([0, 1, 0, 2], 1, 5, 100), 6)
+        self.assertEqual(main.Engine._steps_within([0, 1, 0, 2], 1, 5, 4), 4)
+        self.assertEqual(main.Engine._steps_within([0, 1, 0, 2], 1, 5, math.inf), 6)
+        self.assertEqual(main.Engine._steps_within([0, 1, 0, 2], 3, 1, 100), 0)  # step 3 takes 2
+        self.assertEqual(main.Engine._steps_within([0, 0, 0, 0], 3, 0, math.inf), math.inf)
 
     def test_small_caches_do_preempt_in_both_engines(self):
         preempted = 0
