@@ -4079,14 +4079,16 @@ def _mooncake_rows(lines: List[str], path: str) -> Iterator[TraceRow]:
         prompt = _check_int(where, "input_length", row["input_length"], 1)
         output = _check_int(where, "output_length", row["output_length"], 1)
         hash_ids = row["hash_ids"]
-        if not isinstance(hash_ids, list) or not all(isinstance(i, int) for i in hash_ids):
+        if not isinstance(hash_ids, list) or not all(map(isinstance, hash_ids, itertools.repeat(int))):
             raise UsageError(f"{where}: hash_ids must be a list of integers, got {hash_ids!r}")
         # NOTE: a block's KV depends on every token before it, so each key names the
         # whole run of ids up to its block, not its own id alone: the number of that run,
         # counted as runs first appear (small integers make cheap cache keys).
         chain: List[Hashable] = []
+        run = None
         for block_id in hash_ids:
-            chain.append(runs.setdefault((chain[-1] if chain else None, block_id), len(runs)))
+            run = runs.setdefault((run, block_id), len(runs))
+            chain.append(run)
         covered = min(prompt, len(hash_ids) * MOONCAKE_BLOCK_TOKENS)
         yield TraceRow(lineno, timestamp / 1000, prompt, output, None, covered, tuple(chain), MOONCAKE_BLOCK_TOKENS)
 
