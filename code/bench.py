@@ -19,7 +19,8 @@ traces   the production traces (SERVESIM_TRACES or ../shared/data; else the slic
          Mooncake conversations (12,031 requests, prompts of 12,000 tokens on average)
          with prefix caching at real speed and at a third of it; wall time and peak
          memory of each run, in its own process
-jobs     sweep --jobs 1 against --jobs 2 over 8 points
+jobs     sweep --jobs 1 against --jobs 2 over 8 points, beside two copies of a CPU-bound
+         loop in two processes against one after the other (what a second core gives here)
 million  (only when named) 1,000,000 Poisson requests at 30 req/s with the fast engine
          (--step: the step engine too, once; at 14 s per 20,000 requests here, expect a
          quarter of an hour and gigabytes of per-token lists)
@@ -412,13 +413,42 @@ def bench_million(repeat, with_step):
                   f"{runs} runs), peak RSS {max(peak for _, peak, _ in results):.0f} MiB")
 
 
+def spin(num_loops):
+    """A CPU-bound loop of the interpreter's own, for the machine's parallel ceiling."""
+    total = 0
+    for i in range(num_loops):
+        total += i
+    return total
+
+
+def parallel_ceiling(repeat, num_loops=3_000_000):
+    """How much faster two processes run two copies of spin() than one process runs them
+    one after the other (2.0 on two free cores; less where the cores are shared)."""
+    import multiprocessing
+    ratios = []
+    with multiprocessing.get_context("spawn").Pool(2) as pool:
+        pool.map(spin, [1, 1])  # both workers started before the clock does
+        for _ in range(repeat):
+            start = time.perf_counter()
+            spin(num_loops)
+            spin(num_loops)
+            serial = time.perf_counter() - start
+            start = time.perf_counter()
+            pool.map(spin, [num_loops, num_loops], chunksize=1)
+            ratios.append(serial / (time.perf_counter() - start))
+    return statistics.median(ratios), min(ratios), max(ratios)
+
+
 def bench_jobs(repeat):
-    """sweep --jobs 1 against --jobs 2 over 8 points, in processes of their own."""
+    """sweep --jobs 1 against --jobs 2 over 8 points, in processes of their own, beside
+    what two processes gain on this machine at all."""
     argv = ["sweep", "--requests", "2048", "--concurrency", "1,2,4,8,16,32,64,128"]
     walls = {jobs: statistics.median(run_child(argv + ["--jobs", str(jobs)])[0] for _ in range(repeat))
              for jobs in (1, 2)}
+    ceiling = parallel_ceiling(repeat)
     print(f"jobs     sweep of 8 points: --jobs 1 {walls[1]:.2f} s, --jobs 2 {walls[2]:.2f} s: "
-          f"{walls[1] / walls[2]:.2f}x")
+          f"{walls[1] / walls[2]:.2f}x; two copies of a CPU-bound loop in 2 processes: {ceiling[0]:.2f}x "
+          f"(min {ceiling[1]:.2f}, max {ceiling[2]:.2f}): what a second core gives here now")
 
 
 def bench_fuzz(num_cases, seed):
