@@ -2727,17 +2727,23 @@ class Engine:
         self.clock_s, self.busy_s, self.kv_block_seconds, log._end_s = clock_s, busy_s, block_seconds, end_s
         return step - log.step, used
 
-    def advance(self, horizon_s: float = math.inf) -> Optional[List[Request]]:
+    def advance(self, horizon_s: float = math.inf, finishes_send: bool = True) -> Optional[List[Request]]:
         """step(), once more when a pass only preempted (the blocks it freed let the next
         pass make progress); None when a pass neither scheduled nor preempted: the engine
         is blocked (a prefill engine whose blocks all wait for the KV link).
 
         A fast engine keeps the requests that decode as a DecodeCohort where it can, and
         otherwise takes a whole run of decode-only steps at once when nothing can change
-        the batch before horizon_s (the next arrival): see DecodeRun.
+        the batch before horizon_s (the next arrival): see DecodeRun. When the caller says
+        a finish sends nothing (finishes_send False: open loop, no conversation turns), a
+        cohort's run of decode steps that ended in a finish goes on to the next run before
+        returning, all the runs' finished requests together in the order they finished.
         """
         if self.cohort is not None:
-            finished = self.cohort.advance(self, horizon_s)
+            finished = more = self.cohort.advance(self, horizon_s)
+            while more and not finishes_send and self.clock_s < horizon_s:
+                more = self.cohort.decode_on(self, horizon_s)
+                finished += more or []
             if finished is not None:
                 return finished
         if self.token_log is not None:
@@ -2953,6 +2959,16 @@ class DecodeCohort:
                 return finished
         return self._step(engine, step)
 
+    def decode_on(self, engine: "Engine", horizon_s: float) -> Optional[List[Request]]:
+        """The next run of decode steps (see _decode_steps) when advance() would take one
+        with no other work to look at: every running request a member, none waiting, the
+        step fitting. None, with nothing done, when it might not."""
+        scheduler = engine.scheduler
+        if (not self.members or len(self.members) != len(scheduler.running) or scheduler.waiting
+                or not self._fits(scheduler, engine.token_log.step + 1)):
+            return None
+        return self._decode_steps(engine, horizon_s)
+
     def _join(self, scheduler: "Scheduler", step: int) -> None:
         caching, block_size = scheduler.config.prefix_caching, self.block_size
         for request in itertools.islice(scheduler.running, len(self.members), None):
@@ -3118,6 +3134,7 @@ class Arrivals:
             self.pending = deque(firsts if concurrency is not None else sorted(firsts, key=lambda r: r.arrival_s))
         else:
             self.follow_up, self.pending = {}, Upcoming(requests)
+        self.finishes_send = concurrency is not None or bool(self.follow_up)  # a finish may send a request
         self.in_transit: List[Tuple[float, int, Request]] = []  # (reaches the engine, order sent, request)
         self.order = itertools.count()
 
@@ -3217,7 +3234,7 @@ def run_engine(engine: Engine, requests: Iterable[Request], concurrency: Optiona
                 return engine
             engine.clock_s = arrivals.next_arrival_s()
             continue
-        finished = engine.advance(arrivals.next_arrival_s())
+        finished = engine.advance(arrivals.next_arrival_s(), arrivals.finishes_send)
         if finished is None:
             raise RuntimeError("the scheduler has work but can schedule none of it")
         arrivals.finished(finished, engine.clock_s)

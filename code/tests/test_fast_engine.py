@@ -163,6 +163,22 @@ class FastEngineTest(unittest.TestCase):
             self.assertEqual([[request.request_id for request in batch] for batch in finished], [[1], [2]])
             self.assertEqual(fast.num_steps, 22)
 
+    def test_a_cohort_decodes_on_past_finishes_when_they_send_nothing(self):
+        def engine():
+            scheduler = main.Scheduler(main.SchedulerConfig(block_size=4), 1000, fast_pool=True)
+            for request_id in range(3):
+                scheduler.add(main.Request(request_id, 10, 20 + request_id))
+            fast = main.Engine(scheduler, main.HARDWARE["l4-24gb"], main.MODELS["llama-3.1-8b"], fast=True)
+            self.assertEqual(fast.advance(), [])  # the prefill
+            return fast
+        each, together = engine(), engine()
+        one_by_one = [[request.request_id for request in each.advance(math.inf)] for _ in range(3)]
+        at_once = [request.request_id for request in together.advance(math.inf, finishes_send=False)]
+        self.assertEqual((one_by_one, at_once), ([[0], [1], [2]], [0, 1, 2]))
+        self.assertEqual((together.num_steps, together.clock_s, together.busy_s),
+                         (each.num_steps, each.clock_s, each.busy_s))
+        self.assertEqual(together.num_steps, 22)
+
     def test_a_run_of_decode_steps_stops_before_the_step_whose_new_blocks_would_not_fit(self):
         # steps 1, 2, ... take 1, 0, 2, 0, 1, 0, 2 blocks (phase = step % 4): 6 fit in 5 free blocks
         self.assertEqual(main.Engine._steps_within([0, 1, 0, 2], 1, 5, 100), 6)
