@@ -2725,7 +2725,7 @@ class Engine:
             if clock_s >= horizon_s:
                 break
         self.clock_s, self.busy_s, self.kv_block_seconds, log._end_s = clock_s, busy_s, block_seconds, end_s
-        return step - log.step, used
+        return step - log.step, used  # log.step is still the step before the first (the caller moves it on)
 
     def advance(self, horizon_s: float = math.inf, finishes_send: bool = True) -> Optional[List[Request]]:
         """step(), once more when a pass only preempted (the blocks it freed let the next
