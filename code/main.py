@@ -4026,14 +4026,14 @@ def _servesim_rows(lines: List[str], path: str) -> Iterator[TraceRow]:
                        *_conversation_fields(where, row))
 
 
-def _wall_clock(text: str, where: str, seconds: Dict[str, int]) -> Tuple[int, float]:
+def _wall_clock(text: str, where: str, seconds: Dict[str, int], minutes: Dict[str, int]) -> Tuple[int, float]:
     """Whole seconds since 1970 and the fraction of 'YYYY-MM-DD HH:MM:SS.fffffff'. seconds
-    remembers each 'YYYY-MM-DD HH:MM' and 'YYYY-MM-DD HH:MM:SS' parsed (a trace has
-    thousands of rows a minute, and several a second)."""
+    and minutes remember each 'YYYY-MM-DD HH:MM:SS' and 'YYYY-MM-DD HH:MM' parsed (a trace
+    has thousands of rows a minute, and several a second)."""
     whole, _, decimals = text.strip().partition(".")
     try:
         if whole not in seconds:
-            seconds[whole] = _whole_seconds(whole, seconds)
+            seconds[whole] = _whole_seconds(whole, minutes)
         if decimals and not (decimals.isascii() and decimals.isdigit()):
             raise ValueError(decimals)
         return seconds[whole], float("0." + decimals) if decimals else 0.0
@@ -4044,7 +4044,7 @@ def _wall_clock(text: str, where: str, seconds: Dict[str, int]) -> Tuple[int, fl
 def _whole_seconds(whole: str, minutes: Dict[str, int]) -> int:
     """Seconds since 1970 of 'YYYY-MM-DD HH:MM:SS' (UTC); ValueError when it is not that."""
     minute, second = whole[:16], whole[17:]
-    if len(whole) != 19 or whole[16] != ":" or not second.isascii() or not second.isdigit() or int(second) > 59:
+    if len(whole) != 19 or not whole.isascii() or whole[16] != ":" or not second.isdigit() or int(second) > 59:
         raise ValueError(whole)
     if minute not in minutes:
         moment = datetime.datetime.strptime(minute, "%Y-%m-%d %H:%M").replace(tzinfo=datetime.timezone.utc)
@@ -4074,13 +4074,14 @@ def _azure_rows(lines: List[str], path: str) -> Iterator[TraceRow]:
         raise UsageError(f"--trace {path}:1: expected the header {','.join(AZURE_COLUMNS)}, got {header!r}")
     origin = None  # the first whole second: arrivals stay small numbers, exact to the microsecond
     seconds: Dict[str, int] = {}
+    minutes: Dict[str, int] = {}
     for lineno, row in rows:
         if not row:
             continue
         where = f"--trace {path}:{lineno}"
         if len(row) < 3:
             raise UsageError(f"{where}: expected {len(AZURE_COLUMNS)} columns ({','.join(AZURE_COLUMNS)}), got {row!r}")
-        whole_s, fraction_s = _wall_clock(row[0], where, seconds)
+        whole_s, fraction_s = _wall_clock(row[0], where, seconds, minutes)
         origin = whole_s if origin is None else origin
         counts = [int(cell) if cell.strip().isascii() and cell.strip().isdigit() else cell for cell in row[1:3]]
         yield TraceRow(lineno, (whole_s - origin) + fraction_s, _check_int(where, "ContextTokens", counts[0], 1),

@@ -89,6 +89,11 @@ class TraceTest(ScratchTest):
                                                                     f"an integer >= 1, got 'x'")
         bad_time = self.write("time.csv", "TIMESTAMP,ContextTokens,GeneratedTokens\nyesterday,1,1\n")
         self.assert_usage_error(("simulate", "--trace", bad_time), f"--trace {bad_time}:2: TIMESTAMP must look like")
+        for number, stamp in enumerate(("2023-11-16 18:15", "2023-11-16 18:15:60", "2023-11-16 18:15:46.5x",
+                                        "\uff12023-11-16 18:15:46.5")):  # after a good row of the same minute
+            late = self.write(f"late{number}.csv", "TIMESTAMP,ContextTokens,GeneratedTokens\n"
+                                                   f"2023-11-16 18:15:46.5,1,1\n{stamp},1,1\n")
+            self.assert_usage_error(("simulate", "--trace", late), f"--trace {late}:3: TIMESTAMP must look like")
         bad_header = self.write("header.csv", "TIMESTAMP,Context,Generated\n")
         self.assert_usage_error(("simulate", "--trace", bad_header, "--trace-format", "azure"),
                                 f"--trace {bad_header}:1: expected the header TIMESTAMP,ContextTokens,GeneratedTokens")
