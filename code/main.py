@@ -6479,9 +6479,13 @@ class Profiler:
             contexts.append(statistics.mean(r.prompt_tokens for r in records) + settings.output_tokens / 2)
             # NOTE: prompts sent together and prefilled in one step (their first tokens come
             # together) tell what a step of `batch` prompts costs against one prompt as long.
+            # Prompts prefilled in different steps sample their first tokens a step or more
+            # apart, so "together" is within a tenth of the TTFT and half the cheapest decode
+            # step measured (a stall or a queue can stretch the TTFT past a step).
             firsts = [r.token_times[0] for r in records]
             ttft_s = statistics.median(first - r.sent_s for first, r in zip(firsts, records))
-            if batch > 1 and max(firsts) - min(firsts) <= 0.1 * ttft_s:
+            steps_s = [point["step_ms"] / 1000 for point in self.decode] + ([statistics.median(gaps)] if gaps else [])
+            if batch > 1 and max(firsts) - min(firsts) <= min([0.1 * ttft_s] + [0.5 * s for s in steps_s]):
                 ttfts_s.append(ttft_s)
                 server_s += _server_prompt_s(records)
         if not gaps_s:
@@ -6536,8 +6540,9 @@ class Profiler:
             for r in records[:-1]:
                 gaps = [later - earlier for earlier, later in zip(r.token_times, r.token_times[1:])
                         if earlier >= sent_s and later <= first_s + decode_ms / 2000]
-                if gaps and r.token_times[-1] > first_s:
-                    per_decoder.append((sum(gaps) - len(gaps) * decode_ms / 1000, len(gaps)))
+                if gaps and r.token_times[-1] > first_s:  # NOTE: a step as short as a decode step carried none of it
+                    carrying = sum(gap > 1.25 * decode_ms / 1000 for gap in gaps)
+                    per_decoder.append((sum(gaps) - len(gaps) * decode_ms / 1000, max(1, carrying)))
             if len(per_decoder) == num_decoding:
                 added_s.append(statistics.median(added for added, _ in per_decoder))
                 num_steps.append(statistics.median(count for _, count in per_decoder))

