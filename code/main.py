@@ -2691,24 +2691,25 @@ class Engine:
         if not per_cycle or max_steps < math.inf and per_cycle * (max_steps // block_size + 1) <= num_free:
             return max_steps  # the usual case: blocks to spare
         phase = first_step % block_size
-        taken_by = list(itertools.accumulate(list(new_blocks_by_phase[phase:]) + list(new_blocks_by_phase[:phase])))
+        taken_by = list(itertools.accumulate([*new_blocks_by_phase[phase:], *new_blocks_by_phase[:phase]]))
         num_cycles, rest = divmod(num_free, per_cycle)
         return min(max_steps, num_cycles * block_size + bisect.bisect_right(taken_by, rest))
 
     def _decode_loop(self, steps: Iterable[int], num_seqs: int, context_tokens: int,
                      new_blocks_by_phase: Sequence[int], horizon_s: float, used: int) -> Tuple[int, int]:
         """take_decode_steps's steps, one per number in steps, until one ends at or after
-        horizon_s: the clock, busy time, block-seconds and gaps advanced; returns (steps
-        taken, blocks in use after them). A roofline's price is worked out inline.
+        horizon_s (steps holds at least one): the clock, busy time, block-seconds and gaps
+        advanced; returns (steps taken, blocks in use after them). A roofline's price is
+        worked out inline; any other cost's is its decode_pricer's.
 
         NOTE: the very arithmetic of take_step and TokenLog.begin_step, in their order, so
         that every clock, gap and sum is the step engine's to the last bit."""
         log, price, block_size = self.token_log, self.cost.decode_pricer(num_seqs), len(new_blocks_by_phase)
         terms = self.cost.decode_terms(num_seqs)
+        # without terms these are placeholders, never read: the loop calls price instead
         overhead_s, weight_bytes, compute_s, kv_bytes, bytes_per_s, allreduce_s = terms or (0, 0, 0, 0, 1, 0)
         clock_s, end_s, busy_s, block_seconds, add_gap = self.clock_s, log._end_s, self.busy_s, \
             self.kv_block_seconds, log.step_gaps.append
-        step = -1
         for step in steps:
             if terms is None:
                 duration_s = price(context_tokens)
