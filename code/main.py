@@ -276,6 +276,90 @@ def read_json_file(path: str, where: str):
         raise UsageError(f"{where}: not JSON ({error})") from None
 
 
+def _yaml_scalar(text: str, where: str):
+    """One YAML scalar of the block style PyYAML writes: null, a boolean, a number, a
+    quoted or plain string, or an empty flow list or map."""
+    if text in ("", "~", "null", "Null", "NULL"):
+        return None
+    if text in ("true", "True", "TRUE", "false", "False", "FALSE"):
+        return text.lower() == "true"
+    if text.replace(" ", "") in ("[]", "{}"):
+        return [] if text[0] == "[" else {}
+    if text[0] in "'\"":
+        if len(text) < 2 or text[-1] != text[0]:
+            raise UsageError(f"{where}: an unclosed quote in {_shown(text)}")
+        inner = text[1:-1]
+        return inner.replace("''", "'") if text[0] == "'" else json.loads(text) if "\\" in inner else inner
+    if text[0] in "[{&*!|>%@`":
+        raise UsageError(f"{where}: {_shown(text)} is YAML servesim does not read (flow collections, anchors, "
+                         f"tags and block strings); expected a plain value")
+    for kind in (int, float):
+        try:
+            value = kind(text)
+            return value if kind is int or math.isfinite(value) else text
+        except ValueError:
+            pass
+    return text
+
+
+def _yaml_lines(text: str) -> List[Tuple[int, int, str]]:
+    """(line number, indent, content) of each line that holds something, comments cut."""
+    lines = []
+    for number, line in enumerate(text.splitlines(), 1):
+        content = re.sub(r"(^|\s)#.*$", "", line) if "#" in line and "'" not in line and '"' not in line else line
+        if content.strip() and content.strip() not in ("---", "..."):
+            lines.append((number, len(content) - len(content.lstrip(" ")), content.strip()))
+    return lines
+
+
+def _yaml_block(lines: List[Tuple[int, int, str]], index: int, indent: int, where: str) -> Tuple[object, int]:
+    """The mapping or list whose entries stand at indent from lines[index]; (value, next index)."""
+    if lines[index][2].startswith("- ") or lines[index][2] == "-":
+        items = []
+        while index < len(lines) and lines[index][1] == indent and (lines[index][2] + " ").startswith("- "):
+            number, _, content = lines[index]
+            rest = content[1:].strip()
+            if not rest:
+                value, index = _yaml_block(lines, index + 1, lines[index + 1][1], where) if (
+                    index + 1 < len(lines) and lines[index + 1][1] > indent) else (None, index + 1)
+            elif re.match(r"^[^'\"\[{][^:]*:(\s|$)", rest):  # a mapping opens on the item's line
+                lines[index] = (number, indent + len(content) - len(rest), rest)
+                value, index = _yaml_block(lines, index, lines[index][1], where)
+            else:
+                value, index = _yaml_scalar(rest, f"{where}:{number}"), index + 1
+            items.append(value)
+        return items, index
+    mapping = {}
+    while index < len(lines) and lines[index][1] == indent and not lines[index][2].startswith("- "):
+        number, _, content = lines[index]
+        match = re.match(r"^([^:]+?):(\s+(.*))?$", content)
+        if match is None:
+            raise UsageError(f"{where}:{number}: expected 'key: value', got {_shown(content)}")
+        key, value_text = _yaml_scalar(match.group(1).strip(), f"{where}:{number}"), (match.group(3) or "").strip()
+        index += 1
+        if value_text:
+            mapping[key] = _yaml_scalar(value_text, f"{where}:{number}")
+        elif index < len(lines) and (lines[index][1] > indent or lines[index][1] == indent
+                                      and lines[index][2].startswith("- ")):
+            mapping[key], index = _yaml_block(lines, index, lines[index][1], where)
+        else:
+            mapping[key] = None
+    return mapping, index
+
+
+def read_yaml_file(path: str, where: str):
+    """The value of a YAML file in the block style PyYAML writes (what inference-perf saves
+    as config.yaml): mappings, lists, plain and quoted scalars. UsageError naming the file
+    and line of anything else."""
+    lines = _yaml_lines(read_text_file(path, where))
+    if not lines:
+        return None
+    value, index = _yaml_block(lines, 0, lines[0][1], where)
+    if index < len(lines):
+        raise UsageError(f"{where}:{lines[index][0]}: this line's indent matches nothing above it")
+    return value
+
+
 def write_json_file(path: str, value, flag: str) -> None:
     """value as indented JSON in a file; UsageError naming the flag and path if it cannot be written."""
     try:
@@ -484,6 +568,14 @@ class Hardware:
     interconnect_gbs: float = 0.0  # GB/s each way between devices, for tensor parallelism (datasheet)
     fp8_tflops: float = 0.0  # TFLOPS, dense FP8 peak (datasheet); 0: no FP8 tensor cores
     price_per_hour: float = 0.0  # USD per device-hour on demand (source in the preset); 0: unknown
+    # What a serving stack adds on this device beyond the roofline (0 and 1: nothing; the
+    # preset says where its figures were fitted):
+    layer_overhead_us: float = 0.0  # us per transformer layer per step: its kernels' floor at small batches
+    seq_overhead_us: float = 0.0    # us per sequence per step: its sampling, inputs and attention metadata
+    allreduce_latency_us: float = 0.0  # us per tensor-parallel all-reduce before its bytes move (launch, handshakes)
+    link_efficiency: float = 1.0    # share of interconnect_gbs an all-reduce moves its bytes at
+    moe_efficiency: float = 1.0     # grouped expert GEMMs' FLOP rate as a share of a dense GEMM's
+    request_overhead_ms: float = 0.0  # ms a request spends outside the engine: HTTP, JSON, tokenising, IPC, streaming
 
 
 @dataclass(frozen=True)
@@ -600,27 +692,41 @@ class ModelSpec:
         return num_tokens * self.kv_bytes_per_token + window * self.sliding_kv_bytes_per_token
 
 
-# mfu 0.5 and mbu 0.75 on the GPUs: a ratio of 2/3 puts the compute knee of Llama 3.1 8B
-# at ~197 tokens per step on an H100 and ~269 on an L4 (the reference figures the
-# capacity report is tested against). Prices are on-demand USD per GPU-hour as one
+# How a GPU's datasheet becomes a step cost. DATASHEET_GPU: the lesson's generic roofline,
+# mfu 0.5 and mbu 0.75 (a ratio of 2/3 puts the compute knee of Llama 3.1 8B at ~269 tokens
+# per step on an L4, the figure the capacity report is tested against) and 1 ms a step;
+# not fitted anywhere. FITTED_H100: what `calibrate` fitted to eight vLLM v0.15.1 runs on
+# H100 SXM (inference-perf, shared/data/vllm-h100: Llama-2-7B TP 1, Llama-2-70B TP 4,
+# Mixtral-8x7B TP 2, CodeLlama-34B TP 2, two workloads each; see the README's "Predicting
+# a GPU server"), rounded: mbu, the per-layer floor, the all-reduce's latency and link
+# efficiency, the request path (step_overhead_ms fitted to 0: with async scheduling the
+# CPU's work per step hides behind the GPU's). Not pinned down by those runs (their
+# prefills hit the prefix cache, their MoE steps are memory-bound), so set by hand: mfu
+# 0.545, which keeps the lesson's compute knee (~197 tokens for Llama 3.1 8B) at the fitted
+# mbu and is within what dense BF16 GEMMs reach on an H100; moe_efficiency 0.7, between
+# the 215 and 523 TFLOPS two published grouped-GEMM kernels reach on an H100 (VeOmni PR
+# 460, Liger-Kernel PR 1294). The other NVIDIA HBM presets carry FITTED_H100 (the same
+# serving stack; not fitted on those GPUs). Prices are on-demand USD per GPU-hour as one
 # public source listed them on the date given; they move, so --price-per-hour overrides.
-DATASHEET_GPU = dict(mfu=0.5, mbu=0.75, step_overhead_ms=1.0)  # what every GPU preset shares (see above)
+DATASHEET_GPU = dict(mfu=0.5, mbu=0.75, step_overhead_ms=1.0)
+FITTED_H100 = dict(mfu=0.545, mbu=0.818, step_overhead_ms=0.0, layer_overhead_us=30.6, allreduce_latency_us=7.3,
+                   link_efficiency=0.239, request_overhead_ms=6.56, moe_efficiency=0.7)
 HARDWARE: Dict[str, Hardware] = {
     hw.name: hw for hw in (
         # H100 SXM5 80GB: nvidia-smi 81,559 MiB; HBM3 3.35 TB/s; 989.4 TFLOPS dense BF16,
         # 1,978.9 FP8; NVLink 4, 900 GB/s both ways. Price: median of 37 providers,
         # aimultiple.com GPU index, 2026-05-20.
         Hardware("h100-sxm-80gb", memory_gib=79.6, bandwidth_gbs=3350, tflops=989.4, fp8_tflops=1978.9,
-                 interconnect_gbs=450, reserve_gib=2.0, price_per_hour=2.95, **DATASHEET_GPU),
+                 interconnect_gbs=450, reserve_gib=2.0, price_per_hour=2.95, **FITTED_H100),
         # H200 SXM 141GB: nvidia-smi 143,771 MiB; HBM3e 4.8 TB/s; the H100's die (989.4 TFLOPS
         # dense BF16, 1,978.9 FP8, NVLink 4). Price: Spheron on-demand, 2026-03-17.
         Hardware("h200-sxm-141gb", 140.4, 4800, 989.4, fp8_tflops=1978.9, interconnect_gbs=450,
-                 reserve_gib=2.0, price_per_hour=4.54, **DATASHEET_GPU),
+                 reserve_gib=2.0, price_per_hour=4.54, **FITTED_H100),
         # B200 (HGX B200) 180GB: nvidia-smi 183,359 MiB; HBM3e 8 TB/s; 2,250 TFLOPS dense
         # BF16, 4,500 FP8 (half the datasheet's sparse figures); NVLink 5, 1.8 TB/s both ways.
         # Price: Spheron on-demand, 2026-03-17.
         Hardware("b200-180gb", memory_gib=179.1, bandwidth_gbs=8000, tflops=2250, reserve_gib=2.0,
-                 fp8_tflops=4500, interconnect_gbs=900, price_per_hour=6.03, **DATASHEET_GPU),
+                 fp8_tflops=4500, interconnect_gbs=900, price_per_hour=6.03, **FITTED_H100),
         # AMD MI300X 192GB: HBM3 5.3 TB/s; 1,307.4 TFLOPS dense BF16, 2,614.9 FP8; Infinity
         # Fabric, 7 links x 64 GB/s each way. Price: median listing, cliffcenter.com AMD
         # inference economics note, 2026-05-18.
@@ -630,7 +736,7 @@ HARDWARE: Dict[str, Hardware] = {
         # NVLink 3, 600 GB/s both ways. Price: middle of the $1.49-2.49 typical on-demand range,
         # pricegpu.pages.dev, early 2026.
         Hardware("a100-sxm-80gb", memory_gib=80.0, bandwidth_gbs=2039, tflops=312, reserve_gib=2.0,
-                 interconnect_gbs=300, price_per_hour=1.99, **DATASHEET_GPU),
+                 interconnect_gbs=300, price_per_hour=1.99, **FITTED_H100),
         # L40S 48GB: nvidia-smi 46,068 MiB; GDDR6 864 GB/s; 362.05 TFLOPS dense BF16, 733 FP8;
         # no NVLink, PCIe 4.0 x16. Price: Lambda on-demand as gpuadvisor.com listed it, May 2026.
         Hardware("l40s-48gb", 45.0, 864, 362.05, fp8_tflops=733, interconnect_gbs=32, reserve_gib=1.5,
@@ -722,19 +828,25 @@ def get_preset(presets: Dict[str, object], name: str, flag: str):
 
 
 HARDWARE_FIELDS = ("memory_gib", "bandwidth_gbs", "tflops", "mfu", "mbu", "step_overhead_ms", "reserve_gib")
+OVERHEAD_FIELDS = ("layer_overhead_us", "seq_overhead_us", "allreduce_latency_us", "request_overhead_ms")
+EFFICIENCY_FIELDS = ("link_efficiency", "moe_efficiency")
 
 
 def hardware_from_json(data: JsonObject, default_name: str) -> Hardware:
     """A Hardware from a JSON object, every figure checked (in range, no zero divisor)."""
-    figures = {name: float(data.number(name, above=0)) for name in HARDWARE_FIELDS}
-    for name in ("interconnect_gbs", "fp8_tflops", "price_per_hour"):  # optional: 0 is none, or unknown
+    figures = {name: float(data.number(name, 0) if name == "step_overhead_ms" else data.number(name, above=0))
+               for name in HARDWARE_FIELDS}  # NOTE: a fitted step overhead may be 0 (async scheduling hides it)
+    for name in ("interconnect_gbs", "fp8_tflops", "price_per_hour", *OVERHEAD_FIELDS):  # optional: 0 is none
         figures[name] = float(data.number(name, 0, 0.0))
+    for name in EFFICIENCY_FIELDS:  # optional: 1 is the datasheet's rate
+        figures[name] = float(data.number(name, default=1.0, above=0))
     for name, most in (("memory_gib", 1e6), ("mfu", 1.0), ("mbu", 1.0), ("bandwidth_gbs", 1e9), ("tflops", 1e9),
                        ("step_overhead_ms", 1e9), ("reserve_gib", 1e6), ("interconnect_gbs", 1e9),
-                       ("fp8_tflops", 1e9), ("price_per_hour", 1e6)):
+                       ("fp8_tflops", 1e9), ("price_per_hour", 1e6), *((name, 1e6) for name in OVERHEAD_FIELDS),
+                       *((name, 1.0) for name in EFFICIENCY_FIELDS)):
         if figures[name] > most:
             raise data.fail(name, f"at most {most:g}", figures[name])
-    for name in ("bandwidth_gbs", "tflops", "mfu", "mbu", "interconnect_gbs", "fp8_tflops"):  # divisors
+    for name in ("bandwidth_gbs", "tflops", "mfu", "mbu", "interconnect_gbs", "fp8_tflops", *EFFICIENCY_FIELDS):  # divisors
         if 0 < figures[name] < 1e-6:
             raise data.fail(name, f"at least 1e-6{' (or 0: none)' if name in ('interconnect_gbs', 'fp8_tflops') else ''}",
                             figures[name])
@@ -1238,14 +1350,27 @@ def plan_capacity(hardware: Hardware, model: ModelSpec, gpu_memory_utilization: 
 # =============================================================================
 
 def allreduce_seconds(hardware: Hardware, model: ModelSpec, num_tokens: int) -> float:
-    """Tensor parallelism's price per step: two all-reduces per layer (after attention
-    and after the MLP) of num_tokens x hidden activations in 16 bits; a ring all-reduce
-    moves 2 x (N - 1) / N of the data over each device's link. Not overlapped."""
+    """Tensor parallelism's price per step: two all-reduces per layer (after attention and
+    after the MLP or the experts) of num_tokens x hidden activations in 16 bits. Each pays
+    its latency (allreduce_latency_us: what a decode-sized message costs, whatever its
+    bytes) and moves its bytes over the link: a ring all-reduce sends 2 x (N - 1) / N of
+    the message over each device's link, at link_efficiency of interconnect_gbs. Not
+    overlapped with compute."""
     n = model.tensor_parallel_size
     if n == 1:
         return 0.0
     message_bytes = num_tokens * model.hidden_size * 2
-    return 2 * model.layers * 2 * (n - 1) / n * message_bytes / (hardware.interconnect_gbs * GB)
+    link_bytes_per_s = hardware.interconnect_gbs * GB * hardware.link_efficiency
+    return 2 * model.layers * (hardware.allreduce_latency_us / 1e6 + 2 * (n - 1) / n * message_bytes / link_bytes_per_s)
+
+
+def fixed_step_seconds(hardware: Hardware, model: ModelSpec, num_seqs: int) -> float:
+    """What a step costs beside its bytes and FLOPs: the step's own overhead (scheduling,
+    launches, synchronising), each layer's kernel floor (layer_overhead_us: a small
+    batch's kernels take a few microseconds each however little they do) and each
+    sequence's share (seq_overhead_us: its sampling, inputs and attention metadata)."""
+    return (hardware.step_overhead_ms / 1000 + model.layers * hardware.layer_overhead_us / 1e6
+            + num_seqs * hardware.seq_overhead_us / 1e6)
 
 
 def flop_rate(hardware: Hardware, model: ModelSpec) -> float:
@@ -1257,9 +1382,14 @@ def flop_rate(hardware: Hardware, model: ModelSpec) -> float:
 
 def compute_seconds(hardware: Hardware, model: ModelSpec, num_tokens: int, num_sampled: int) -> float:
     """The arithmetic of a step: two FLOPs per active parameter per token (the LM head only
-    for tokens that sample; of a mixture of experts, only the experts a token runs)."""
-    flops = 2 * (model.body_params * num_tokens + model.head_params * num_sampled)
-    return flops / flop_rate(hardware, model)
+    for tokens that sample; of a mixture of experts, only the experts a token runs, whose
+    grouped GEMMs run at moe_efficiency of the dense rate)."""
+    expert_params = model.num_experts_per_tok * model.expert_params * model.num_moe_layers
+    dense_flops = 2 * ((model.body_params - expert_params) * num_tokens + model.head_params * num_sampled)
+    rate = flop_rate(hardware, model)
+    if not expert_params:
+        return dense_flops / rate
+    return dense_flops / rate + 2 * expert_params * num_tokens / (rate * hardware.moe_efficiency)
 
 
 def kv_read_bytes(model: ModelSpec, num_context_tokens: int, num_seqs: int) -> float:
@@ -1271,9 +1401,15 @@ def kv_read_bytes(model: ModelSpec, num_context_tokens: int, num_seqs: int) -> f
     return full + min(num_context_tokens, num_seqs * model.sliding_window) * model.sliding_kv_bytes_per_token
 
 
+def memory_rate(hardware: Hardware) -> float:
+    """Bytes per second a step reads memory at: the peak bandwidth times mbu."""
+    return hardware.bandwidth_gbs * GB * hardware.mbu
+
+
 def step_seconds(hardware: Hardware, model: ModelSpec, num_tokens: int, num_context_tokens: int,
                  num_sampled: Optional[int] = None, num_passes: int = 1, num_seqs: int = 1) -> float:
-    """Seconds for one forward pass: the slower of moving the bytes and doing the math.
+    """Seconds for one forward pass: the slower of moving the bytes and doing the math,
+    plus what the step costs whatever its size (fixed_step_seconds) and its all-reduces.
 
     num_tokens counts every token processed (one per decoding sequence plus prefill
     chunks); num_context_tokens is the KV the attention reads, over num_seqs sequences;
@@ -1283,16 +1419,49 @@ def step_seconds(hardware: Hardware, model: ModelSpec, num_tokens: int, num_cont
     the step as that many forward passes over equal shares of the tokens (llama.cpp's
     micro-batches), each reading its weights again.
     Attention FLOPs and kernel details are left out: a roofline for direction and order
-    of magnitude.
+    of magnitude, with the overheads a real stack adds fitted where a preset says so.
     """
     if num_sampled is None:
         num_sampled = num_tokens
     compute_s = compute_seconds(hardware, model, num_tokens, num_sampled)
     weight_bytes = model.step_weight_bytes(-(-num_tokens // num_passes))
     pass_bytes = weight_bytes + kv_read_bytes(model, num_context_tokens, num_seqs) / num_passes
-    memory_s = pass_bytes / (hardware.bandwidth_gbs * GB * hardware.mbu)
+    memory_s = pass_bytes / memory_rate(hardware)
     passes_s = num_passes * max(compute_s / num_passes, memory_s)  # exact for one pass: x / 1 * 1 == x
-    return hardware.step_overhead_ms / 1000 + passes_s + allreduce_seconds(hardware, model, num_tokens)
+    return fixed_step_seconds(hardware, model, num_seqs) + passes_s + allreduce_seconds(hardware, model, num_tokens)
+
+
+def slower_by(hardware: Hardware, factor: float) -> Hardware:
+    """hardware with every step cost factor times as long: its rates divided by factor, its
+    per-step overheads multiplied (the request path outside the engine left as it is)."""
+    return dataclasses.replace(
+        hardware, bandwidth_gbs=hardware.bandwidth_gbs / factor, tflops=hardware.tflops / factor,
+        fp8_tflops=hardware.fp8_tflops / factor, interconnect_gbs=hardware.interconnect_gbs / factor,
+        step_overhead_ms=hardware.step_overhead_ms * factor, layer_overhead_us=hardware.layer_overhead_us * factor,
+        seq_overhead_us=hardware.seq_overhead_us * factor, allreduce_latency_us=hardware.allreduce_latency_us * factor)
+
+
+def step_cost_terms(hardware: Hardware, model: ModelSpec, num_seqs: int, num_tokens: int,
+                    num_context_tokens: int) -> dict:
+    """What one step of num_seqs sequences, num_tokens tokens and num_context_tokens of KV
+    costs, term by term (ms): the weight read and the KV reads (together the memory time),
+    the arithmetic, the all-reduces, the fixed costs (the step's, the layers', the
+    sequences'), the step as step_seconds prices it and which side bounds it; and the
+    request path a request pays once, outside every step."""
+    num_seqs, num_tokens = max(1, num_seqs), max(1, num_tokens)
+    rate = memory_rate(hardware)
+    terms = {"weights_ms": model.step_weight_bytes(num_tokens) / rate * 1000,
+             "kv_reads_ms": kv_read_bytes(model, num_context_tokens, num_seqs) / rate * 1000,
+             "compute_ms": compute_seconds(hardware, model, num_tokens, num_seqs) * 1000,
+             "collectives_ms": allreduce_seconds(hardware, model, num_tokens) * 1000,
+             "step_overhead_ms": hardware.step_overhead_ms,
+             "layer_overhead_ms": model.layers * hardware.layer_overhead_us / 1000,
+             "seq_overhead_ms": num_seqs * hardware.seq_overhead_us / 1000}
+    memory_ms = terms["weights_ms"] + terms["kv_reads_ms"]
+    terms["bound"] = "memory" if memory_ms >= terms["compute_ms"] else "compute"
+    terms["step_ms"] = step_seconds(hardware, model, num_tokens, num_context_tokens, num_seqs, 1, num_seqs) * 1000
+    terms["request_path_ms"] = hardware.request_overhead_ms
+    return dict({"num_seqs": num_seqs, "num_tokens": num_tokens, "num_context_tokens": num_context_tokens}, **terms)
 
 
 def knee_text(tokens: float) -> str:
@@ -1304,8 +1473,8 @@ def critical_batch(hardware: Hardware, model: ModelSpec) -> float:
     """Tokens per decode step at which the arithmetic takes as long as reading the weights.
     A mixture of experts reads more experts as the batch grows, so its knee is found by
     bisection (compute grows linearly, the weight read ever more slowly: one crossing)."""
-    bytes_per_s = hardware.bandwidth_gbs * GB * hardware.mbu
-    compute_per_token_s = 2 * (model.body_params + model.head_params) / flop_rate(hardware, model)
+    bytes_per_s = memory_rate(hardware)
+    compute_per_token_s = compute_seconds(hardware, model, 1, 1)
     if not model.num_experts:
         return model.weight_bytes / bytes_per_s / compute_per_token_s
     low, high = 0.0, 1e9
@@ -1327,13 +1496,13 @@ class RooflineCost:
 
     ubatch_tokens: a step runs as forward passes of at most this many tokens, each
     reading the weights again (llama.cpp's --ubatch-size); None is one pass.
-    request_overhead_s is the time a request takes to reach the engine (none here).
+    request_overhead_s is the time a request spends outside the engine (the hardware's
+    request_overhead_ms: HTTP, tokenising, the hops to the engine and back, streaming).
     """
-
-    request_overhead_s = 0.0
 
     def __init__(self, hardware: Hardware, model: ModelSpec, ubatch_tokens: Optional[int] = None):
         self.hardware, self.model, self.ubatch_tokens = hardware, model, ubatch_tokens
+        self.request_overhead_s = hardware.request_overhead_ms / 1000
         self.pricers: Dict[int, Callable[[int], float]] = {}  # decode_pricer's, by batch size
         self.terms: Dict[int, Optional[tuple]] = {}            # decode_terms's, by batch size
 
@@ -1360,9 +1529,9 @@ class RooflineCost:
         if num_seqs not in self.terms:
             hardware, model, terms = self.hardware, self.model, None
             if not (self.ubatch_tokens and num_seqs > self.ubatch_tokens) and not model.sliding_kv_bytes_per_token:
-                terms = (hardware.step_overhead_ms / 1000, model.step_weight_bytes(num_seqs),
+                terms = (fixed_step_seconds(hardware, model, num_seqs), model.step_weight_bytes(num_seqs),
                          compute_seconds(hardware, model, num_seqs, num_seqs), model.kv_bytes_per_token,
-                         hardware.bandwidth_gbs * GB * hardware.mbu, allreduce_seconds(hardware, model, num_seqs))
+                         memory_rate(hardware), allreduce_seconds(hardware, model, num_seqs))
             self.terms[num_seqs] = terms
         return self.terms[num_seqs]
 
@@ -1472,7 +1641,7 @@ class ProfileCost:
         self.profile, self.fallback = profile, fallback
         self.request_overhead_s = profile.request_overhead_s
         model, hardware = fallback.model, fallback.hardware
-        self.kv_read_s_per_token = model.kv_bytes_per_token / (hardware.bandwidth_gbs * GB * hardware.mbu)
+        self.kv_read_s_per_token = model.kv_bytes_per_token / memory_rate(hardware)
         self.num_steps = self.num_outside = 0
         self.largest_outside = [0, 0]   # most sequences decoding, most prefill tokens, of steps outside
 
@@ -2079,6 +2248,7 @@ class Request:
     num_prefix_hit_tokens: int = 0     # prompt tokens served from the prefix cache
     preemptions: int = 0
     sent_s: Optional[float] = None
+    received_s: float = 0.0            # when it reached the engine (sent_s and the request path)
     scheduled_s: Optional[float] = None  # start of the first step that scheduled it
     token_times: List[float] = field(default_factory=list)  # one per token (the step engine only)
     first_token_s: Optional[float] = None  # the fast engine keeps these three instead (see TokenLog)
@@ -2171,6 +2341,7 @@ class SchedulerConfig:
     max_model_len: Optional[int] = None  # --max-model-len: longest request (None: no limit)
     max_tokens_in_flight: Optional[int] = None  # --max-tokens-in-flight (see TokenCapScheduler)
     scheduler: str = "vllm"              # --scheduler: vllm (paged KV) or llamacpp (slots, see SlotScheduler)
+    async_scheduling: bool = False       # --async-scheduling: the next step is scheduled while this one runs
 
 
 Batch = List[Tuple[Request, int]]
@@ -2216,6 +2387,7 @@ class Scheduler:
         self._keys: Dict[Request, List[Hashable]] = {}  # prefix block keys of requests not yet done
         self._last_lookup: Optional[tuple] = None  # (request, hits, their keys, pool evictions then): see _lookup
         self._refused: Optional[tuple] = None  # (request, pool's freed and entered counts, budget): see _still_refused
+        self.received_by_s = math.inf  # admit only requests that reached the engine by then (see Engine.advance)
         self.token_log = None  # an engine's TokenLog, when it keeps token times without a list per token
 
     def blocks_for(self, num_tokens: int) -> int:
@@ -2299,6 +2471,8 @@ class Scheduler:
         batch: Batch = []
         while self.waiting and budget > 0 and len(self.running) < self.config.max_num_seqs:
             request = self.waiting[0]
+            if request.received_s > self.received_by_s:
+                break  # too late for this step: it was scheduled while the last one ran
             admission = self._admission(request, budget)
             if admission is None:
                 break  # the head of the queue blocks everyone behind it
@@ -2462,6 +2636,16 @@ class Scheduler:
             self.retire(finished)
         return finished
 
+    def abort(self, request: Request) -> None:
+        """Drop a request that is waiting or running, its blocks freed (what it computed into
+        the prefix cache stays there, as for a finished request); one that is neither is left."""
+        if request in self.running:
+            self.running.remove(request)
+            self._free(request)
+        elif request in self.waiting:
+            self.waiting.remove(request)
+            self._keys.pop(request, None)
+
     def retire(self, finished: Sequence[Request]) -> None:
         """Requests that produced their last token leave the batch and free their blocks."""
         for request in finished:
@@ -2598,9 +2782,11 @@ class Engine:
         scheduler.token_log = self.token_log
         self.cohort = DecodeCohort(scheduler.config.block_size) if fast and DecodeCohort.applies(scheduler) else None
         self.clock_s = 0.0
+        self.step_start_s = self.step_end_s = -math.inf  # when the last step started and ended
         self.num_steps = 0
         self.num_batched_seqs = 0
         self.num_batched_tokens = 0
+        self.num_context_tokens = 0    # KV the steps' attention read, summed over steps
         self.max_batch_seqs = 0
         self.max_waiting = 0           # the longest queue a step left behind
         # (end of step s, running, waiting, KV share in use, preemptions so far, tokens) per
@@ -2643,11 +2829,14 @@ class Engine:
         self.num_steps += 1
         self.num_batched_seqs += num_seqs
         self.num_batched_tokens += num_tokens
+        self.num_context_tokens += num_context_tokens
         self.max_batch_seqs = max(self.max_batch_seqs, num_seqs)
         self.busy_s += duration_s
         self.kv_block_seconds += used * duration_s
         self.kv_peak = max(self.kv_peak, used / scheduler.pool.num_blocks)
+        self.step_start_s = self.clock_s
         self.clock_s += duration_s
+        self.step_end_s = self.clock_s
         if self.timeline is not None:
             self.timeline.append((self.clock_s, num_seqs, len(scheduler.waiting), used / scheduler.pool.num_blocks,
                                   scheduler.num_preemptions, num_tokens))
@@ -2676,6 +2865,7 @@ class Engine:
         self.num_steps += num_steps
         self.num_batched_seqs += num_seqs * num_steps
         self.num_batched_tokens += num_seqs * num_steps
+        self.num_context_tokens += num_steps * context_tokens + num_seqs * num_steps * (num_steps - 1) // 2
         self.max_batch_seqs = max(self.max_batch_seqs, num_seqs)
         self.max_waiting = max(self.max_waiting, len(scheduler.waiting))  # the queue stands still in a run
         if self.timeline is not None:
@@ -2720,12 +2910,14 @@ class Engine:
             used += new_blocks_by_phase[step % block_size]
             busy_s += duration_s
             block_seconds += used * duration_s
+            start_s = clock_s
             clock_s += duration_s
             add_gap(clock_s - end_s)
             end_s = clock_s
             if clock_s >= horizon_s:
                 break
         self.clock_s, self.busy_s, self.kv_block_seconds, log._end_s = clock_s, busy_s, block_seconds, end_s
+        self.step_start_s, self.step_end_s = start_s, clock_s
         return step - log.step, used  # log.step is still the step before the first (the caller moves it on)
 
     def advance(self, horizon_s: float = math.inf, finishes_send: bool = True) -> Optional[List[Request]]:
@@ -2740,6 +2932,7 @@ class Engine:
         cohort's run of decode steps that ended in a finish goes on to the next run before
         returning, all the runs' finished requests together in the order they finished.
         """
+        self.scheduler.received_by_s = self.received_by_s()
         if self.cohort is not None:
             finished = more = self.cohort.advance(self, horizon_s)
             while more and not finishes_send and self.clock_s < horizon_s:
@@ -2760,6 +2953,33 @@ class Engine:
                 return None
         raise RuntimeError("the scheduler made no progress in two passes")
 
+    def abort(self, request: Request) -> None:
+        """request's client gave up: it leaves the engine at once, its blocks freed, as vLLM
+        aborts a request whose client disconnected (a cohort writes its members back first)."""
+        if self.cohort is not None and request in self.cohort.members:
+            self.cohort.materialize(self.token_log)
+        self.scheduler.abort(request)
+
+    def restart_token_log(self) -> None:
+        """A fresh TokenLog (a fast engine), so that the gaps summed from here are a new
+        run's; only between runs, when nothing is running."""
+        if self.token_log is not None:
+            assert not self.scheduler.running and (self.cohort is None or not self.cohort.members)
+            self.token_log = self.scheduler.token_log = TokenLog()
+
+    def received_by_s(self) -> float:
+        """The latest a request may have reached the engine to be admitted in the next step.
+
+        NOTE: with async scheduling the next step was scheduled as the last one started,
+        while it ran (vLLM's scheduler keeps one step ahead of the GPU), so a request that
+        arrived during the last step waits for the step after the next: about two and a
+        half steps from its arrival to its first token instead of one and a half. An
+        engine with nothing left running, or that has been idle, has no step ahead and
+        admits what has arrived at once."""
+        if self.scheduler.config.async_scheduling and self.scheduler.running and self.clock_s == self.step_end_s:
+            return self.step_start_s
+        return self.clock_s
+
     def report(self) -> dict:
         scheduler, busy = self.scheduler, self.busy_s
         return {
@@ -2768,6 +2988,7 @@ class Engine:
             "num_steps": self.num_steps,
             "mean_batch_seqs": self.num_batched_seqs / self.num_steps if self.num_steps else 0.0,
             "mean_batch_tokens": self.num_batched_tokens / self.num_steps if self.num_steps else 0.0,
+            "mean_context_tokens": self.num_context_tokens / self.num_steps if self.num_steps else 0.0,
             "max_batch_seqs": self.max_batch_seqs,
             "max_waiting": self.max_waiting,
             "busy_s": busy,
@@ -3115,6 +3336,9 @@ class Arrivals:
     front-end time a step profile measured: network, HTTP, tokenizing). send(request,
     now_s) queues a request and says whether it was accepted (False: it could never run);
     done(request), when given, hears of each request once it has finished or been refused.
+    With timeout_s, a client gives up on a request that has not finished timeout_s after
+    it was sent: abort(request) takes it out of the engine, it fails as "timeout", and a
+    closed-loop client goes on to its next request.
 
     A list of requests may come in any order and hold conversations. Any other iterable
     is read one request at a time as they are sent, so it must be in send order (arrival
@@ -3123,11 +3347,14 @@ class Arrivals:
 
     def __init__(self, requests: Iterable[Request], concurrency: Optional[int],
                  send: Callable[[Request, float], bool], delay_s: float = 0.0,
-                 done: Optional[Callable[[Request], None]] = None):
+                 done: Optional[Callable[[Request], None]] = None, timeout_s: Optional[float] = None,
+                 abort: Optional[Callable[[Request], None]] = None):
         self.concurrency = concurrency
         self.send = send
         self.delay_s = delay_s
         self.done = done
+        self.timeout_s, self.abort = timeout_s, abort
+        self.deadlines: List[Tuple[float, int, Request]] = []  # (when its client gives up, order sent, request)
         if isinstance(requests, list):
             self.follow_up = follow_ups(requests)  # turn k-1 -> turn k of a conversation
             later_turns = set(self.follow_up.values())
@@ -3136,6 +3363,8 @@ class Arrivals:
         else:
             self.follow_up, self.pending = {}, Upcoming(requests)
         self.finishes_send = concurrency is not None or bool(self.follow_up)  # a finish may send a request
+        if timeout_s is not None and abort is None:
+            raise ValueError("a timeout needs a way to abort a request")
         self.in_transit: List[Tuple[float, int, Request]] = []  # (reaches the engine, order sent, request)
         self.order = itertools.count()
 
@@ -3145,42 +3374,61 @@ class Arrivals:
             self.next_from_client(0.0)
 
     def next_arrival_s(self) -> float:
-        """When the next request reaches the engine (inf when none is on its way)."""
+        """When the next request reaches the engine, or a client gives up on one (inf: neither is to come)."""
         due = self.pending[0].arrival_s + self.delay_s if self.concurrency is None and self.pending else math.inf
-        return min(due, self.in_transit[0][0]) if self.in_transit else due
+        due = min(due, self.in_transit[0][0]) if self.in_transit else due
+        return min(due, self.deadlines[0][0]) if self.deadlines else due
+
+    def _send(self, request: Request, sent_s: float) -> None:
+        request.sent_s = sent_s
+        order = next(self.order)
+        heapq.heappush(self.in_transit, (sent_s + self.delay_s, order, request))
+        if self.timeout_s is not None:
+            heapq.heappush(self.deadlines, (sent_s + self.timeout_s, order, request))
 
     def arrive_until(self, now_s: float) -> None:
-        """Hand the engine every request that has reached it by now_s."""
+        """Hand the engine every request that has reached it by now_s; abort those whose client gave up by then."""
         while self.concurrency is None and self.pending and self.pending[0].arrival_s + self.delay_s <= now_s:
             request = self.pending.popleft()
-            request.sent_s = request.arrival_s
-            heapq.heappush(self.in_transit, (request.arrival_s + self.delay_s, next(self.order), request))
+            self._send(request, request.arrival_s)
         while self.in_transit and self.in_transit[0][0] <= now_s:
             at_s, _, request = heapq.heappop(self.in_transit)
-            if not self.send(request, at_s):
+            request.received_s = at_s
+            if request.error is None and not self.send(request, at_s):  # (an error: it timed out on the way)
                 self.finished([request], at_s)  # refused: that client goes on at once
+        while self.deadlines and self.deadlines[0][0] <= now_s:
+            at_s, _, request = heapq.heappop(self.deadlines)
+            if request.error is None and request.generated < request.max_tokens:
+                self.abort(request)
+                self._time_out(request)
+                self.finished([request], at_s)
+
+    def _time_out(self, request: Request) -> None:
+        request.error_kind = "timeout"
+        request.error = f"no answer within {self.timeout_s:g} s: the client gave up and the server aborted it"
 
     def finished(self, requests: Sequence[Request], now_s: float) -> None:
         """requests got their answer (or were refused): the next turn of a conversation goes
         out after its think time; in a closed loop, any other client sends its next request."""
         for request in requests:
+            if self.timeout_s is not None and request.error is None:
+                last_s = request.token_times[-1] if request.token_times else request.last_token_s
+                if last_s is not None and last_s - request.sent_s > self.timeout_s:  # its client left before the end
+                    self._time_out(request)
             if self.done is not None:
                 self.done(request)
             after = self.follow_up.pop(request, None)
             if after is not None:
                 after.prompt_tokens += request.prompt_tokens + request.generated  # the conversation so far
                 after.prefix_tokens = after.prompt_tokens
-                after.sent_s = now_s + after.think_s
-                heapq.heappush(self.in_transit, (after.sent_s + self.delay_s, next(self.order), after))
+                self._send(after, now_s + after.think_s)
             elif self.concurrency is not None:
                 self.next_from_client(now_s)
 
     def next_from_client(self, now_s: float) -> None:
         """One client sends its next request."""
         if self.pending:
-            request = self.pending.popleft()
-            request.sent_s = now_s
-            heapq.heappush(self.in_transit, (now_s + self.delay_s, next(self.order), request))
+            self._send(self.pending.popleft(), now_s)
 
 
 def simulate(scheduler: Scheduler, hardware: Hardware, model: ModelSpec,
@@ -3219,13 +3467,15 @@ class RunProgress:
 
 
 def run_engine(engine: Engine, requests: Iterable[Request], concurrency: Optional[int] = None,
-               progress: Optional[RunProgress] = None, done: Optional[Callable[[Request], None]] = None) -> Engine:
+               progress: Optional[RunProgress] = None, done: Optional[Callable[[Request], None]] = None,
+               timeout_s: Optional[float] = None) -> Engine:
     """Run requests (see Arrivals) through an engine until every one is done or refused;
     return it (progress: told the requests done and the virtual clock as they finish;
-    done: called with each request once it has finished or been refused)."""
+    done: called with each request once it has finished, been refused or timed out;
+    timeout_s: a client's patience, after which the engine aborts its request)."""
     scheduler = engine.scheduler
     arrivals = Arrivals(requests, concurrency, lambda request, now_s: scheduler.add(request),
-                        engine.cost.request_overhead_s, done)
+                        engine.cost.request_overhead_s, done, timeout_s, engine.abort)
     arrivals.start()
     num_done = 0
     while True:
@@ -3233,7 +3483,7 @@ def run_engine(engine: Engine, requests: Iterable[Request], concurrency: Optiona
         if not scheduler.has_work():
             if arrivals.next_arrival_s() == math.inf:
                 return engine
-            engine.clock_s = arrivals.next_arrival_s()
+            engine.clock_s = max(engine.clock_s, arrivals.next_arrival_s())
             continue
         finished = engine.advance(arrivals.next_arrival_s(), arrivals.finishes_send)
         if finished is None:
@@ -3271,12 +3521,24 @@ class EngineSpec:
                      else new_scheduler(self.config, self.plan.num_blocks, self.fast))
         return Engine(scheduler, self.plan.hardware, self.plan.model, self.cost(), self.fast)
 
+    def slower_by(self, factor: float) -> "EngineSpec":
+        """This spec with every step factor times as long (the roofline's hardware, or the
+        step profile's times), on the fast engine: what a sensitivity band runs."""
+        profile = self.step_profile
+        if profile is not None:
+            profile = dataclasses.replace(
+                profile, decode=tuple((x, cost * factor) for x, cost in profile.decode),
+                prefill=tuple((x, cost * factor) for x, cost in profile.prefill),
+                mixed_overlap_s=profile.mixed_overlap_s * factor)
+        return dataclasses.replace(self, plan=self.plan.on(slower_by(self.plan.hardware, factor)),
+                                   step_profile=profile, fast=True)
+
 
 # =============================================================================
 # Metrics: one definition for simulated and measured requests
 # =============================================================================
 
-PERCENTILES = (50, 95, 99)
+PERCENTILES = (50, 90, 95, 99)
 
 
 def nearest_rank(pct: float, count: int) -> int:
@@ -3443,6 +3705,8 @@ class RunTotals:
         if r.error is not None:
             self.errors[r.error_kind] = self.errors.get(r.error_kind, 0) + 1
             self.failed.append(r)
+            if self.itl_from_lists:  # NOTE: the gaps it streamed before failing were streamed (a server's ITL has them)
+                self.latencies_s["itl"].extend(later - earlier for earlier, later in zip(r.token_times, r.token_times[1:]))
             return
         self.num_completed += 1
         self.output_tokens += r.output_tokens
@@ -3579,12 +3843,13 @@ def rejections(requests: Sequence[Request]) -> List[dict]:
 
 
 def run_and_report(engine: Engine, requests: Iterable[Request], concurrency: Optional[int] = None,
-                   slo: Optional[Slo] = None, progress: Optional[RunProgress] = None) -> dict:
+                   slo: Optional[Slo] = None, progress: Optional[RunProgress] = None,
+                   timeout_s: Optional[float] = None) -> dict:
     """Run requests through engine (see run_engine), each request's figures gathered as it
     ends and the request then let go; what the engine saw, the summary and the rejections
     (in the order the requests ended)."""
     totals = RunTotals(slo, engine.token_log is None)
-    run_engine(engine, requests, concurrency, progress, totals.add)
+    run_engine(engine, requests, concurrency, progress, totals.add, timeout_s)
     return {"engine": engine.report(), "summary": totals.summary(engine.token_log),
             "rejected": rejections(totals.failed)}
 
@@ -3730,6 +3995,7 @@ class DisaggregatedRun:
         _, _, twin, request = heapq.heappop(self.deliveries)
         self.prefill.scheduler.release_held(twin)
         self._wake(self.decode, now_s)
+        request.received_s = now_s
         if not self.decode.scheduler.add_with_kv(request):
             self.arrivals.finished([request], now_s)  # refused: the client sends its next request
 
@@ -3852,10 +4118,11 @@ class ReplicaRun:
         self.router = router
         self.replica_of: Dict[Request, int] = {}
 
-    def run(self, requests: List[Request], concurrency: Optional[int] = None) -> None:
-        """Send requests open or closed loop (see Arrivals) until every one is done or refused."""
+    def run(self, requests: List[Request], concurrency: Optional[int] = None, timeout_s: Optional[float] = None) -> None:
+        """Send requests open or closed loop (see Arrivals) until every one is done, refused or timed out."""
         engines = self.engines
-        arrivals = Arrivals(requests, concurrency, self.arrive, engines[0].cost.request_overhead_s)
+        arrivals = Arrivals(requests, concurrency, self.arrive, engines[0].cost.request_overhead_s, None, timeout_s,
+                            self.abort)
         arrivals.start()
         while True:
             next_arrival_s = arrivals.next_arrival_s()
@@ -3882,6 +4149,11 @@ class ReplicaRun:
             engine.clock_s = max(engine.clock_s, now_s)
         self.replica_of[request] = index
         return engine.scheduler.add(request)
+
+    def abort(self, request: Request) -> None:
+        """A client gave up on request: the replica it went to drops it (none yet: nothing to do)."""
+        if request in self.replica_of:
+            self.engines[self.replica_of[request]].abort(request)
 
     def requests_of(self, requests: Sequence[Request]) -> List[List[Request]]:
         """requests split by the replica each went to."""
@@ -3926,6 +4198,7 @@ def merge_engine_reports(reports: Sequence[dict]) -> dict:
                                                 "prefix_query_tokens", "prefix_hit_tokens", "num_cut_requests")})
     merged.update(mean_batch_seqs=weighted("mean_batch_seqs", "num_steps"),
                   mean_batch_tokens=weighted("mean_batch_tokens", "num_steps"),
+                  mean_context_tokens=weighted("mean_context_tokens", "num_steps"),
                   max_batch_seqs=max(report["max_batch_seqs"] for report in reports),
                   max_waiting=max(report["max_waiting"] for report in reports),
                   kv_peak=max(report["kv_peak"] for report in reports), kv_mean=weighted("kv_mean", "busy_s"),
@@ -6729,6 +7002,7 @@ def _server_defaults(args, server: dict) -> Tuple[str, int, Optional[int], Optio
         kv_tokens = slots * server["slot_context_tokens"]  # llama.cpp --ctx-size is split across the slots
     if scheduler == "llamacpp":
         for flag, on in (("--prefix-caching", args.prefix_caching),
+                         ("--async-scheduling", getattr(args, "async_scheduling", None)),
                          ("--max-tokens-in-flight", getattr(args, "max_tokens_in_flight", None)),
                          ("--disaggregate", getattr(args, "disaggregate", False))):
             if on:
@@ -6749,9 +7023,11 @@ def build_engine_spec(args, hardware: Optional[Hardware] = None, server: Optiona
     defaults = SCHEDULER_DEFAULTS[scheduler]
     cap = getattr(args, "max_tokens_in_flight", None)
     prefix_caching = bool(server.get("prefix_caching")) if args.prefix_caching is None else args.prefix_caching
+    asynchronous = getattr(args, "async_scheduling", None)
     config = SchedulerConfig(slots, args.max_num_batched_tokens or step_tokens or defaults["max_num_batched_tokens"],
                              args.block_size, args.chunked_prefill, prefix_caching, args.max_model_len,
-                             None if isinstance(cap, list) else cap, scheduler)  # sweep: one run per cap
+                             None if isinstance(cap, list) else cap, scheduler,  # sweep: one run per cap
+                             scheduler == "vllm" if asynchronous is None else asynchronous)
     config = dataclasses.replace(config, **config_changes)
     return EngineSpec(build_plan(args, hardware, kv_tokens, config.max_num_seqs), config,
                       profile, args.ubatch_size or defaults["ubatch_tokens"], args.engine == "fast")
@@ -6777,7 +7053,8 @@ def slo_from_args(args) -> Optional[Slo]:
 
 def run_replicas(spec: EngineSpec, requests: List[Request], concurrency: Optional[int], slo: Optional[Slo],
                  num_replicas: int = 1, router: str = "round-robin", prometheus_path: Optional[str] = None,
-                 progress: Optional[RunProgress] = None, charts: Optional[dict] = None) -> dict:
+                 progress: Optional[RunProgress] = None, charts: Optional[dict] = None,
+                 timeout_s: Optional[float] = None) -> dict:
     """The report of num_replicas engines of spec behind router (one: run_engine), with
     its cost at the hardware's price for every device (replicas x tensor-parallel size);
     prometheus_path: where to write the run as vLLM's /metrics would show it; charts: a
@@ -6786,10 +7063,11 @@ def run_replicas(spec: EngineSpec, requests: List[Request], concurrency: Optiona
     for engine in engines if charts is not None else ():
         engine.timeline = []
     if num_replicas == 1:
-        report, token_log = run_and_report(engines[0], requests, concurrency, slo, progress), engines[0].token_log
+        report = run_and_report(engines[0], requests, concurrency, slo, progress, timeout_s)
+        token_log = engines[0].token_log
     else:
         run = ReplicaRun(engines, Router(router))
-        run.run(requests, concurrency)
+        run.run(requests, concurrency, timeout_s)
         report = replicas_report(run, requests, slo)
         token_log = TokenLogs([engine.token_log for engine in run.engines]) if spec.fast else None
     if charts is not None:
@@ -6811,9 +7089,11 @@ def run_simulation(args, spec: EngineSpec, concurrency: Optional[int], rate: Opt
     streamed = (getattr(args, "replicas", 1) == 1 and charts is None and not getattr(args, "csv", None)
                 and not getattr(args, "prometheus", None))
     plan, requests = spec.plan, _workload(args, rate, streamed)
+    timeout_s = getattr(args, "request_timeout", None)
     progress = RunProgress(len(requests), "requests", getattr(args, "show_progress", False))
     report = run_replicas(spec, requests, concurrency, slo_from_args(args), getattr(args, "replicas", 1),
-                          getattr(args, "router", "round-robin"), getattr(args, "prometheus", None), progress, charts)
+                          getattr(args, "router", "round-robin"), getattr(args, "prometheus", None), progress, charts,
+                          timeout_s)
     progress.close()
     if charts is not None:
         report["chart_latencies"] = charts  # NOTE: taken out again before the report is printed
@@ -6828,11 +7108,69 @@ def run_simulation(args, spec: EngineSpec, concurrency: Optional[int], rate: Opt
     settings = {"hardware": plan.hardware.name, "tensor_parallel_size": plan.tensor_parallel_size,
                 "replicas": getattr(args, "replicas", 1), "router": getattr(args, "router", None),
                 "model": plan.model.name, "arrivals": arrivals, "num_requests": len(requests),
-                "scheduler": asdict(spec.config)}
+                "scheduler": asdict(spec.config), "request_timeout_s": timeout_s}
     if arrivals["mode"] != "trace":
         settings.update(prompt_tokens=list(args.prompt_tokens), output_tokens=list(args.output_tokens),
                         seed=args.seed)
-    return dict(settings=settings, capacity=plan.to_dict(), **report)
+    report = dict(settings=settings, capacity=plan.to_dict(), **report)
+    report["step_cost"] = mean_step_cost(spec, report["engine"])
+    if getattr(args, "sensitivity", False):
+        report["sensitivity"] = sensitivity(run_figures(report["summary"]), *(
+            run_figures(run_replicas(spec.slower_by(factor), _workload(args, rate), concurrency, None,
+                                     getattr(args, "replicas", 1), getattr(args, "router", "round-robin"),
+                                     timeout_s=timeout_s)["summary"]) for factor in SENSITIVITY_STEP_FACTORS))
+    return report
+
+
+def mean_step_cost(spec: EngineSpec, engine: dict) -> Optional[dict]:
+    """step_cost_terms at a run's mean step (sequences, tokens, context), for a roofline; a
+    step profile's prices have no terms (None)."""
+    if spec.step_profile is not None:
+        return None
+    return step_cost_terms(spec.plan.hardware, spec.plan.model, round(engine["mean_batch_seqs"]),
+                           round(engine["mean_batch_tokens"]), round(engine["mean_context_tokens"]))
+
+
+SENSITIVITY_STEP_FACTORS = (0.95, 1.05)  # the step cost 5% cheaper and 5% dearer
+NEAR_SATURATION_BAND = 0.25              # a band wider than this share of the figure is said in words
+
+
+def run_figures(summary: dict) -> dict:
+    """A run's figures under compare's labels: TTFT and E2E mean and percentiles (ms), the
+    time per output token from those means ((E2E - TTFT) / (output tokens - 1), as the
+    server-side figure of an inference-perf run is computed), output tok/s, the failed share."""
+    figures = {"failed share": summary["num_failed"] / summary["num_requests"] if summary["num_requests"] else 0.0,
+               "out tok/s": summary["output_tok_per_s"]}
+    for name in ("ttft", "e2e"):
+        spread = summary.get(f"{name}_ms") or {}
+        figures[f"{name} mean"] = spread.get("mean")
+        for pct in (50, 90, 99):
+            figures[f"{name} p{pct}"] = spread.get(f"p{pct}")
+    completed = summary["num_completed"]
+    mean_output = summary["output_tokens"] / completed if completed else 0.0
+    known = figures["e2e mean"] is not None and figures["ttft mean"] is not None and mean_output > 1
+    figures["tpot mean"] = (figures["e2e mean"] - figures["ttft mean"]) / (mean_output - 1) if known else None
+    return figures
+
+
+def sensitivity(figures: dict, cheaper: dict, dearer: dict) -> dict:
+    """How far a prediction's mean TTFT and E2E (figures, see run_figures) move when every
+    step costs 5% less (cheaper: the same run's figures on spec.slower_by(0.95)) or 5% more
+    (dearer). Near saturation a few percent of step cost is a large queueing error: a band
+    wider than a quarter of the figure is said in words, so that nobody trusts it to a few
+    percent."""
+    bands = {}
+    for label in ("ttft mean", "e2e mean"):
+        low, high, value = cheaper.get(label), dearer.get(label), figures.get(label)
+        band = (high - low) / value if value and low is not None and high is not None else None
+        bands[label] = {"step_cost_minus_5pct": low, "step_cost_plus_5pct": high, "band": band}
+    wide = [(label, bands[label]["band"]) for label in bands if (bands[label]["band"] or 0) > NEAR_SATURATION_BAND]
+    note = None
+    if wide:
+        moves = " and ".join(f"{label.split()[0].upper()} by {band:.0%}" for label, band in wide)
+        note = (f"near saturation: a step cost 5% off either way moves {moves}; trust this prediction only as far "
+                f"as the step cost is known")
+    return dict(bands, note=note)
 
 
 def _phase_spec(args, phase: str) -> EngineSpec:
@@ -6868,6 +7206,244 @@ def run_disaggregated(args, kv_link_gbs: float) -> dict:
     return run_disaggregated_specs(_phase_spec(args, "prefill"), _phase_spec(args, "decode"), _workload(args, args.rate),
                                    kv_link_gbs, args.disaggregate_min_prompt_tokens, args.concurrency,
                                    slo_from_args(args))
+
+
+# =============================================================================
+# Inference-perf runs: a measured campaign's folder, rebuilt as requests
+# =============================================================================
+
+INFERENCE_PERF_CLIENT_TIMEOUT_S = 300.0  # s: inference-perf's aiohttp client gives up after this when request_timeout is unset
+INFERENCE_PERF_STAGE_GAP_S = 2.0  # s between one stage's last answer and the next stage's start (its interval, then 1 s of lead)
+INFERENCE_PERF_PERCENTILES = ((0, "min"), (0.1, "p0.1"), (1, "p1"), (5, "p5"), (10, "p10"), (25, "p25"), (50, "median"),
+                              (75, "p75"), (90, "p90"), (95, "p95"), (99, "p99"), (99.9, "p99.9"), (100, "max"))
+
+
+def inference_perf_results(path: str) -> Optional[str]:
+    """The results folder of an inference-perf run folder (the one that holds results/), or
+    of results/ itself; None when path is neither."""
+    for folder in (os.path.join(path, "results"), path):
+        if os.path.isfile(os.path.join(folder, "config.yaml")) and os.path.isfile(
+                os.path.join(folder, "stage_0_lifecycle_metrics.json")):
+            return folder
+    return None
+
+
+def _quantile_points(distribution: JsonObject) -> List[Tuple[float, float]]:
+    """(percent, value) of an inference-perf distribution's min, percentiles and max."""
+    points = [(pct, distribution.number(key)) for pct, key in INFERENCE_PERF_PERCENTILES if key in distribution.value]
+    if len(points) < 2 or points[0][0] != 0 or points[-1][0] != 100:
+        raise distribution.fail("min", "a distribution with min, percentiles and max", distribution.value)
+    return points
+
+
+def _at_quantile(points: Sequence[Tuple[float, float]], pct: float) -> float:
+    """The value at pct percent, linear between the reported percentiles."""
+    return _interpolate(points, min(max(pct, 0.0), 100.0))
+
+
+def _clipped_normal(rng: random.Random, low: float, high: float, mean: float, std: float) -> int:
+    """A draw of inference-perf's length distributions: normal, rounded, clipped to [low, high]."""
+    return int(min(max(round(rng.gauss(mean, std) if std > 0 else mean), low), high))
+
+
+def _distribution_spec(spread: JsonObject) -> Tuple[float, float, float, float]:
+    """(min, max, mean, std) of an inference-perf length distribution ({min, max, mean, std_dev})."""
+    return (spread.number("min", 1, 1), spread.number("max", 1, MAX_COUNT), spread.number("mean", 1),
+            spread.number("std_dev", 0, spread.number("std", 0, 0.0)))
+
+
+def _generator_length(generator: JsonObject, name: str) -> Optional[Tuple[float, float, float, float]]:
+    """(min, max, mean, std) of the shared-prefix generator's {name}_len, with its optional
+    _min, _max and _std; None when it names no such length."""
+    if generator.value.get(f"{name}_len") is None:
+        return None
+    return (generator.number(f"{name}_len_min", 0, 0), generator.number(f"{name}_len_max", 0, MAX_COUNT),
+            generator.number(f"{name}_len", 0), generator.number(f"{name}_len_std", 0, 0.0))
+
+
+def _stage_figures(stage: JsonObject, output_tokens: float) -> dict:
+    """What an inference-perf stage measured, under compare's labels (ms, tok/s, shares):
+    TTFT and request latency as the client timed them, the time per output token as the
+    server produced them ((mean latency - mean TTFT) / (output tokens - 1): the client's
+    own per-token figures count its re-tokenisation of the text), the failed share."""
+    successes, failures = stage.object("successes"), stage.object("failures", None) or JsonObject({}, stage.where)
+    num_ok, num_failed = successes.integer("count"), failures.integer("count", 0, 0)
+    figures = {"requests": num_ok + num_failed, "completed": num_ok,
+               "failed share": num_failed / max(1, num_ok + num_failed)}
+    if not num_ok:
+        return figures
+    latency = successes.object("latency")
+    for label, key in (("ttft", "time_to_first_token"), ("e2e", "request_latency")):
+        spread = latency.object(key)
+        figures[f"{label} mean"] = spread.number("mean", 0) * 1000
+        for pct, name in ((50, "median"), (90, "p90"), (99, "p99")):
+            figures[f"{label} p{pct}"] = spread.number(name, 0) * 1000
+    figures["tpot mean"] = ((figures["e2e mean"] - figures["ttft mean"]) / (output_tokens - 1)
+                            if output_tokens > 1 else None)
+    figures["out tok/s"] = successes.object("throughput").number("requests_per_sec", 0) * output_tokens
+    return figures
+
+
+def read_inference_perf(path: str) -> dict:
+    """An inference-perf run folder as a measured run: the workload its config.yaml ran
+    (the data generator, the stages, the load type, the client timeout) and each stage's
+    figures. UsageError naming the file and field of anything else."""
+    results = inference_perf_results(path)
+    if results is None:
+        raise UsageError(f"{path}: not an inference-perf run (no results/config.yaml with stage_0_lifecycle_metrics.json)")
+    where = os.path.join(results, "config.yaml")
+    config = JsonObject(read_yaml_file(where, where), where)
+    load, data = config.object("load"), config.object("data")
+    kind = data.string("type")
+    if kind not in ("shared_prefix", "random", "synthetic"):
+        raise UsageError(f"{where}: data.type {kind!r} is a dataset servesim cannot rebuild; expected shared_prefix, "
+                         f"random or synthetic")
+    load_type = load.string("type", "constant")
+    if load_type not in ("constant", "poisson"):
+        raise UsageError(f"{where}: load.type must be constant or poisson, got {load_type!r}")
+    stages = [(stage.number("rate", above=0), stage.number("duration", above=0)) for stage in load.objects("stages")]
+    if not stages:
+        raise UsageError(f"{where}: load.stages has no stage")
+    for rate, duration in stages:
+        if rate * duration > MAX_COUNT:
+            raise UsageError(f"{where}: a stage of {rate:g} req/s for {duration:g} s sends more than {MAX_COUNT:,} requests")
+    timeout_s = load.number("request_timeout", default=None, above=0)
+    server = config.object("server", None) or JsonObject({}, where)
+    # NOTE: a vLLM V1 server caches prefixes unless started with --no-enable-prefix-caching,
+    # which the run does not record: the prediction takes the default unless a flag says otherwise
+    served = {"kind": "vllm", "prefix_caching": True} if server.string("type", "") == "vllm" else {}
+    if kind == "shared_prefix":
+        generator = data.object("shared_prefix")
+        lengths = {"groups": generator.integer("num_groups", 1),
+                   "prompts_per_group": generator.integer("num_prompts_per_group", 1),
+                   "system": _generator_length(generator, "system_prompt"),
+                   "question": _generator_length(generator, "question"), "output": _generator_length(generator, "output")}
+        if lengths["groups"] * lengths["prompts_per_group"] > 1_000_000 or lengths["question"] is None or lengths["output"] is None:
+            raise UsageError(f"{where}: data.shared_prefix needs question_len and output_len, and at most a million prompts")
+    else:
+        lengths = {"input": _distribution_spec(data.object("input_distribution")),
+                   "output": _distribution_spec(data.object("output_distribution"))}
+    summary_where = os.path.join(results, "summary_lifecycle_metrics.json")
+    prompt_len = prompt_mean = None
+    if os.path.isfile(summary_where):
+        successes = JsonObject(read_json_file(summary_where, summary_where), summary_where).object("successes", None)
+        if successes is not None and successes.value.get("prompt_len"):
+            prompt_len = _quantile_points(successes.object("prompt_len"))
+            prompt_mean = successes.object("prompt_len").number("mean", 0)
+    output_tokens = lengths["output"][2]
+    measured = []
+    for index in range(len(stages)):
+        stage_where = os.path.join(results, f"stage_{index}_lifecycle_metrics.json")
+        if not os.path.isfile(stage_where):
+            raise UsageError(f"{stage_where}: missing; config.yaml names {len(stages)} stages")
+        measured.append(_stage_figures(JsonObject(read_json_file(stage_where, stage_where), stage_where), output_tokens))
+    name = os.path.basename(os.path.normpath(path if results != path else os.path.dirname(os.path.normpath(path))))
+    return {"source": "inference-perf", "path": path, "name": name or path, "kind": kind, "lengths": lengths,
+            "prompt_len": prompt_len, "prompt_mean": prompt_mean, "load_type": load_type, "stages": stages, "measured": measured,
+            "server_info": served, "ignore_eos": server.boolean("ignore_eos", False),
+            "timeout_s": timeout_s or INFERENCE_PERF_CLIENT_TIMEOUT_S,
+            "timeout_from": "load.request_timeout" if timeout_s else "inference-perf's client default"}
+
+
+def _shared_prefix_prompts(run: dict, rng: random.Random) -> List[Tuple[int, int, int, int]]:
+    """(group, prompt, prompt tokens, tokens shared within the group) of each prompt the
+    shared-prefix generator made, in the shuffled order requests cycle through them. With
+    the server's own prompt_len distribution, the prompts take its quantiles (the random
+    text re-tokenises a little longer than asked) and the system prompt grows alike."""
+    lengths = run["lengths"]
+    groups, per_group = lengths["groups"], lengths["prompts_per_group"]
+    system = int(lengths["system"][2]) if lengths["system"] else 0
+    nominal = [system + _clipped_normal(rng, *lengths["question"]) for _ in range(groups * per_group)]
+    scale = 1.0
+    if run["prompt_len"] is not None:
+        counted = sorted(max(1, round(_at_quantile(run["prompt_len"], 100 * (index + 0.5) / len(nominal))))
+                         for index in range(len(nominal)))
+        order = sorted(range(len(nominal)), key=nominal.__getitem__)
+        scale = sum(counted) / max(1, sum(nominal))
+        for rank, index in enumerate(order):
+            nominal[index] = counted[rank]
+    prompts = [(index // per_group, index, length, min(length - 1, round(system * scale)))
+               for index, length in enumerate(nominal)]
+    rng.shuffle(prompts)
+    return prompts
+
+
+def inference_perf_arrivals(load_type: str, rate: float, duration_s: float, rng: random.Random) -> List[float]:
+    """Send offsets of one stage as inference-perf's load timers make them: constant, int(rate
+    x duration) requests at exponential gaps rescaled to fill the stage exactly; poisson, a
+    Poisson count each second, spread over that second the same way."""
+    def spread(count: int, span_s: float, start_s: float) -> List[float]:
+        gaps = [rng.expovariate(1.0) for _ in range(count)]
+        total = sum(gaps) or 1.0
+        return [start_s + offset * span_s / total for offset in itertools.accumulate(gaps)]
+    if load_type == "constant":
+        return spread(int(rate * duration_s), duration_s, 0.0)
+    offsets, count = [], int(rate * duration_s)
+    second = 0
+    while len(offsets) < count:
+        offsets += spread(_poisson(rng, rate), 1.0, float(second))
+        second += 1
+    return offsets[:count]
+
+
+def _poisson(rng: random.Random, mean: float) -> int:
+    """A Poisson draw (Knuth's product of uniforms, in pieces of 30 so exp() never underflows)."""
+    count, left = 0, mean
+    while left > 0:
+        piece = min(left, 30.0)
+        left -= piece
+        limit, product = math.exp(-piece), rng.random()
+        while product > limit:
+            count += 1
+            product *= rng.random()
+    return count
+
+
+def inference_perf_stages(run: dict, seed: int = 0) -> List[List[Request]]:
+    """Each stage's requests, offsets from its own start: the shared-prefix generator's
+    prompts cycled through from the first in every stage (a repeated prompt is the same
+    text, so all of it may hit the prefix cache; a group's prompts share its system
+    prompt), or random prompts; output lengths as asked (with ignore_eos the server makes
+    exactly that many)."""
+    rng = random.Random(seed)
+    prompts = _shared_prefix_prompts(run, rng) if run["kind"] == "shared_prefix" else None
+    stages, next_id = [], 0
+    for rate, duration_s in run["stages"]:
+        requests = []
+        for index, arrival_s in enumerate(inference_perf_arrivals(run["load_type"], rate, duration_s, rng)):
+            output_tokens = max(1, _clipped_normal(rng, *run["lengths"]["output"]))
+            if prompts is None:
+                prompt_tokens = (round(_at_quantile(run["prompt_len"], 100 * rng.random())) if run["prompt_len"]
+                                 else _clipped_normal(rng, *run["lengths"]["input"]))
+                requests.append(Request(next_id + index, max(1, prompt_tokens), output_tokens, arrival_s))
+                continue
+            group, prompt, prompt_tokens, shared = prompts[index % len(prompts)]
+            chain = ((("group", group),) if shared > 0 else ()) + (("prompt", prompt),) * -(-(prompt_tokens - shared) // max(1, shared or prompt_tokens))
+            requests.append(Request(next_id + index, prompt_tokens, output_tokens, arrival_s, prefix_tokens=prompt_tokens,
+                                    prefix_blocks=chain, prefix_block_tokens=shared or prompt_tokens))
+        stages.append(requests)
+        next_id += len(requests)
+    return stages
+
+
+def predict_inference_perf(run: dict, spec: EngineSpec, seed: int = 0, timeout_s: Optional[float] = None) -> List[dict]:
+    """Each stage's simulated summary and engine figures: the stages one after another on
+    one engine, as inference-perf runs them (a stage starts once the last one's requests
+    are all answered; the KV cache, and so the prefix cache, carries over), the client
+    giving up after the run's timeout (timeout_s overrides it)."""
+    engine, reports = spec.engine(), []
+    for requests in inference_perf_stages(run, seed):
+        start_s = engine.clock_s + INFERENCE_PERF_STAGE_GAP_S
+        for request in requests:
+            request.arrival_s += start_s
+        engine.restart_token_log()
+        steps, seqs = engine.num_steps, engine.num_batched_seqs
+        totals = RunTotals(None, engine.token_log is None)
+        run_engine(engine, requests, None, None, totals.add, timeout_s or run["timeout_s"])
+        report = engine.report()
+        report["mean_batch_seqs"] = (engine.num_batched_seqs - seqs) / max(1, engine.num_steps - steps)
+        reports.append({"summary": totals.summary(engine.token_log), "engine": report})
+    return reports
 
 
 # =============================================================================
@@ -7003,14 +7579,38 @@ def measured_server(report: dict) -> dict:
     return info
 
 
+def recorded_sends(report: dict) -> Optional[List[Request]]:
+    """A run's completed requests sent at the offsets loadgen recorded (--json-requests),
+    with the lengths the server counted; None when the report has no such records.
+
+    NOTE: real closed-loop clients drift out of phase (one's prefill lands inside
+    another's decode steps) where simulated ones would stay in lockstep; replaying the
+    sends as they happened keeps the phases the server saw."""
+    records = report.get("requests")
+    if not isinstance(records, list) or not records:
+        return None
+    done = [r for r in records if isinstance(r, dict) and r.get("error") is None]
+    if not done or not all(_is_number(r.get("sent_s")) and isinstance(r.get("prompt_tokens"), int)
+                           and isinstance(r.get("output_tokens"), int) and 1 <= r["prompt_tokens"] <= MAX_COUNT
+                           and 1 <= r["output_tokens"] <= MAX_COUNT for r in done):
+        return None
+    start_s = min(r["sent_s"] for r in done)
+    return [Request(index, r["prompt_tokens"], r["output_tokens"], r["sent_s"] - start_s)
+            for index, r in enumerate(sorted(done, key=lambda r: r["sent_s"]))]
+
+
 def predict_loadgen_run(report: dict, spec: EngineSpec) -> dict:
     """Simulate the workload a loadgen report measured, on the spec's engine: a trace
     replay's very requests (send offsets, lengths as the server counted them, shared
-    blocks), or the closed or open loop it ran."""
+    blocks), a closed loop's requests as it sent them when it recorded them
+    (recorded_sends), or the closed or open loop it ran."""
     if report.get("replay"):
         requests = requests_from_rows(report["replay"]["requests"], "the replay report")
         return run_and_report(spec.engine(), requests)
     concurrency, rate, num_requests, prompt_tokens, output_tokens = measured_workload(report)
+    sends = recorded_sends(report) if concurrency is not None else None
+    if sends:
+        return run_and_report(spec.engine(), sends)
     settings = report["settings"]
     if rate is None:
         offsets = [0.0] * num_requests
@@ -7109,6 +7709,50 @@ def compare_rows(reports: Sequence[dict], predictions: Sequence[dict]) -> List[d
     return rows
 
 
+INFERENCE_PERF_LABELS = ("ttft mean", "ttft p50", "ttft p90", "ttft p99", "e2e mean", "e2e p50", "e2e p90", "e2e p99",
+                         "tpot mean", "out tok/s", "failed share")
+INFERENCE_PERF_SHOWN = ("ttft mean", "ttft p50", "e2e mean", "tpot mean", "out tok/s")  # the text table's figures
+
+
+def inference_perf_rows(run: dict, predictions: Sequence[dict], bands: Sequence[Optional[dict]]) -> List[dict]:
+    """One compare row per stage of an inference-perf run: its measured figures, the
+    predicted ones under the same labels and definitions, the relative error of each (the
+    failed share's in points: predicted less measured), the sensitivity band."""
+    rows = []
+    for index, ((rate, duration_s), measured, prediction, band) in enumerate(
+            zip(run["stages"], run["measured"], predictions, bands)):
+        summary = prediction["summary"]
+        predicted = dict(run_figures(summary), batch=prediction["engine"]["mean_batch_seqs"])
+        measured_figures = dict({label: measured.get(label) for label in INFERENCE_PERF_LABELS}, batch=None)
+        error = {label: relative_error(predicted[label], measured_figures[label]) for label in measured_figures}
+        error["failed share"] = predicted["failed share"] - measured_figures["failed share"]
+        completed = summary["num_completed"]
+        rows.append({"source": "inference-perf", "run": run["name"], "stage": index, "concurrency": None,
+                     "rate": rate, "duration_s": duration_s, "num_requests": measured["requests"], "num_runs": 1,
+                     "trace": None, "prompt_tokens": round(summary["prompt_tokens"] / completed) if completed else None,
+                     "output_tokens": round(summary["output_tokens"] / completed) if completed else None,
+                     "measured": measured_figures, "predicted": predicted, "error": error,
+                     "spread": {label: None for label in measured_figures}, "sensitivity": band,
+                     "request_timeout_s": run["timeout_s"], "cost_model": prediction["engine"]["cost_model"]})
+    return rows
+
+
+def predict_inference_perf_rows(run: dict, spec: EngineSpec, timeout_s: Optional[float], with_bands: bool) -> List[dict]:
+    """compare's rows for one inference-perf run: its stages predicted, and each stage's
+    sensitivity band when asked (two more predictions of the whole run)."""
+    predictions = predict_inference_perf(run, spec, 0, timeout_s)
+    bands: List[Optional[dict]] = [None] * len(predictions)
+    if with_bands:
+        cheaper, dearer = (predict_inference_perf(run, spec.slower_by(factor), 0, timeout_s)
+                           for factor in SENSITIVITY_STEP_FACTORS)
+        bands = [sensitivity(*(run_figures(stage["summary"]) for stage in stages))
+                 for stages in zip(predictions, cheaper, dearer)]
+    rows = inference_perf_rows(run, predictions, bands)
+    for row in rows:
+        row.update(model=spec.plan.model.name, devices=spec.plan.devices)
+    return rows
+
+
 def compare_totals(rows: Sequence[dict]) -> dict:
     """Per figure: the median absolute error over the rows and the median spread of the rows measured twice or more."""
     totals = {}
@@ -7124,132 +7768,281 @@ def compare_totals(rows: Sequence[dict]) -> dict:
 # Calibrate: hardware figures fitted to measured runs
 # =============================================================================
 
-def calibration_points(reports: Sequence[Tuple[str, dict]]) -> List[Tuple[int, str, float]]:
-    """What a fit matches: (report index, "tpot" or "ttft", measured ms) for the TPOT p50
-    of every report and the TTFT p50 of the lowest concurrency (a prefill, no queue).
-    UsageError when the reports cannot pin three figures down."""
-    if len(reports) < 2:
-        raise UsageError("calibrate needs at least two loadgen reports at different concurrencies "
-                         "(one memory-bound, one near the compute knee)")
-    concurrencies = []
+@dataclass(frozen=True)
+class Measured:
+    """One measured run a fit matches: a loadgen report (or a vllm bench serve result read
+    as one) or an inference-perf run (read_inference_perf), the spec that replays it, and
+    the figures to match, (label, measured ms) in the order predicted_points gives them."""
+
+    path: str
+    run: dict
+    spec: EngineSpec
+    points: Tuple[Tuple[str, float], ...]
+
+    @property
+    def is_inference_perf(self) -> bool:
+        return self.run.get("source") == "inference-perf"
+
+
+def predicted_points(measured: Measured, hardware: Hardware) -> List[float]:
+    """measured's figures as the simulator predicts them on hardware (its cache as measured's)."""
+    spec = dataclasses.replace(measured.spec, plan=measured.spec.plan.on(hardware))
+    if measured.is_inference_perf:
+        stages = [run_figures(stage["summary"]) for stage in predict_inference_perf(measured.run, spec)]
+        return [stages[int(label.split()[1])][" ".join(label.split()[2:])] or 0.0 for label, _ in measured.points]
+    run = predict_loadgen_run(measured.run, spec)
+    if run["rejected"]:
+        raise UsageError(f"{measured.path}: the simulated replay rejects its requests ({run['rejected'][0]['error']}); "
+                         f"check --kv-tokens, --max-model-len and the slots")
+    return [run["summary"][f"{label.split()[0]}_ms"]["p50"] or 0.0 for label, _ in measured.points]
+
+
+def loadgen_points(reports: Sequence[Tuple[str, dict]]) -> List[List[Tuple[str, float]]]:
+    """What a fit matches in loadgen reports: the TPOT p50 of every report and the TTFT p50
+    of the one at the lowest load (a prefill with no queue), per report. UsageError for a
+    report without a TPOT to fit."""
+    loads = []
     for path, report in reports:
         concurrency, rate, _, _, output_tokens = measured_workload(report)
-        if concurrency is None:
-            raise UsageError(f"{path}: an open-loop (--rate) run; calibrate needs closed-loop runs (--concurrency)")
         if output_tokens < 2:
             raise UsageError(f"{path}: no TPOT (requests of {output_tokens} output token); run with --max-tokens "
                              f"of at least 2 and --ignore-eos")
         if report["summary"]["tpot_ms"]["p50"] is None:
             raise UsageError(f"{path}: summary.tpot_ms.p50 is missing; calibrate fits the TPOT of every report")
-        concurrencies.append(concurrency)
-    if len(set(concurrencies)) < 2:
-        raise UsageError(f"every report ran at concurrency {concurrencies[0]}; calibrate needs two different "
-                         f"concurrencies")
-    lowest = concurrencies.index(min(concurrencies))
-    points = [(index, "tpot", report["summary"]["tpot_ms"]["p50"]) for index, (_, report) in enumerate(reports)]
-    points.append((lowest, "ttft", reports[lowest][1]["summary"]["ttft_ms"]["p50"]))
-    for index, what, measured in points:
-        if not measured or measured <= 0:
-            raise UsageError(f"{reports[index][0]}: {what} p50 is {measured!r}; nothing to fit")
+        loads.append((concurrency or 0, rate or 0.0))  # NOTE: a closed loop ranks by clients, an open one by rate
+    lowest = min(range(len(loads)), key=loads.__getitem__) if loads else None
+    points = []
+    for index, (path, report) in enumerate(reports):
+        figures = [("tpot p50", report["summary"]["tpot_ms"]["p50"])]
+        if index == lowest:
+            figures.append(("ttft p50", report["summary"]["ttft_ms"]["p50"]))
+        for label, value in figures:
+            if not value or value <= 0:
+                raise UsageError(f"{path}: {label} is {value!r}; nothing to fit")
+        points.append(figures)
     return points
 
 
-def calibrated_hardware(base: Hardware, name: str, figures: Sequence[float]) -> Hardware:
-    """base with (bandwidth GB/s, TFLOPS, overhead ms) replaced; mfu and mbu folded in (1)."""
-    # NOTE: within what a hardware file may hold; a figure the reports cannot pin down (no
-    # compute to time) runs to a bound instead of to 1e85.
-    bandwidth_gbs, tflops, overhead_ms = (min(max(value, 1e-6), 1e9) for value in figures)
-    return Hardware(name, base.memory_gib, bandwidth_gbs, tflops, 1.0, 1.0, overhead_ms, base.reserve_gib,
-                    base.interconnect_gbs)
+def inference_perf_points(run: dict) -> List[Tuple[str, float]]:
+    """What a fit matches in an inference-perf run: each stage's server-side time per
+    output token and mean TTFT, the figures its stages are judged by."""
+    return [(f"stage {index} {label}", stage[label]) for index, stage in enumerate(run["measured"])
+            for label in ("tpot mean", "ttft mean") if stage.get(label)]
 
 
-def _calibration_start(reports, points, model: ModelSpec) -> List[float]:
-    """A first guess: 1 ms of overhead, the lowest-concurrency TPOT as the weight read,
-    and the highest-concurrency TPOT as its batch of tokens computed."""
-    tpots = sorted((measured_workload(reports[index][1])[0], measured) for index, what, measured in points
-                   if what == "tpot")
-    (low_batch, low_ms), (high_batch, high_ms) = tpots[0], tpots[-1]
-    bandwidth_gbs = model.weight_bytes / max(low_ms - 1.0, 0.1) / 1e6
-    tflops = 2 * model.params * high_batch / max(high_ms - 1.0, 0.1) / 1e9
-    return [bandwidth_gbs, tflops, 1.0]
+# The figures a fit moves, each as an additive coordinate the step time is (nearly) linear
+# in: seconds per byte of memory, per FLOP and per byte over the link; the overheads in
+# their own units. (name, the Hardware it reads from, its typical size when base has none)
+FIT_TERMS = ("memory", "compute", "step_overhead_ms", "layer_overhead_us", "allreduce_latency_us", "link",
+             "request_overhead_ms")
+FIT_TYPICAL = {"step_overhead_ms": 1.0, "layer_overhead_us": 10.0, "allreduce_latency_us": 10.0,
+               "request_overhead_ms": 1.0}
+FIT_PRIOR = 0.02  # how hard a fit holds each figure at the base hardware's (see fit_hardware)
 
 
-def nelder_mead(cost: Callable[[Sequence[float]], float], start: Sequence[float], step: float = 0.5,
-                tolerance: float = 1e-10, max_evaluations: int = 2000) -> List[float]:
-    """The point near start where cost is least (the downhill simplex method)."""
-    simplex = [list(start)] + [[value + (step if i == j else 0.0) for j, value in enumerate(start)]
-                               for i in range(len(start))]
-    scores = [cost(point) for point in simplex]
-    evaluations = len(simplex)
-    while evaluations < max_evaluations:
-        order = sorted(range(len(simplex)), key=scores.__getitem__)
-        simplex, scores = [simplex[i] for i in order], [scores[i] for i in order]
-        if scores[-1] - scores[0] < tolerance:
-            break
-        centroid = [sum(values) / (len(simplex) - 1) for values in zip(*simplex[:-1])]
+def fitted_figures(measured: Sequence[Measured]) -> List[str]:
+    """The figures the runs can tell apart: the memory and FLOP rates and the step overhead
+    always; per-layer overheads where the runs hold models of different depths (else they
+    are one with the step's); the all-reduce's terms where a run is tensor parallel; the
+    request path where inference-perf runs give mean TTFTs of a loaded server."""
+    names = ["memory", "compute", "step_overhead_ms"]
+    if len({item.spec.plan.model.layers for item in measured}) > 1:
+        names.append("layer_overhead_us")
+    if any(item.spec.plan.tensor_parallel_size > 1 for item in measured):
+        names += ["allreduce_latency_us", "link"]
+    if any(item.is_inference_perf for item in measured):
+        names.append("request_overhead_ms")
+    return names
 
-        def toward(factor: float) -> List[float]:
-            return [c + factor * (w - c) for c, w in zip(centroid, simplex[-1])]
 
-        reflected = toward(-1.0)
-        reflected_score = cost(reflected)
-        evaluations += 1
-        if reflected_score < scores[0]:
-            expanded = toward(-2.0)
-            expanded_score = cost(expanded)
-            evaluations += 1
-            simplex[-1], scores[-1] = ((expanded, expanded_score) if expanded_score < reflected_score
-                                       else (reflected, reflected_score))
-        elif reflected_score < scores[-2]:
-            simplex[-1], scores[-1] = reflected, reflected_score
+def fit_coordinates(hardware: Hardware) -> Dict[str, float]:
+    """hardware's figures in a fit's coordinates (see FIT_TERMS)."""
+    link = hardware.interconnect_gbs * GB * hardware.link_efficiency
+    return {"memory": 1 / memory_rate(hardware), "compute": 1 / (hardware.tflops * 1e12 * hardware.mfu),
+            "link": 1 / link if link else 0.0,
+            **{name: getattr(hardware, name) for name in FIT_TYPICAL}}
+
+
+def hardware_with(base: Hardware, name: str, coordinates: Dict[str, float]) -> Hardware:
+    """base with a fit's coordinates: a rate becomes an efficiency of a preset with
+    datasheet peaks (mbu or mfu below 1, the peak kept), and is folded into the figure of
+    an effective preset (mfu = mbu = 1) or where the efficiency would pass 1."""
+    changes = {key: max(value, 0.0) for key, value in coordinates.items() if key in FIT_TYPICAL}
+    datasheet = base.mbu < 1 or base.mfu < 1
+    for term, peak, efficiency, unit in (("memory", "bandwidth_gbs", "mbu", GB), ("compute", "tflops", "mfu", 1e12)):
+        if term not in coordinates:
+            continue
+        rate = 1 / max(coordinates[term], 1e-30) / unit  # GB/s or TFLOPS reached
+        if datasheet and rate <= getattr(base, peak):
+            changes[efficiency] = rate / getattr(base, peak)
         else:
-            contracted = toward(0.5)
-            contracted_score = cost(contracted)
-            evaluations += 1
-            if contracted_score < scores[-1]:
-                simplex[-1], scores[-1] = contracted, contracted_score
-            else:  # shrink everything toward the best point
-                simplex = [simplex[0]] + [[b + 0.5 * (v - b) for b, v in zip(simplex[0], point)]
-                                          for point in simplex[1:]]
-                scores = [scores[0]] + [cost(point) for point in simplex[1:]]
-                evaluations += len(simplex) - 1
-    return simplex[min(range(len(simplex)), key=scores.__getitem__)]
+            changes.update({efficiency: 1.0, peak: min(max(rate, 1e-6), 1e9)})
+            if term == "compute" and base.fp8_tflops:
+                changes["fp8_tflops"] = min(max(base.fp8_tflops * rate / base.tflops, 1e-6), 1e9)
+    if "link" in coordinates and base.interconnect_gbs:
+        changes["link_efficiency"] = min(1.0, 1 / max(coordinates["link"], 1e-30) / (base.interconnect_gbs * GB))
+    return dataclasses.replace(base, name=name, **changes)
 
 
-def fit_hardware(reports: Sequence[Tuple[str, dict]], spec: EngineSpec, name: str,
-                 workers: Optional["Workers"] = None) -> Tuple[Hardware, List[dict]]:
-    """Least-squares fit of bandwidth, FLOPs and step overhead to the measured TPOT and TTFT.
+def first_guess(measured: Sequence[Measured], base: Hardware, names: Sequence[str]) -> Dict[str, float]:
+    """Coordinates to start a fit from: base's, with the step's terms solved from the
+    inference-perf runs' measured figures alone (each stage's batch by Little's law, each
+    sequence holding its prompt and half its output; a decode step memory-bound) by least
+    squares with no term below zero (a memory rate they cannot pin down stays base's), and
+    the request path as what the least loaded stage's TTFT leaves beside the steps a
+    request waits for (two and a half with async scheduling, one and a half without)."""
+    start, rows, left = fit_coordinates(base), [], []
+    terms = [name for name in names if name in ("memory", "step_overhead_ms", "layer_overhead_us",
+                                                 "allreduce_latency_us", "link")]
+    for item in (item for item in measured if item.is_inference_perf):
+        model, run = item.spec.plan.model, item.run
+        output, tp = run["lengths"]["output"][2], model.tensor_parallel_size
+        for (rate, _), stage in zip(run["stages"], run["measured"]):
+            if not stage.get("tpot mean"):
+                continue
+            batch = max(1, round(rate * (stage["e2e mean"] - stage["ttft mean"]) / 1000))
+            context = round(batch * ((run["prompt_mean"] or output) + output / 2))
+            features = {"memory": model.step_weight_bytes(batch) + kv_read_bytes(model, context, batch),
+                        "step_overhead_ms": 1e-3, "layer_overhead_us": model.layers * 1e-6,
+                        "allreduce_latency_us": 2 * model.layers * 1e-6 if tp > 1 else 0.0,
+                        "link": 2 * model.layers * batch * model.hidden_size * 2 * 2 * (tp - 1) / tp}
+            rows.append(([features[name] for name in terms], stage["tpot mean"] / 1000))
+            waited = 2.5 if item.spec.config.async_scheduling else 1.5
+            left.append(stage["ttft mean"] - waited * stage["tpot mean"])
+    if len(rows) > len(terms):
+        solved = dict(zip(terms, nonnegative_least_squares([row for row, _ in rows], [value for _, value in rows])))
+        if solved.get("memory", 1.0) * memory_rate(dataclasses.replace(base, mbu=1.0)) < 1.0:
+            solved.pop("memory", None)  # faster than the peak, or no memory at all: not pinned down
+        start.update(solved)
+    if left and "request_overhead_ms" in names:
+        start["request_overhead_ms"] = max(0.0, min(left))
+    return start
 
-    Every trial replays each report's workload in the simulator on spec's cache and
-    scheduler, so queueing, growing context and chunking are priced exactly as simulate
-    prices them; the residuals are log(predicted / measured), minimised with Nelder-Mead
-    over the logs of the figures.
-    """
-    points = calibration_points(reports)
 
-    def predictions(figures: Sequence[float]) -> List[float]:
-        trial = dataclasses.replace(spec, plan=spec.plan.on(calibrated_hardware(spec.plan.hardware, name, figures)))
-        runs = (workers.map(predict_loadgen_run, [(report, trial) for _, report in reports]) if workers
-                else [predict_loadgen_run(report, trial) for _, report in reports])
-        for (path, _), run in zip(reports, runs):
-            if run["rejected"]:
-                raise UsageError(f"{path}: the simulated replay rejects its requests ({run['rejected'][0]['error']}); "
-                                 f"check --kv-tokens, --max-model-len and the slots")
-        return [runs[index]["summary"][f"{what}_ms"]["p50"] for index, what, _ in points]
+def nonnegative_least_squares(rows: Sequence[Sequence[float]], targets: Sequence[float]) -> List[float]:
+    """x >= 0 minimising the relative errors of rows x against targets: least squares on the
+    rows scaled by their targets, a coefficient that comes out negative held at zero and
+    the rest solved again."""
+    scaled = [[value / target for value in row] for row, target in zip(rows, targets)]
+    width = len(rows[0])
+    norms = [math.sqrt(sum(row[a] ** 2 for row in scaled)) or 1.0 for a in range(width)]
+    free = list(range(width))
+    while free:
+        normal = [[sum(row[a] * row[b] for row in scaled) / (norms[a] * norms[b]) + (1e-9 if a == b else 0.0)
+                   for b in free] for a in free]
+        solution = solve_linear(normal, [sum(row[a] for row in scaled) / norms[a] for a in free])
+        if min(solution) >= 0:
+            values = {a: value / norms[a] for a, value in zip(free, solution)}
+            return [values.get(a, 0.0) for a in range(width)]
+        free = [a for a, value in zip(free, solution) if value > 0]
+    return [0.0] * width
 
-    def cost(logs: Sequence[float]) -> float:
-        predicted = predictions([math.exp(value) for value in logs])
-        return sum(math.log(p / measured) ** 2 for p, (_, _, measured) in zip(predicted, points))
 
-    start = _calibration_start(reports, points, spec.plan.model)
-    best = nelder_mead(cost, [math.log(value) for value in start])
-    hardware = calibrated_hardware(spec.plan.hardware, name, [math.exp(value) for value in best])
-    residuals = [{"report": reports[index][0], "concurrency": measured_workload(reports[index][1])[0],
-                  "figure": f"{what} p50", "measured_ms": measured, "predicted_ms": predicted,
-                  "error": (predicted - measured) / measured}
-                 for (index, what, measured), predicted in zip(points, predictions(
-                     [hardware.bandwidth_gbs, hardware.tflops, hardware.step_overhead_ms]))]
-    return hardware, residuals
+def levenberg_marquardt(residuals: Callable[[Sequence[Sequence[float]]], List[List[float]]], start: Sequence[float],
+                        lowest: Sequence[float], step: float = 0.05, max_iterations: int = 10,
+                        tolerance: float = 1e-4) -> List[float]:
+    """The point near start, no coordinate below lowest, where the sum of squared residuals
+    is least. residuals maps a list of points to their residual vectors (all in one call,
+    so a caller can run them in parallel); the Jacobian is taken by forward differences of
+    step times each coordinate (at least step). A coordinate that, moved by its own size (or
+    by 1 from 0), moves the residuals under a twentieth as far as the one that moves them
+    most (a figure the runs can hardly tell) stays at start: moving it would fit noise."""
+    point, damping, active = list(start), 1e-2, None
+    (current,) = residuals([point])
+    cost = sum(r * r for r in current)
+    for _ in range(max_iterations):
+        steps = [step * max(abs(value), 1.0) for value in point]  # a share of each coordinate's size
+        trials = [[value + (steps[i] if i == j else 0.0) for j, value in enumerate(point)] for i in range(len(point))]
+        columns = [[(a - b) / h for a, b in zip(shifted, current)] for shifted, h in zip(residuals(trials), steps)]
+        if active is None:
+            sizes = [math.sqrt(sum(x * x for x in column)) * max(abs(value), 1.0) for column, value in zip(columns, point)]
+            active = [i for i, size in enumerate(sizes) if size >= 0.05 * max(sizes)]
+        normal = [[sum(x * y for x, y in zip(columns[a], columns[b])) for b in active] for a in active]
+        gradient = [sum(x * r for x, r in zip(columns[a], current)) for a in active]
+        improvement = None
+        for _ in range(8):  # raise the damping until a step helps
+            system = [[value + (damping * max(normal[i][i], 1e-9) if i == j else 0.0) for j, value in enumerate(row)]
+                      for i, row in enumerate(normal)]
+            delta = dict(zip(active, solve_linear(system, [-g for g in gradient])))
+            candidate = [max(low, value + delta.get(i, 0.0)) for i, (value, low) in enumerate(zip(point, lowest))]
+            (trial,) = residuals([candidate])
+            trial_cost = sum(r * r for r in trial)
+            if trial_cost < cost:
+                improvement = (cost - trial_cost) / max(cost, 1e-300)
+                point, current, cost, damping = candidate, trial, trial_cost, damping / 4
+                break
+            damping *= 4
+        if improvement is None or improvement < tolerance or cost < 1e-10:
+            break  # no step helps, or the last one hardly did: a minimum
+    return point
+
+
+def solve_linear(matrix: List[List[float]], vector: List[float]) -> List[float]:
+    """x with matrix x = vector (Gaussian elimination with partial pivoting; matrix square
+    and, as a damped normal matrix is, not singular)."""
+    n = len(vector)
+    rows = [list(row) + [value] for row, value in zip(matrix, vector)]
+    for column in range(n):
+        pivot = max(range(column, n), key=lambda r: abs(rows[r][column]))
+        rows[column], rows[pivot] = rows[pivot], rows[column]
+        for r in range(column + 1, n):
+            factor = rows[r][column] / rows[column][column]
+            rows[r] = [a - factor * b for a, b in zip(rows[r], rows[column])]
+    solution = [0.0] * n
+    for r in reversed(range(n)):
+        solution[r] = (rows[r][n] - sum(rows[r][c] * solution[c] for c in range(r + 1, n))) / rows[r][r]
+    return solution
+
+
+def fit_hardware(measured: Sequence[Measured], base: Hardware, name: str,
+                 workers: Optional["Workers"] = None, progress: Optional[RunProgress] = None) -> Tuple[Hardware, List[dict]]:
+    """Least-squares fit of the figures the runs can tell apart (fitted_figures) to every
+    measured point: residuals are log(predicted / measured), minimised by Levenberg-
+    Marquardt from first_guess; every trial replays every run in the simulator, so
+    queueing, growing context, chunking and the prefix cache are priced exactly as
+    simulate prices them. Figures that move no prediction keep base's value."""
+    names = fitted_figures(measured)
+    measured_values = [value for item in measured for _, value in item.points]
+    start, known = first_guess(measured, base, names), fit_coordinates(base)
+    scale = {key: value or FIT_TYPICAL.get(key, 1.0) for key, value in known.items()}
+    datasheet = base.mbu < 1 or base.mfu < 1
+    lowest = {"memory": 1 / (base.bandwidth_gbs * GB) if datasheet else 0.0,
+              "compute": 1 / (base.tflops * 1e12) if datasheet else 0.0,
+              "link": 1 / (base.interconnect_gbs * GB) if base.interconnect_gbs else 0.0}
+    evaluations = [0]
+
+    def at(u: Sequence[float]) -> Hardware:
+        return hardware_with(base, name, {key: value * scale[key] for key, value in zip(names, u)})
+
+    def predict(trials: Sequence[Hardware]) -> List[List[float]]:
+        tasks = [(item, hardware) for hardware in trials for item in measured]
+        results = workers.map(predicted_points, tasks) if workers else [predicted_points(*task) for task in tasks]
+        evaluations[0] += len(trials)
+        if progress is not None:
+            progress.update(evaluations[0], " trial hardware")
+        return [[value for result in results[k * len(measured):(k + 1) * len(measured)] for value in result]
+                for k in range(len(trials))]
+
+    def residuals(points: Sequence[Sequence[float]]) -> List[List[float]]:
+        # NOTE: a weak pull toward base's rates (FIT_PRIOR of a residual per factor of e) holds
+        # a rate the runs can hardly time where it was; overheads have none (0 is no prior)
+        prior = [[FIT_PRIOR * math.log(max(u, 1e-9) / (known[key] / scale[key])) for key, u in zip(names, point)
+                  if key in lowest and known[key]] for point in points]
+        return [[math.log(max(p, 1e-12) / m) for p, m in zip(values, measured_values)] + pull
+                for values, pull in zip(predict([at(u) for u in points]), prior)]
+
+    best = levenberg_marquardt(residuals, [start[key] / scale[key] for key in names],
+                               [lowest.get(key, 0.0) / scale[key] for key in names])
+    hardware = at(best)
+    predictions = (workers.map(predicted_points, [(item, hardware) for item in measured]) if workers
+                   else [predicted_points(item, hardware) for item in measured])
+    table = []
+    for item, predicted in zip(measured, predictions):
+        for (label, value), prediction in zip(item.points, predicted):
+            table.append({"report": item.path, "figure": label, "measured_ms": value, "predicted_ms": prediction,
+                          "error": (prediction - value) / value,
+                          "concurrency": None if item.is_inference_perf else measured_workload(item.run)[0]})
+    return hardware, table
 
 
 # =============================================================================
@@ -7660,7 +8453,20 @@ def diagnose(evidence: Evidence, plan: Optional[CapacityPlan]) -> dict:
                    "knob": binding.knob(evidence), "effect": binding.effect,
                    "not_helpful": [evidence.render(template) for template in binding.not_helpful]}
     return {"phase": {"dominant": phase, "lines": phase_lines}, "binding": verdict, "undecided": undecided,
-            "capacity": capacity, "evidence": {name: asdict(fact) for name, fact in evidence.items()}}
+            "capacity": capacity, "step_cost": observed_step_cost(evidence, plan),
+            "evidence": {name: asdict(fact) for name, fact in evidence.items()}}
+
+
+def observed_step_cost(evidence: Evidence, plan: Optional[CapacityPlan]) -> Optional[dict]:
+    """step_cost_terms of a decode step at the batch the input shows (its mean batch, else
+    its most running), each sequence holding the mean prompt and half the mean output;
+    None without a plan or a batch."""
+    batch = next((evidence.value(name) for name in ("mean_batch", "max_running") if name in evidence), None)
+    context = (evidence.value("mean_prompt_tokens") or 0) + (evidence.value("mean_output_tokens") or 0) / 2
+    if plan is None or not batch or not 0 < batch * max(context, 1) <= MAX_COUNT:
+        return None  # a scrape's gauges may say anything: a step of more than MAX_COUNT tokens is none
+    seqs = max(1, round(batch))
+    return step_cost_terms(plan.hardware, plan.model, seqs, seqs, round(seqs * max(context, 1)))
 
 
 # =============================================================================
@@ -8139,8 +8945,11 @@ def format_capacity(plan: CapacityPlan) -> List[str]:
         lines += [
             f"{'in all':<16}weights {model.weight_bytes * n / GB:.2f} GB, kv cache {plan.kv_cache_bytes * n / GIB:.2f} GiB "
             f"on {n} devices; {kv_split}",
-            f"{'all-reduce':<16}2 x {model.layers} layers of {model.hidden_size:,}-wide activations per token over "
-            f"{hardware.interconnect_gbs:g} GB/s: {allreduce_ms:.3f} ms per token per step",
+            f"{'all-reduce':<16}2 x {model.layers} layers of {model.hidden_size:,}-wide activations, each "
+            f"{hardware.allreduce_latency_us:g} us plus its bytes over {hardware.interconnect_gbs:g} GB/s x "
+            f"{hardware.link_efficiency:g}: {allreduce_ms:.3f} ms a step at batch 1, "
+            f"{(allreduce_seconds(hardware, model, 101) - allreduce_seconds(hardware, model, 1)) * 10:.3f} ms more per "
+            f"token",
         ]
     return lines
 
@@ -8188,11 +8997,13 @@ def format_summary(summary: dict, chunk_gaps: bool = False) -> List[str]:
 
 
 def _format_rejected(rejected: List[dict]) -> List[str]:
+    """A line per kind of failure: requests refused (they could never run), or given up on
+    by their clients (timeout: the server aborted them)."""
     by_kind: Dict[str, List[dict]] = {}
     for entry in rejected:
         by_kind.setdefault(entry["kind"], []).append(entry)
-    return [f"rejected {len(entries):,} requests ({kind}), e.g. request {entries[0]['request_id']}: "
-            f"{entries[0]['error']}" for kind, entries in by_kind.items()]
+    return [f"{'timed out' if kind == 'timeout' else 'rejected'} {len(entries):,} requests ({kind}), e.g. request "
+            f"{entries[0]['request_id']}: {entries[0]['error']}" for kind, entries in by_kind.items()]
 
 
 def format_replicas(replicas: dict) -> List[str]:
@@ -8231,7 +9042,29 @@ def format_simulation(report: dict) -> List[str]:
     lines += _format_rejected(report["rejected"])
     if "replicas" in report:
         lines += format_replicas(report["replicas"])
+    lines += [step_cost_line(report["step_cost"])] if report.get("step_cost") else []
+    lines += sensitivity_lines(report["sensitivity"]) if report.get("sensitivity") else []
     return lines + [engine["cost_model"]["text"]]
+
+
+def step_cost_line(terms: dict, what: str = "mean step") -> str:
+    """A step, term by term: what bounds it and what it adds up to (see step_cost_terms)."""
+    fixed = terms["step_overhead_ms"] + terms["layer_overhead_ms"] + terms["seq_overhead_ms"]
+    line = (f"{what} {terms['step_ms']:.2f} ms at {terms['num_seqs']} seqs, {terms['num_tokens']:,} tokens: "
+            f"{fixed:.2f} fixed + max(weights {terms['weights_ms']:.2f} + kv {terms['kv_reads_ms']:.2f}, "
+            f"compute {terms['compute_ms']:.2f})")
+    if terms["collectives_ms"]:
+        line += f" + all-reduce {terms['collectives_ms']:.2f}"
+    line += f", {terms['bound']}-bound"
+    return line + (f"; {terms['request_path_ms']:g} ms per request outside the engine" if terms["request_path_ms"] else "")
+
+
+def sensitivity_lines(bands: dict) -> List[str]:
+    """How far TTFT and E2E move with the step cost 5% off, and the warning near saturation."""
+    parts = [f"{label.split()[0]} mean {_figure(band['step_cost_minus_5pct'], '{:.1f}')} to "
+             f"{_figure(band['step_cost_plus_5pct'], '{:.1f}')} ms"
+             for label, band in bands.items() if label != "note"]
+    return [f"step cost -5% / +5%: " + ", ".join(parts)] + ([bands["note"]] if bands["note"] else [])
 
 
 def format_disaggregated(settings: dict, report: dict) -> List[str]:
@@ -8476,18 +9309,70 @@ def format_compare(spec: EngineSpec, reports: Sequence[dict], rows: Sequence[dic
     return lines + list(dict.fromkeys(row["cost_model"]["text"] for row in rows))
 
 
-def format_calibration(hardware: Hardware, model: ModelSpec, num_reports: int, residuals: Sequence[dict],
-                       out: Optional[str]) -> List[str]:
+def format_inference_perf_compare(spec: EngineSpec, runs: Sequence[dict], rows: Sequence[dict],
+                                  hardware_named: bool = True) -> List[str]:
+    """inference-perf stages measured beside predicted: a row per stage, the mean absolute
+    error of each figure over them, and what the sensitivity bands say."""
+    plan = spec.plan
+    served = sorted({(row["model"], row["devices"]) for row in rows})
+    what = (f"{plan.model.name} on {plan.devices} ({scheduler_text(spec)})" if len(served) == 1 and
+            served[0] == (plan.model.name, plan.devices) else
+            ", ".join(f"{model} on {devices}" for model, devices in served))
+    lines = [f"compare {what} with inference-perf {', '.join(run['name'] for run in runs)}; times in ms, tpot the "
+             f"server's (latency less TTFT over the output tokens after the first)"]
+    if not hardware_named:
+        lines.append(f"no --hardware given: the default {plan.hardware.name}'s roofline stands in for the server's")
+    header = ["run", "stage", "rate", "requests"]
+    for label in INFERENCE_PERF_SHOWN:
+        header += [label, "pred", "err"]
+    header += ["failed", "pred"]
+    table = []
+    for row in rows:
+        cells = [row["run"], str(row["stage"]), f"{row['rate']:g}", f"{row['num_requests']:,}"]
+        for label in INFERENCE_PERF_SHOWN:
+            cells += [_figure(row["measured"][label], "{:.1f}"), _figure(row["predicted"][label], "{:.1f}"),
+                      _figure(row["error"][label], "{:+.1%}")]
+        cells += [f"{row['measured']['failed share']:.1%}", f"{row['predicted']['failed share']:.1%}"]
+        table.append(cells)
+    lines += format_table(header, table, label_column=True)
+    errors = {label: [abs(row["error"][label]) for row in rows if row["error"][label] is not None]
+              for label in INFERENCE_PERF_SHOWN}
+    lines.append(f"mean |error| over {len(rows)} stages: " + ", ".join(
+        f"{label} {sum(values) / len(values):.1%}" for label, values in errors.items() if values)
+                 + f"; failed share within {max(abs(row['error']['failed share']) for row in rows) * 100:.1f} points")
+    timeouts = sorted({row["request_timeout_s"] for row in rows})
+    lines.append(f"clients give up after {', '.join(f'{value:g}' for value in timeouts)} s "
+                 f"({'--request-timeout' if any(run['timeout_from'] == '--request-timeout' for run in runs) else runs[0]['timeout_from']})")
+    lines += [f"{row['run']} stage {row['stage']}: {row['sensitivity']['note']}" for row in rows
+              if row["sensitivity"] and row["sensitivity"]["note"]]
+    return lines + list(dict.fromkeys(row["cost_model"]["text"] for row in rows))
+
+
+def hardware_preset_line(hardware: Hardware) -> str:
+    """hardware as a preset line to paste into HARDWARE: its figures, the optional ones only where set."""
+    fields = [f"{spec.name}={getattr(hardware, spec.name):.4g}" for spec in dataclasses.fields(Hardware)
+              if spec.name != "name" and (spec.default is dataclasses.MISSING or getattr(hardware, spec.name) != spec.default)]
+    return f'Hardware("{hardware.name}", {", ".join(fields)})'
+
+
+def format_calibration(hardware: Hardware, base: Hardware, figures: Sequence[str], models: Sequence[str],
+                       num_runs: int, residuals: Sequence[dict], out: Optional[str]) -> List[str]:
     """The fitted figures, a preset line to paste, and how far each fitted point is off."""
-    lines = [f"calibrated {hardware.name} for {model.name} from {num_reports} reports: "
-             f"{hardware.bandwidth_gbs:.3g} GB/s, {hardware.tflops:.3g} TFLOPS, "
-             f"{hardware.step_overhead_ms:.3g} ms per step (mfu = mbu = 1)",
-             f'Hardware("{hardware.name}", memory_gib={hardware.memory_gib:g}, bandwidth_gbs={hardware.bandwidth_gbs:.4g}, '
-             f'tflops={hardware.tflops:.4g}, mfu=1.0, mbu=1.0, step_overhead_ms={hardware.step_overhead_ms:.4g}, '
-             f'reserve_gib={hardware.reserve_gib:g})']
-    rows = [[str(r["concurrency"]), r["figure"], f"{r['measured_ms']:.1f}", f"{r['predicted_ms']:.1f}",
-             f"{r['error']:+.1%}"] for r in residuals]
-    lines += format_table(("concurrency", "figure", "measured ms", "fitted ms", "error"), rows)
+    shown = {"memory": f"memory {hardware.bandwidth_gbs * hardware.mbu:.4g} GB/s (mbu {hardware.mbu:.3g})",
+             "compute": f"compute {hardware.tflops * hardware.mfu:.4g} TFLOPS (mfu {hardware.mfu:.3g})",
+             "step_overhead_ms": f"{hardware.step_overhead_ms:.3g} ms per step",
+             "layer_overhead_us": f"{hardware.layer_overhead_us:.3g} us per layer",
+             "allreduce_latency_us": f"{hardware.allreduce_latency_us:.3g} us per all-reduce",
+             "link": f"link {hardware.interconnect_gbs * hardware.link_efficiency:.4g} GB/s "
+                     f"(efficiency {hardware.link_efficiency:.3g})",
+             "request_overhead_ms": f"{hardware.request_overhead_ms:.3g} ms per request"}
+    lines = [f"calibrated {hardware.name} for {', '.join(models)} from {num_runs} runs: "
+             + ", ".join(shown[figure] for figure in figures) + f"; the rest as {base.name}",
+             hardware_preset_line(hardware)]
+    rows = [[os.path.basename(os.path.normpath(r["report"])),
+             "" if r["concurrency"] is None else f"concurrency {r['concurrency']}",
+             r["figure"], f"{r['measured_ms']:.1f}", f"{r['predicted_ms']:.1f}", f"{r['error']:+.1%}"] for r in residuals]
+    lines += format_table(("run", "load", "figure", "measured ms", "fitted ms", "error"), rows, label_column=True)
     if out:
         lines.append(f"wrote {out}; use it with --hardware-file {out}")
     return lines
@@ -8641,6 +9526,8 @@ def format_explain(result: dict, plan: Optional[CapacityPlan]) -> List[str]:
         lines.append("   expected: " + binding["effect"])
     lines.append("5. will not help:")
     lines += ["   - " + line for line in binding["not_helpful"]]
+    if result.get("step_cost"):
+        lines.append(step_cost_line(result["step_cost"], "6. why: a decode step"))
     return lines
 
 
@@ -8889,7 +9776,7 @@ def compare_charts(rows: Sequence[dict]) -> List[str]:
     charts = []
     for label, _ in COMPARED:
         shown = [(x, row) for x, row in zip(xs, rows)
-                 if row["measured"][label] is not None and row["predicted"][label] is not None]
+                 if row["measured"].get(label) is not None and row["predicted"].get(label) is not None]
         noise = tuple(f"noise {row['spread'][label]:.0%}" if row["spread"].get(label) is not None else ""
                       for _, row in shown)
         error = tuple(f"{row['error'][label]:+.0%}" if row["error"][label] is not None else "" for _, row in shown)
@@ -9247,42 +10134,102 @@ def _served_model(args, server: dict) -> None:
         args.model = name
 
 
+def campaign_flags(path: str) -> dict:
+    """The server flags an inference-perf run's exp-config.yaml records beside results/
+    (model, tensor_parallelism, max_model_len, max_num_batched_tokens, max_num_seqs), as
+    servesim's flag names; {} without one."""
+    where = os.path.join(path, "exp-config.yaml")
+    if not os.path.isfile(where):
+        return {}
+    config = JsonObject(read_yaml_file(where, where), where)
+    flags = {"model": config.string("model", None), "tensor_parallel_size": config.integer("tensor_parallelism", 1, None)}
+    for name in ("max_model_len", "max_num_batched_tokens", "max_num_seqs"):
+        flags[name] = config.integer(name, 1, None)
+    return {name: value for name, value in flags.items() if value is not None}
+
+
+def _run_spec(args, path: str, run: dict) -> EngineSpec:
+    """The engine that replays one inference-perf run: the command line's flags, or with
+    --model-dir the model and server flags its exp-config.yaml records (each model's
+    config.json found as MODEL_DIR/<the name after the last slash>/config.json), the
+    command line's scheduler flags first."""
+    flags = campaign_flags(path) if args.model_dir else {}
+    if args.model_dir and "model" not in flags:
+        raise UsageError(f"{path}: no exp-config.yaml naming the model; --model-dir needs one per run")
+    changes = {name: flags[name] for name in ("max_model_len", "max_num_batched_tokens", "max_num_seqs")
+               if name in flags and getattr(args, name) is None}
+    if args.model_dir:
+        model_file = os.path.join(args.model_dir, flags["model"].rstrip("/").split("/")[-1], "config.json")
+        if not os.path.isfile(model_file):
+            raise UsageError(f"--model-dir {args.model_dir}: no {model_file} for {path}'s model {flags['model']!r}")
+        changes.update(model_file=model_file, model=None, tensor_parallel_size=flags.get("tensor_parallel_size", 1))
+    return build_engine_spec(argparse.Namespace(**dict(vars(args), **changes)), server=run["server_info"])
+
+
 def cmd_compare(args) -> int:
-    reports = [read_loadgen_report(path) for path in args.reports]
-    server = measured_server(reports[0])
+    runs = [read_inference_perf(path) for path in args.reports if inference_perf_results(path)]
+    reports = [read_loadgen_report(path) for path in args.reports if not inference_perf_results(path)]
+    server = measured_server(reports[0]) if reports else runs[0]["server_info"]
     _served_model(args, server)
     spec = build_engine_spec(args, server=server)
     predictions = [predict_loadgen_run(report, spec) for report in reports]
     devices = spec.plan.tensor_parallel_size
     for run in reports + predictions:  # both at the price of the device predicted
         add_cost(run["summary"], spec.plan.hardware.price_per_hour * devices, devices)
-    rows = compare_rows(reports, predictions)
+    rows = compare_rows(reports, predictions) if reports else []
+    if args.sensitivity:
+        for row, (report, prediction) in zip(rows, zip(reports, predictions)):
+            row["sensitivity"] = sensitivity(run_figures(prediction["summary"]), *(
+                run_figures(predict_loadgen_run(report, spec.slower_by(factor))["summary"])
+                for factor in SENSITIVITY_STEP_FACTORS))
+    run_rows = [row for path, run in zip([p for p in args.reports if inference_perf_results(p)], runs)
+                for row in predict_inference_perf_rows(run, _run_spec(args, path, run), args.request_timeout,
+                                                       args.sensitivity)]
     named = args.hardware is not None or args.hardware_file is not None
+    lines = format_compare(spec, reports, rows, named) if rows else []
+    lines += format_inference_perf_compare(spec, runs, run_rows, named) if run_rows else []
     if args.html or args.svg:
-        _write_charts(args, f"servesim compare: {spec.plan.model.name} on {spec.plan.devices}",
-                      format_compare(spec, reports, rows, named), compare_charts(rows))
+        _write_charts(args, f"servesim compare: {spec.plan.model.name} on {spec.plan.devices}", lines,
+                      compare_charts(rows + run_rows))
     if args.json:
         _print_json({"hardware": spec.plan.hardware.name, "model": spec.plan.model.name,
-                     "capacity": spec.plan.to_dict(), "scheduler": asdict(spec.config), "rows": rows})
+                     "capacity": spec.plan.to_dict(), "scheduler": asdict(spec.config), "rows": rows + run_rows})
     else:
-        _print_lines(format_compare(spec, reports, rows, named))
+        _print_lines(lines)
     return 0
 
 
 def cmd_calibrate(args) -> int:
-    reports = [(path, read_loadgen_report(path)) for path in args.reports]
-    server = measured_server(reports[0][1])
+    runs = [(path, read_inference_perf(path)) for path in args.reports if inference_perf_results(path)]
+    reports = [(path, read_loadgen_report(path)) for path in args.reports if not inference_perf_results(path)]
+    loads = {measured_workload(report)[:2] for _, report in reports}
+    if not runs and len(reports) < 2:
+        raise UsageError("calibrate needs at least two loadgen reports at different concurrencies (one "
+                         "memory-bound, one near the compute knee), or an inference-perf run folder")
+    if not runs and len(loads) < 2:
+        concurrency, rate = loads.pop()
+        raise UsageError(f"every report ran at {f'concurrency {concurrency}' if concurrency else f'rate {rate:g}'}; "
+                         f"calibrate needs two different concurrencies (or rates)")
+    server = measured_server(reports[0][1]) if reports else runs[0][1]["server_info"]
     _served_model(args, server)
     spec = build_engine_spec(args, server=server)
-    name = args.name or f"{spec.plan.hardware.name}-calibrated"
+    measured = [Measured(path, report, spec, tuple(points))
+                for (path, report), points in zip(reports, loadgen_points(reports))]
+    measured += [Measured(path, run, _run_spec(args, path, run), tuple(inference_perf_points(run))) for path, run in runs]
+    base, name = spec.plan.hardware, args.name or f"{spec.plan.hardware.name}-calibrated"
+    progress = RunProgress(0, "trials", _shows_progress(args))
     with Workers(args.jobs) as workers:
-        hardware, residuals = fit_hardware(reports, spec, name, workers)
+        hardware, residuals = fit_hardware(measured, base, name, workers, progress)
+    progress.close()
+    models = list(dict.fromkeys(item.spec.plan.model.name for item in measured))
     if args.out:
         write_json_file(args.out, asdict(hardware), "--out")
     if args.json:
-        _print_json({"hardware": asdict(hardware), "model": spec.plan.model.name, "residuals": residuals})
+        _print_json({"hardware": asdict(hardware), "fitted": fitted_figures(measured), "models": models,
+                     "residuals": residuals})
     else:
-        _print_lines(format_calibration(hardware, spec.plan.model, len(reports), residuals, args.out))
+        _print_lines(format_calibration(hardware, base, fitted_figures(measured), models, len(measured), residuals,
+                                        args.out))
     return 0
 
 
@@ -9664,6 +10611,10 @@ def _add_scheduler_flags(parser: argparse.ArgumentParser, of_server: bool = Fals
     parser.add_argument("--prefix-caching", "--enable-prefix-caching", action=argparse.BooleanOptionalAction,
                         help="reuse full KV blocks of prompts that share a prefix (default: what the measured "
                              "server said, else off)")
+    parser.add_argument("--async-scheduling", action=argparse.BooleanOptionalAction,
+                        help="schedule each step while the one before runs, as vLLM does by default since v0.12: "
+                             "a request that arrives during a step waits for the step after the next (default: "
+                             "on with --scheduler vllm; llama.cpp has no such mode)")
 
 
 def _add_replica_flags(parser: argparse.ArgumentParser) -> None:
@@ -9770,7 +10721,19 @@ def _simulate_flags(parser: argparse.ArgumentParser) -> None:
     _add_csv_flag(parser)
     parser.add_argument("--prometheus", metavar="FILE",
                         help="write the run as vLLM's /metrics would show it (explain reads it as a scrape)")
+    _add_timeout_flags(parser)
     _add_disaggregation_flags(parser)
+
+
+def _add_timeout_flags(parser: argparse.ArgumentParser, of_compare: bool = False) -> None:
+    """A client's patience, and whether to run the sensitivity band."""
+    parser.add_argument("--request-timeout", type=positive_float, metavar="S",
+                        help="a client gives up on a request S seconds after sending it; the server aborts it "
+                             "(its blocks freed at once) and it counts as failed (default: "
+                             + ("the run's own, 300 s for inference-perf" if of_compare else "never") + ")")
+    parser.add_argument("--sensitivity", action=argparse.BooleanOptionalAction, default=True,
+                        help="also run the prediction with every step 5%% cheaper and 5%% dearer and report how "
+                             "far TTFT and E2E move (default on)")
 
 
 def _add_jobs_flag(parser: argparse.ArgumentParser) -> None:
@@ -9870,15 +10833,28 @@ def _explain_flags(parser: argparse.ArgumentParser) -> None:
 def _compare_flags(parser: argparse.ArgumentParser) -> None:
     _add_chart_flags(parser)
     _add_planning_flags(parser, workload=False)
+    _add_timeout_flags(parser, of_compare=True)
     parser.add_argument("reports", nargs="+", metavar="REPORT",
-                        help="loadgen --json report files (or vllm bench serve --save-result files)")
+                        help="loadgen --json report files, vllm bench serve --save-result files, or inference-perf "
+                             "run folders (the folder holding results/, or results/ itself)")
+    _add_model_dir_flag(parser)
+
+
+def _add_model_dir_flag(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--model-dir", metavar="DIR",
+                        help="take each inference-perf run's model and server flags from the exp-config.yaml beside "
+                             "its results/ (a campaign's record), the model's config.json from DIR/<model name>/"
+                             "config.json: runs of several models at once")
 
 
 def _calibrate_flags(parser: argparse.ArgumentParser) -> None:
     _add_planning_flags(parser, workload=False)
     _add_jobs_flag(parser)
+    _add_quiet_flag(parser)
     parser.add_argument("reports", nargs="+", metavar="REPORT",
-                        help="loadgen --json reports (or vllm bench serve results), 2 or more")
+                        help="loadgen --json reports or vllm bench serve results (2 or more), or inference-perf "
+                             "run folders")
+    _add_model_dir_flag(parser)
     parser.add_argument("--name", help="name of the calibrated hardware (default: HARDWARE-calibrated)")
     parser.add_argument("--out", help="write the calibrated hardware as JSON, for --hardware-file")
 

@@ -109,7 +109,7 @@ for point in 1 2 3 4 8 4; do
     [ -e "$out/$name.json" ] && name="c$point-again"
     say "loadgen --concurrency $point --requests $requests --max-tokens 64 --ignore-eos"
     run python3 "$here/code/main.py" loadgen --url "$url" --concurrency "$point" --requests "$requests" \
-        --max-tokens 64 --ignore-eos --quiet --json > "$out/$name.json"
+        --max-tokens 64 --ignore-eos --quiet --json-requests > "$out/$name.json"
     reports+=("$out/$name.json")
 done
 

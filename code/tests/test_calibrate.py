@@ -51,7 +51,7 @@ class CalibrateTest(ScratchTest):
         report = json.loads(out)
         self.assert_recovered(report["hardware"])
         self.assertEqual([(r["concurrency"], r["figure"]) for r in report["residuals"]],
-                         [(1, "tpot p50"), (8, "tpot p50"), (1, "ttft p50")])
+                         [(1, "tpot p50"), (1, "ttft p50"), (8, "tpot p50")])
         self.assertTrue(all(abs(r["error"]) < 0.01 for r in report["residuals"]))
 
     def test_more_reports_are_a_least_squares_fit(self):
@@ -130,13 +130,14 @@ class CalibrateTest(ScratchTest):
         self.assertEqual((code, err), (2, f"servesim: error: {path}: summary.tpot_ms.p50 is missing; calibrate fits "
                                           f"the TPOT of every report\n"))
 
-    def test_an_open_loop_report_exits_2(self):
+    def test_an_open_loop_report_is_fitted_on_its_own_schedule(self):
         report = simulated_report(1)
         report["settings"].update(mode="open", rate=2.0)
-        code, _, err = run_cli("calibrate", self.write("open.json", report), self.write("c8.json", simulated_report(8)),
-                               *FLAGS)
-        self.assertEqual(code, 2)
-        self.assertIn("an open-loop (--rate) run", err)
+        code, out, err = run_cli("calibrate", self.write("open.json", report), self.write("c8.json", simulated_report(8)),
+                                 *FLAGS, "--json")
+        self.assertEqual((code, err), (0, ""))
+        self.assertEqual([(r["concurrency"], r["figure"]) for r in json.loads(out)["residuals"]],
+                         [(None, "tpot p50"), (None, "ttft p50"), (8, "tpot p50")])
 
     def test_a_file_that_is_not_a_report_exits_2(self):
         path = self.write("other.json", {"hello": 1})

@@ -88,6 +88,21 @@ class RequestCsvTest(ScratchTest):
         ttft_ms = sorted((float(row[3]) - float(row[2])) * 1000 for row in rows[1:])
         self.assertAlmostEqual(sum(ttft_ms) / len(ttft_ms), report["summary"]["ttft_ms"]["mean"], places=6)
 
+    def test_the_published_columns_keep_their_names_and_places_new_ones_go_after(self):
+        # NOTE: dashboards and notebooks read these by name and by place; a rename breaks them
+        self.assertEqual(main.REQUEST_CSV_HEADER[:10], (
+            "request_id", "arrival_s", "sent_s", "first_token_s", "last_token_s", "prompt_tokens", "cached_tokens",
+            "output_tokens", "preemptions", "error_kind"))
+
+    def test_a_request_its_client_gave_up_on_says_so_in_its_row(self):
+        path = os.path.join(self.directory, "requests.csv")
+        code, _, err = run_cli("simulate", "--rate", "30", "--requests", "200", "--prompt-tokens", "1000",
+                               "--output-tokens", "20", "--request-timeout", "2", "--no-sensitivity", "--csv", path)
+        self.assertEqual((code, err), (0, ""))
+        kinds = [row[9] for row in self.read(path)[1:]]
+        self.assertGreater(kinds.count("timeout"), 0)
+        self.assertEqual(set(kinds), {"", "timeout"})
+
     def test_loadgen_writes_the_measured_requests(self):
         path = os.path.join(self.directory, "measured.csv")
         with FakeServer(chat=counting_chat(), tokenizer=word_tokens) as server:

@@ -43,6 +43,8 @@ def loaded_workload(rng, seed):
                  else ["--concurrency", str(rng.randint(16, 128))])
     if rng.random() < 0.2:
         argv += ["--replicas", "2"]
+    if rng.random() < 0.2:
+        argv += ["--request-timeout", rng.choice(("1", "5"))]
     return argv
 
 
@@ -88,6 +90,10 @@ def workload(seed):
         argv += ["--tensor-parallel-size", "2"]
     if "--disaggregate" not in argv and rng.random() < 0.2:
         argv += ["--replicas", rng.choice(("2", "3")), "--router", rng.choice(main.ROUTERS)]
+    if rng.random() < 0.3:
+        argv.append("--no-async-scheduling")
+    if "--disaggregate" not in argv and rng.random() < 0.2:  # clients that give up mid-run
+        argv += ["--request-timeout", rng.choice(("0.5", "3"))]
     return argv
 
 
@@ -106,7 +112,8 @@ def differences(reference, fast, path=""):
 
 
 def report(argv, engine):
-    code, out, err = run_cli(*argv, "--engine", engine, "--json")
+    # NOTE: a sensitivity band's runs are the fast engine's in both, so they are left out here
+    code, out, err = run_cli(*argv, "--engine", engine, "--json", "--no-sensitivity")
     return code, (json.loads(out) if code == 0 else err)
 
 
@@ -133,7 +140,7 @@ class FastEngineTest(unittest.TestCase):
         argvs = [" ".join(workload(seed)) for seed in range(NUM_WORKLOADS)]
         for mode in ("--prefix-caching", "--no-chunked-prefill", "--max-tokens-in-flight", "--disaggregate",
                      "--tensor-parallel-size", "--trace", "--rate", "--concurrency", "--step-profile", "--kv-tokens 512",
-                     "--replicas", "prefix-affinity"):
+                     "--replicas", "prefix-affinity", "--request-timeout", "--no-async-scheduling"):
             self.assertGreaterEqual(sum(mode in argv for argv in argvs), 10, mode)
         self.assertEqual(sum(int(argv.split()[2]) >= 30 for argv in argvs), 30)  # the loaded ones
 

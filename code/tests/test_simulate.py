@@ -27,9 +27,11 @@ class SweepShapeTest(unittest.TestCase):
         cls.cpu = by_concurrency(run_json(*CPU_SWEEP))
 
     def test_h100_single_client_decodes_at_the_weight_read_rate(self):
+        # the lesson's plain roofline gave 7.4 ms; the H100 fitted to real vLLM runs reads the
+        # weights at 0.818 of the peak and pays 32 layers' floor: 16.06 GB / 2.74 TB/s + 0.98 ms
         run = self.h100[1]["summary"]
-        self.assertAlmostEqual(run["tpot_ms"]["p50"], 7.4, delta=0.3)
-        self.assertAlmostEqual(run["output_tok_per_s"], 133, delta=13.3)
+        self.assertAlmostEqual(run["tpot_ms"]["p50"], 6.9, delta=0.3)
+        self.assertAlmostEqual(run["output_tok_per_s"], 140, delta=14)
 
     def test_h100_eight_clients_buy_six_times_the_throughput_for_a_millisecond_of_tpot(self):
         one, eight = self.h100[1]["summary"], self.h100[8]["summary"]
@@ -164,11 +166,12 @@ class SimulateTest(unittest.TestCase):
 
     def test_json_report_carries_settings_capacity_engine_and_summary(self):
         report = run_json("simulate", "--concurrency", "4", "--requests", "8")
-        self.assertEqual(set(report), {"settings", "capacity", "engine", "summary", "rejected"})
+        self.assertEqual(set(report), {"settings", "capacity", "engine", "summary", "rejected", "step_cost",
+                                       "sensitivity"})
         self.assertEqual(report["settings"]["arrivals"], {"mode": "closed", "concurrency": 4})
         self.assertEqual(report["settings"]["scheduler"]["max_num_seqs"], 256)
         for name in ("ttft_ms", "tpot_ms", "itl_ms", "queue_ms", "e2e_ms"):
-            self.assertEqual(set(report["summary"][name]), {"count", "mean", "p50", "p95", "p99", "max"})
+            self.assertEqual(set(report["summary"][name]), {"count", "mean", "p50", "p90", "p95", "p99", "max"})
 
 
 class FixtureTest(unittest.TestCase):

@@ -1,0 +1,237 @@
+"""inference-perf run folders as the measured side: the workload rebuilt from config.yaml,
+compared stage by stage, and the hardware figures fitted back from runs servesim made itself.
+
+Each folder here is written the way inference-perf writes one (results/config.yaml in
+PyYAML's block style, a lifecycle metrics file per stage, the summary with the server's
+prompt_len) beside the exp-config.yaml of the campaign that ran it, from a simulation on
+known hardware, so that a prediction on that hardware must reproduce it.
+"""
+
+import dataclasses
+import json
+import os
+import random
+import unittest
+
+from support import ScratchTest, main, run_cli, run_json
+
+KNOWN = dataclasses.replace(main.HARDWARE["h100-sxm-80gb"], name="known", mbu=0.8, mfu=0.6, step_overhead_ms=0.3,
+                            layer_overhead_us=30.0, allreduce_latency_us=15.0, link_efficiency=0.3,
+                            request_overhead_ms=4.0)
+BASE = dataclasses.replace(main.HARDWARE["h100-sxm-80gb"], mbu=0.75, mfu=0.6, step_overhead_ms=1.0,
+                           layer_overhead_us=0.0, allreduce_latency_us=0.0, link_efficiency=1.0,
+                           request_overhead_ms=0.0)
+SMALL = {"architectures": ["LlamaForCausalLM"], "hidden_size": 2048, "intermediate_size": 5632, "num_hidden_layers": 16,
+         "num_attention_heads": 16, "num_key_value_heads": 4, "vocab_size": 32000, "torch_dtype": "bfloat16"}
+DEEP = dict(SMALL, hidden_size=4096, intermediate_size=11008, num_hidden_layers=40, num_key_value_heads=8)
+MHA = dict(DEEP, num_hidden_layers=24, num_attention_heads=32, num_key_value_heads=32)  # the batch shows in its KV
+
+CONFIG = """api:
+  type: completion
+  streaming: true
+data:
+  type: shared_prefix
+  path: null
+  shared_prefix:
+    num_groups: 4
+    num_prompts_per_group: 5
+    system_prompt_len: 100
+    question_len: 300
+    output_len: {output}
+load:
+  type: {load_type}
+  interval: 1.0
+  stages:
+{stages}
+  request_timeout: {timeout}
+server:
+  type: vllm
+  model_name: org/{model}
+  ignore_eos: true
+"""
+
+
+def stage_metrics(figures, summary):
+    """A stage's lifecycle metrics file as inference-perf writes it (seconds), from a simulated summary."""
+    def spread(name):
+        stats = summary[f"{name}_ms"]
+        return {"mean": stats["mean"] / 1000, "median": stats["p50"] / 1000, "p90": stats["p90"] / 1000,
+                "p99": stats["p99"] / 1000}
+    return {"load_summary": {"count": summary["num_requests"], "requested_rate": figures["rate"]},
+            "successes": {"count": summary["num_completed"],
+                          "latency": {"time_to_first_token": spread("ttft"), "request_latency": spread("e2e")},
+                          "throughput": {"requests_per_sec": summary["req_per_s"]}},
+            "failures": {"count": summary["num_failed"]}}
+
+
+def write_run(directory, name, model, config, tp, stages, hardware=KNOWN, load_type="constant", timeout="null",
+              output=40):
+    """An inference-perf run folder whose measurements are a simulation of its workload on hardware."""
+    folder = os.path.join(directory, name)
+    os.makedirs(os.path.join(folder, "results"))
+    os.makedirs(os.path.join(directory, "models", model), exist_ok=True)
+    with open(os.path.join(directory, "models", model, "config.json"), "w") as handle:
+        json.dump(config, handle)
+    stage_text = "\n".join(f"  - rate: {rate}\n    duration: {duration}" for rate, duration in stages)
+    results = os.path.join(folder, "results")
+    with open(os.path.join(results, "config.yaml"), "w") as handle:
+        handle.write(CONFIG.format(load_type=load_type, stages=stage_text, timeout=timeout, model=model, output=output))
+    with open(os.path.join(folder, "exp-config.yaml"), "w") as handle:
+        handle.write(f"model: org/{model}\ntensor_parallelism: {tp}\nmax_model_len: 4096\n"
+                     f"max_num_batched_tokens: 2048\nmax_num_seqs: 128\napp: inference-perf\n")
+    with open(os.path.join(results, "summary_lifecycle_metrics.json"), "w") as handle:
+        points = {"min": 420, "p25": 425, "median": 430, "p75": 435, "max": 440}
+        json.dump({"successes": {"prompt_len": dict(points, mean=430)}}, handle)
+    for index in range(len(stages)):  # placeholders, so that the folder reads as a run before it is measured
+        with open(os.path.join(results, f"stage_{index}_lifecycle_metrics.json"), "w") as handle:
+            json.dump({"successes": {"count": 0}}, handle)
+    run = main.read_inference_perf(folder)
+    spec = spec_for(os.path.join(directory, "models", model, "config.json"), tp, hardware)
+    for index, stage in enumerate(main.predict_inference_perf(run, spec)):
+        with open(os.path.join(results, f"stage_{index}_lifecycle_metrics.json"), "w") as handle:
+            json.dump(stage_metrics({"rate": stages[index][0]}, stage["summary"]), handle)
+    return folder
+
+
+def spec_for(model_file, tp, hardware):
+    args = main.build_parser().parse_args(["compare", "x", "--model-file", model_file, "--tensor-parallel-size", str(tp),
+                                           "--max-num-seqs", "128", "--max-num-batched-tokens", "2048"])
+    spec = main.build_engine_spec(args, server={"kind": "vllm", "prefix_caching": True})
+    return dataclasses.replace(spec, plan=spec.plan.on(hardware))
+
+
+class WorkloadTest(ScratchTest):
+
+    def setUp(self):
+        super().setUp()
+        self.folder = write_run(self.directory, "small-run", "small", SMALL, 1, [(2, 20), (6, 20)])
+        self.run = main.read_inference_perf(self.folder)
+
+    def test_the_config_names_the_stages_the_generator_and_the_clients_patience(self):
+        run = self.run
+        self.assertEqual((run["kind"], run["stages"], run["load_type"], run["timeout_s"]),
+                         ("shared_prefix", [(2, 20), (6, 20)], "constant", 300.0))
+        self.assertEqual((run["lengths"]["groups"], run["lengths"]["prompts_per_group"], run["lengths"]["output"][2]),
+                         (4, 5, 40))
+        self.assertEqual(main.read_inference_perf(os.path.join(self.folder, "results"))["stages"], run["stages"])
+
+    def test_a_constant_load_sends_rate_times_duration_requests_filling_the_stage(self):
+        offsets = main.inference_perf_arrivals("constant", 6, 20, random.Random(1))
+        self.assertEqual(len(offsets), 120)
+        self.assertAlmostEqual(offsets[-1], 20.0, places=9)
+        self.assertEqual(offsets, sorted(offsets))
+
+    def test_a_poisson_load_draws_each_seconds_count(self):
+        offsets = main.inference_perf_arrivals("poisson", 50, 40, random.Random(2))
+        self.assertEqual(len(offsets), 2000)
+        per_second = [sum(1 for x in offsets if second <= x < second + 1) for second in range(39)]
+        self.assertGreater(max(per_second) - min(per_second), 10)  # Poisson counts, not 50 every second
+        self.assertAlmostEqual(offsets[-1], 40, delta=2)
+
+    def test_requests_cycle_through_the_prompts_and_a_group_shares_its_system_prompt(self):
+        stage = main.inference_perf_stages(self.run)[0]
+        self.assertEqual(len(stage), 40)
+        first, again = stage[0], stage[20]  # 20 prompts: request 20 repeats request 0's
+        self.assertEqual((first.prompt_tokens, first.prefix_blocks), (again.prompt_tokens, again.prefix_blocks))
+        keys = [main.prefix_block_keys(request, 16) for request in stage[:20]]
+        groups = {}
+        for request, request_keys in zip(stage[:20], keys):
+            groups.setdefault(request.prefix_blocks[0], []).append(request_keys)
+        self.assertEqual(len(groups), 4)
+        for members in groups.values():  # the system prompt's 6 whole blocks (100 x 1.075 tokens) are shared
+            self.assertEqual(len({tuple(member[:6]) for member in members}), 1)
+            self.assertEqual(len({tuple(member[6:8]) for member in members}), len(members))
+        lengths = sorted(request.prompt_tokens for request in stage[:20])  # the server's counts, by quantile
+        self.assertEqual((lengths[0], lengths[-1], len(set(lengths)) > 10), (420, 440, True))
+
+    def test_stages_run_one_after_another_the_cache_carried_over(self):
+        spec = spec_for(os.path.join(self.directory, "models", "small", "config.json"), 1, KNOWN)
+        first, second = main.predict_inference_perf(self.run, spec)
+        self.assertEqual(first["summary"]["num_completed"], 40)
+        self.assertGreater(second["engine"]["prefix_hit_rate"], first["engine"]["prefix_hit_rate"])
+
+    def test_an_unsupported_dataset_exits_2_naming_it(self):
+        path = os.path.join(self.folder, "results", "config.yaml")
+        with open(path) as handle:
+            text = handle.read()
+        with open(path, "w") as handle:
+            handle.write(text.replace("type: shared_prefix", "type: shareGPT"))
+        self.assert_usage_error(("compare", self.folder), "data.type 'shareGPT'", "shared_prefix, random or synthetic")
+
+    def test_a_missing_stage_file_exits_2_naming_it(self):
+        os.remove(os.path.join(self.folder, "results", "stage_1_lifecycle_metrics.json"))
+        self.assert_usage_error(("compare", self.folder), "stage_1_lifecycle_metrics.json: missing")
+
+    def test_yaml_servesim_cannot_read_exits_2_naming_the_line(self):
+        path = os.path.join(self.folder, "results", "config.yaml")
+        with open(path, "a") as handle:
+            handle.write("anchors: &default\n")
+        self.assert_usage_error(("compare", self.folder), "config.yaml:", "&default")
+
+
+class CompareTest(ScratchTest):
+
+    def test_a_run_compared_on_the_hardware_that_made_it_has_no_error(self):
+        folder = write_run(self.directory, "small-run", "small", SMALL, 1, [(2, 20), (6, 20)])
+        hardware = self.write("known.json", {**dataclasses.asdict(KNOWN)})
+        report = run_json("compare", folder, "--hardware-file", hardware, "--model-file",
+                          os.path.join(self.directory, "models", "small", "config.json"), "--max-num-seqs", "128",
+                          "--max-num-batched-tokens", "2048")
+        rows = report["rows"]
+        self.assertEqual([(row["run"], row["stage"], row["rate"]) for row in rows], [("small-run", 0, 2), ("small-run", 1, 6)])
+        for row in rows:
+            for label in ("ttft mean", "ttft p50", "e2e mean", "tpot mean", "out tok/s"):
+                self.assertAlmostEqual(row["error"][label], 0.0, places=6, msg=label)
+            self.assertEqual(set(row["measured"]) - {"batch"}, set(main.INFERENCE_PERF_LABELS))
+            self.assertEqual(row["error"]["failed share"], 0.0)
+            self.assertEqual(set(row["sensitivity"]), {"ttft mean", "e2e mean", "note"})
+        code, out, err = run_cli("compare", folder, "--hardware-file", hardware, "--model-file",
+                                 os.path.join(self.directory, "models", "small", "config.json"), "--max-num-seqs",
+                                 "128", "--max-num-batched-tokens", "2048", "--no-sensitivity")
+        self.assertEqual((code, err), (0, ""))
+        self.assertIn("mean |error| over 2 stages: ttft mean 0.0%, ttft p50 0.0%, e2e mean 0.0%, tpot mean 0.0%, "
+                      "out tok/s 0.0%; failed share within 0.0 points", out)
+
+    def test_an_overloaded_run_is_predicted_overloaded_with_its_failed_share(self):
+        folder = write_run(self.directory, "busy", "mha", MHA, 1, [(2, 10), (300, 10)], timeout="2.0", output=100)
+        run = main.read_inference_perf(folder)
+        self.assertEqual((run["timeout_s"], run["timeout_from"]), (2.0, "load.request_timeout"))
+        spec = spec_for(os.path.join(self.directory, "models", "mha", "config.json"), 1, KNOWN)
+        rows = main.predict_inference_perf_rows(run, spec, None, False)
+        self.assertEqual(rows[0]["predicted"]["failed share"], 0.0)
+        self.assertGreater(rows[1]["predicted"]["failed share"], 0.3)
+        self.assertEqual(rows[1]["error"]["failed share"], 0.0)
+
+
+class FitTest(ScratchTest):
+
+    def fit(self, runs, base=BASE):
+        """calibrate --json on inference-perf runs written from KNOWN, from base."""
+        folders = [write_run(self.directory, name, model, config, tp, [(2, 20), (40, 10)], output=100)
+                   for name, model, config, tp in runs]
+        code, out, err = run_cli("calibrate", *folders, "--model-dir", os.path.join(self.directory, "models"),
+                                 "--hardware-file", self.write("base.json", dataclasses.asdict(base)), "--jobs", "1",
+                                 "--json")
+        self.assertEqual((code, err), (0, ""))
+        return json.loads(out)
+
+    def test_calibrate_recovers_the_memory_rate_and_request_path_that_made_a_run(self):
+        report = self.fit([("one", "mha", MHA, 1)], dataclasses.replace(BASE, layer_overhead_us=KNOWN.layer_overhead_us))
+        self.assertEqual(report["fitted"], ["memory", "compute", "step_overhead_ms", "request_overhead_ms"])
+        fitted = report["hardware"]
+        self.assertAlmostEqual(fitted["mbu"], KNOWN.mbu, delta=0.04)
+        self.assertAlmostEqual(fitted["request_overhead_ms"], KNOWN.request_overhead_ms, delta=0.2)
+        self.assertLess(max(abs(r["error"]) for r in report["residuals"]), 0.01)
+
+    def test_runs_of_several_depths_and_tensor_parallelism_fit_every_term_to_their_figures(self):
+        report = self.fit([("one", "mha", MHA, 1), ("two", "deep", DEEP, 2)])
+        self.assertEqual(report["fitted"], ["memory", "compute", "step_overhead_ms", "layer_overhead_us",
+                                            "allreduce_latency_us", "link", "request_overhead_ms"])
+        self.assertEqual([r["figure"] for r in report["residuals"]][:4],
+                         ["stage 0 tpot mean", "stage 0 ttft mean", "stage 1 tpot mean", "stage 1 ttft mean"])
+        self.assertLess(max(abs(r["error"]) for r in report["residuals"]), 0.04)
+        self.assertAlmostEqual(report["hardware"]["request_overhead_ms"], KNOWN.request_overhead_ms, delta=0.4)
+
+
+if __name__ == "__main__":
+    unittest.main()

@@ -1,0 +1,100 @@
+"""What happens to a request on its way through a GPU server beside the step itself: vLLM's
+async scheduling (a step is scheduled while the one before runs) and a client that gives up.
+
+A hardware whose every step costs one second (a fixed overhead, the model too small to read)
+makes the times literal.
+"""
+
+import unittest
+
+from support import main, run_cli, run_json
+
+SECOND = main.Hardware("one-second-steps", memory_gib=16, bandwidth_gbs=1e9, tflops=1e9, mfu=1.0, mbu=1.0,
+                       step_overhead_ms=1000.0, reserve_gib=0.0)
+TINY = main.ModelSpec("tiny", params=1, layers=1, kv_heads=1, head_dim=1, bytes_per_param=1, kv_dtype_bytes=1)
+
+
+def engine(async_scheduling, fast=False, num_blocks=100):
+    config = main.SchedulerConfig(block_size=4, async_scheduling=async_scheduling)
+    return main.Engine(main.new_scheduler(config, num_blocks, fast), SECOND, TINY, fast=fast)
+
+
+def first_token_s(request):
+    return request.token_times[0] if request.token_times else request.first_token_s
+
+
+class AsyncSchedulingTest(unittest.TestCase):
+
+    def run_two(self, async_scheduling, fast=False):
+        """A decodes from 0; B arrives half way through A's first step."""
+        a, b = main.Request(0, 3, 10, 0.0), main.Request(1, 3, 2, 0.5)
+        main.run_engine(engine(async_scheduling, fast), [a, b])
+        return a, b
+
+    def test_without_it_a_request_arriving_during_a_step_joins_the_next(self):
+        _, b = self.run_two(False)
+        self.assertAlmostEqual(b.scheduled_s, 1.0, places=6)
+        self.assertAlmostEqual(first_token_s(b) - b.sent_s, 1.5, places=6)
+
+    def test_with_it_the_next_step_was_already_scheduled_so_it_joins_the_one_after(self):
+        for fast in (False, True):
+            a, b = self.run_two(True, fast)
+            self.assertAlmostEqual(b.scheduled_s, 2.0, places=6)
+            self.assertAlmostEqual(first_token_s(b) - b.sent_s, 2.5, places=6)
+            self.assertAlmostEqual(first_token_s(a), 1.0, places=6)  # the first request found the engine idle
+
+    def test_an_idle_engine_or_one_with_nothing_left_running_admits_at_once(self):
+        a, b = main.Request(0, 3, 1, 0.0), main.Request(1, 3, 1, 0.5)  # a ends with its first step
+        main.run_engine(engine(True), [a, b])
+        self.assertAlmostEqual(b.scheduled_s, 1.0, places=6)
+
+    def test_vllm_scheduling_has_it_by_default_llama_cpp_does_not(self):
+        vllm = run_json("simulate", "--concurrency", "1", "--requests", "2")["settings"]["scheduler"]
+        llama = run_json("simulate", "--concurrency", "1", "--requests", "2", "--scheduler", "llamacpp",
+                         "--hardware", "cpu-4vcpu", "--model", "smollm2-135m-q8_0", "--kv-tokens", "4096")
+        off = run_json("simulate", "--concurrency", "1", "--requests", "2", "--no-async-scheduling")
+        self.assertEqual([vllm["async_scheduling"], llama["settings"]["scheduler"]["async_scheduling"],
+                          off["settings"]["scheduler"]["async_scheduling"]], [True, False, False])
+        code, _, err = run_cli("simulate", "--concurrency", "1", "--scheduler", "llamacpp", "--async-scheduling",
+                               "--hardware", "cpu-4vcpu", "--model", "smollm2-135m-q8_0", "--kv-tokens", "4096")
+        self.assertEqual(code, 2)
+        self.assertIn("--async-scheduling with --scheduler llamacpp", err)
+
+
+class TimeoutTest(unittest.TestCase):
+
+    def run_closed(self, timeout_s, fast=False):
+        requests = [main.Request(index, 3, 10) for index in range(3)]
+        run = engine(False, fast)
+        totals = main.RunTotals()
+        main.run_engine(run, requests, 1, None, totals.add, timeout_s)
+        return requests, run, totals.summary(run.token_log)
+
+    def test_a_request_past_the_clients_patience_is_aborted_and_its_blocks_freed_at_once(self):
+        for fast in (False, True):
+            requests, run, summary = self.run_closed(4.5, fast)
+            self.assertEqual([r.error_kind for r in requests], ["timeout"] * 3)
+            # each aborted at the first step boundary past its deadline, its client sending the next then
+            self.assertEqual([r.sent_s for r in requests], [0.0, 4.5, 9.0])
+            self.assertEqual([r.generated for r in requests], [5, 4, 5])
+            self.assertEqual(run.scheduler.pool.free_count(), 100)
+            self.assertEqual((summary["num_failed"], summary["num_completed"], summary["errors"]),
+                             (3, 0, {"timeout": 3}))
+
+    def test_a_patient_client_sees_every_request_finish(self):
+        requests, _, summary = self.run_closed(100.0)
+        self.assertEqual((summary["num_completed"], [r.error for r in requests]), (3, [None] * 3))
+
+    def test_simulate_reports_the_failed_share_of_an_overloaded_run(self):
+        report = run_json("simulate", "--rate", "32", "--requests", "400", "--prompt-tokens", "1000",
+                          "--output-tokens", "20", "--request-timeout", "2", "--no-sensitivity")
+        summary = report["summary"]
+        self.assertGreater(summary["errors"]["timeout"], 100)
+        self.assertGreater(summary["num_completed"], 50)
+        self.assertEqual(summary["num_completed"] + summary["num_failed"], 400)
+        self.assertEqual(report["settings"]["request_timeout_s"], 2.0)
+        self.assertLessEqual(summary["e2e_ms"]["max"], 2000.0)
+
+
+if __name__ == "__main__":
+    unittest.main()
