@@ -14,8 +14,8 @@ Usage:
     python3 code/main.py simulate (--trace FILE | --rate R | --concurrency N) [options]
     python3 code/main.py sweep --concurrency 1,8,32 [options]
     python3 code/main.py loadgen --url URL [--concurrency N | --rate R | --trace FILE] [options]
-    python3 code/main.py compare REPORT.json... [--hardware H] [--model M] [options]
-    python3 code/main.py calibrate REPORT.json REPORT.json... [options] [--out FILE]
+    python3 code/main.py compare (REPORT.json | RUN_DIR)... [--hardware H] [--model M] [options]
+    python3 code/main.py calibrate (REPORT.json | RUN_DIR)... [--model-dir DIR] [options] [--out FILE]
     python3 code/main.py explain (SCRAPE... | REPORT.json | --url URL) [server flags]
     python3 code/main.py search --slo-ttft-ms MS --slo-tpot-ms MS [--by rate|concurrency] [options]
     python3 code/main.py profile --url URL [--out FILE] [--budget-s S]
@@ -40,6 +40,9 @@ Examples:
     # or hardware figures fitted to the reports
     python3 code/main.py compare c1.json c4.json --hardware cpu-2vcpu --kv-tokens 4096 --max-num-seqs 4
     python3 code/main.py calibrate c1.json c4.json --hardware cpu-2vcpu --out my-cpu.json
+    # an inference-perf run of vLLM on GPUs, stage by stage; a campaign of several models fitted
+    python3 code/main.py compare RUN_DIR --model-file config.json --tensor-parallel-size 2 --max-num-seqs 128
+    python3 code/main.py calibrate RUN_DIR... --model-dir MODELS_DIR --hardware h100-sxm-80gb --out my-h100.json
     # which budget binds, from two /metrics scrapes and the server's flags
     python3 code/main.py explain before.prom after.prom --hardware l4-24gb --max-num-seqs 256
     # the most load one L4 takes within an SLO
@@ -72,6 +75,8 @@ Options of the subcommands that plan (all but loadgen and explain):
 
 Scheduler options (simulate, sweep, search, compare, calibrate):
     --max-model-len N            reject requests longer than N tokens (capacity: N per request)
+    --async-scheduling           schedule each step while the last runs, vLLM's default (on with
+                                 --scheduler vllm; --no-async-scheduling turns it off)
     --max-num-seqs N             sequences per step (256)
     --max-num-batched-tokens N   tokens per step, prefill chunks included (8192)
     --no-chunked-prefill         a prompt is admitted only if all of it fits the step
@@ -100,6 +105,9 @@ simulate, sweep, search: --replicas N behind --router round-robin|least-loaded|
 prefix-affinity (N engines on one clock, a row per replica and the load imbalance).
 --html FILE (sweep, simulate, search, plan, compare, loadgen): the report and its charts
 as one self-contained page; --svg FILE: its first chart alone; --quiet: no progress.
+simulate and compare: --request-timeout S (a client gives up after S seconds; the server
+aborts the request and it fails; compare takes an inference-perf run's own, 300 s by default)
+and --no-sensitivity (skip the two runs at a step cost 5% off either way).
 simulate alone: --max-tokens-in-flight N (admit only while running requests hold N
 tokens or fewer); --prometheus FILE (the run as vLLM's /metrics, for explain or a
 dashboard) and --csv FILE (a row per request; loadgen takes it too); --job FILE; --disaggregate with --kv-link-gbs, --prefill-hardware,
@@ -2279,9 +2287,11 @@ class Request:
 
     @property
     def queue_s(self) -> Optional[float]:
+        """Time in the engine's queue, from reaching it (its path outside the engine left out,
+        as vLLM's request_queue_time leaves it out) to the first step that scheduled it."""
         if self.scheduled_s is None or self.sent_s is None:
             return None
-        return self.scheduled_s - self.sent_s
+        return self.scheduled_s - max(self.received_s, self.sent_s)
 
     @property
     def chunk_times(self) -> List[float]:
@@ -3331,8 +3341,8 @@ class Arrivals:
 
     Open loop (concurrency None): each request is sent at its arrival_s, whatever the
     engine is doing. Closed loop: concurrency clients each send their next request, in
-    list order, the moment the previous one ends or is refused, as a load generator's
-    clients do. A request reaches the engine delay_s after it is sent (the fixed
+    list order, the moment the previous one ends or is refused (but not before the
+    request's arrival_s), as a load generator's clients do. A request reaches the engine delay_s after it is sent (the fixed
     front-end time a step profile measured: network, HTTP, tokenizing). send(request,
     now_s) queues a request and says whether it was accepted (False: it could never run);
     done(request), when given, hears of each request once it has finished or been refused.
@@ -3426,9 +3436,11 @@ class Arrivals:
                 self.next_from_client(now_s)
 
     def next_from_client(self, now_s: float) -> None:
-        """One client sends its next request."""
+        """One client sends its next request, not before that request's arrival_s (0 for a
+        generated workload; a recorded run's send time, see recorded_sends)."""
         if self.pending:
-            self._send(self.pending.popleft(), now_s)
+            request = self.pending.popleft()
+            self._send(request, max(now_s, request.arrival_s))
 
 
 def simulate(scheduler: Scheduler, hardware: Hardware, model: ModelSpec,
@@ -3995,7 +4007,6 @@ class DisaggregatedRun:
         _, _, twin, request = heapq.heappop(self.deliveries)
         self.prefill.scheduler.release_held(twin)
         self._wake(self.decode, now_s)
-        request.received_s = now_s
         if not self.decode.scheduler.add_with_kv(request):
             self.arrivals.finished([request], now_s)  # refused: the client sends its next request
 
@@ -7579,13 +7590,20 @@ def measured_server(report: dict) -> dict:
     return info
 
 
+SEND_BURST_S = 0.005  # s: sends closer than this to the first of their burst are replayed as one
+
+
 def recorded_sends(report: dict) -> Optional[List[Request]]:
-    """A run's completed requests sent at the offsets loadgen recorded (--json-requests),
-    with the lengths the server counted; None when the report has no such records.
+    """A closed loop's completed requests in the order loadgen sent them (--json-requests),
+    each with the offset it was sent at as its arrival_s and the lengths the server
+    counted; None when the report has no such records.
 
     NOTE: real closed-loop clients drift out of phase (one's prefill lands inside
-    another's decode steps) where simulated ones would stay in lockstep; replaying the
-    sends as they happened keeps the phases the server saw."""
+    another's decode steps) where simulated ones would stay in lockstep. Replayed as a
+    closed loop whose clients send no request before its recorded time, the sends keep
+    the phases the server saw, and a client still never sends before its last answer
+    (the simulated server may be the slower: an open loop of the same times would then
+    pile requests up that no client sent together)."""
     records = report.get("requests")
     if not isinstance(records, list) or not records:
         return None
@@ -7594,9 +7612,13 @@ def recorded_sends(report: dict) -> Optional[List[Request]]:
                            and isinstance(r.get("output_tokens"), int) and 1 <= r["prompt_tokens"] <= MAX_COUNT
                            and 1 <= r["output_tokens"] <= MAX_COUNT for r in done):
         return None
-    start_s = min(r["sent_s"] for r in done)
-    return [Request(index, r["prompt_tokens"], r["output_tokens"], r["sent_s"] - start_s)
-            for index, r in enumerate(sorted(done, key=lambda r: r["sent_s"]))]
+    done.sort(key=lambda r: r["sent_s"])
+    offsets, burst_s = [], done[0]["sent_s"]
+    for r in done:  # NOTE: sends a few ms apart were one burst of the clients' threads: the server saw them together
+        burst_s = burst_s if r["sent_s"] - burst_s <= SEND_BURST_S else r["sent_s"]
+        offsets.append(burst_s - done[0]["sent_s"])
+    return [Request(index, r["prompt_tokens"], r["output_tokens"], offset)
+            for index, (r, offset) in enumerate(zip(done, offsets))]
 
 
 def predict_loadgen_run(report: dict, spec: EngineSpec) -> dict:
@@ -7610,7 +7632,7 @@ def predict_loadgen_run(report: dict, spec: EngineSpec) -> dict:
     concurrency, rate, num_requests, prompt_tokens, output_tokens = measured_workload(report)
     sends = recorded_sends(report) if concurrency is not None else None
     if sends:
-        return run_and_report(spec.engine(), sends)
+        return run_and_report(spec.engine(), sends, concurrency)
     settings = report["settings"]
     if rate is None:
         offsets = [0.0] * num_requests
