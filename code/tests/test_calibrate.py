@@ -152,6 +152,29 @@ class CalibrateTest(ScratchTest):
         self.assertIn(f"--hardware-file {path}: bandwidth_gbs must be a positive number, got -1", err)
 
 
+def simulated_vllm_bench(concurrency, num_requests=8):
+    """A `vllm bench serve --save-result` JSON of a closed loop the simulator ran on known hardware."""
+    summary = simulated_report(concurrency, num_requests=num_requests)["summary"]
+    return {"backend": "vllm", "num_prompts": num_requests, "completed": summary["num_completed"],
+            "request_rate": "inf", "max_concurrency": concurrency, "burstiness": 1.0,
+            "total_input_tokens": summary["prompt_tokens"], "total_output_tokens": summary["output_tokens"],
+            "output_throughput": summary["output_tok_per_s"],
+            **{f"{kind}_{name}_ms": summary[f"{figure}_ms"][key] for name, figure in (("ttft", "ttft"), ("tpot", "tpot"))
+               for kind, key in (("mean", "mean"), ("median", "p50"), ("p99", "p99"))}}
+
+
+class VllmBenchCalibrateTest(ScratchTest):
+
+    def test_vllm_bench_results_recover_the_hardware_that_made_them(self):
+        paths = [self.write(f"bench-c{c}.json", simulated_vllm_bench(c)) for c in (1, 8)]
+        code, out, err = run_cli("calibrate", *paths, *FLAGS, "--hardware", "cpu-4vcpu", "--no-async-scheduling",
+                                 "--json")
+        self.assertEqual((code, err), (0, ""))
+        fitted = json.loads(out)["hardware"]
+        for name in ("bandwidth_gbs", "tflops", "step_overhead_ms"):
+            self.assertAlmostEqual(fitted[name] / getattr(KNOWN, name), 1.0, delta=0.05, msg=name)
+
+
 class CompareTest(ScratchTest):
 
     def test_a_report_compared_with_the_hardware_that_made_it_has_no_error(self):
