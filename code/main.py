@@ -9028,6 +9028,14 @@ def _format_rejected(rejected: List[dict]) -> List[str]:
             f"{entries[0]['request_id']}: {entries[0]['error']}" for kind, entries in by_kind.items()]
 
 
+def failed_share_line(summary: dict) -> List[str]:
+    """The share of a run's requests that failed, when any did."""
+    if not summary.get("num_failed"):
+        return []
+    return [f"failed {summary['num_failed']:,} of {summary['num_requests']:,} requests "
+            f"({summary['num_failed'] / summary['num_requests']:.1%})"]
+
+
 def format_replicas(replicas: dict) -> List[str]:
     """A row per replica and the load imbalance between them."""
     rows = [[str(index), f"{replica['num_requests']:,}", f"{replica['engine']['busy_s']:.1f}",
@@ -9061,7 +9069,7 @@ def format_simulation(report: dict) -> List[str]:
         f"prefix hits {engine['prefix_hit_rate']:.1%}",
     ]
     lines += format_summary(report["summary"])
-    lines += _format_rejected(report["rejected"])
+    lines += failed_share_line(report["summary"]) + _format_rejected(report["rejected"])
     if "replicas" in report:
         lines += format_replicas(report["replicas"])
     lines += [step_cost_line(report["step_cost"])] if report.get("step_cost") else []
@@ -11001,16 +11009,20 @@ SUBCOMMANDS = (
      "lengths (TTFT less the fixed front-end time) and steps that carry a prefill beside decodes. "
      "Each point is repeated and reported with its range.",
      _profile_flags, cmd_profile),
-    ("compare", "predict loadgen runs and show both side by side",
+    ("compare", "predict measured runs and show both side by side",
      "Replay each loadgen --json report's workload (concurrency or rate, requests, the prompt and "
-     "output lengths the server counted) in the simulator and print the measured and predicted figures "
-     "side by side, with the relative error. Without --model, the preset named by the model file the "
-     "server loaded (llama.cpp's model_path), if there is one.",
+     "output lengths the server counted), each vllm bench serve result's, or each inference-perf run's "
+     "stages (rebuilt from its results/config.yaml) in the simulator and print the measured and "
+     "predicted figures side by side, with the relative error and how far the prediction moves with the "
+     "step cost 5% off. Without --model, the preset named by the model file the server loaded "
+     "(llama.cpp's model_path), if there is one.",
      _compare_flags, cmd_compare),
-    ("calibrate", "fit hardware figures to loadgen runs",
-     "Fit bandwidth, FLOPs and step overhead (mfu and mbu folded in) so the simulator reproduces the "
-     "TPOT p50 of every report and the TTFT p50 of the lowest concurrency. Memory and reserve come "
-     "from --hardware. Without --model, the preset named by the model file the server loaded, if there is one.",
+    ("calibrate", "fit hardware figures to measured runs",
+     "Fit the figures the runs can tell apart (the memory and FLOP rates, the per-step and per-layer "
+     "overheads, the all-reduce's latency and link efficiency, the request path) so the simulator "
+     "reproduces the TPOT p50 of every loadgen report and the TTFT p50 of the lowest load, or each "
+     "inference-perf stage's server TPOT and mean TTFT. Memory and reserve come from --hardware. Without "
+     "--model, the preset named by the model file the server loaded, if there is one.",
      _calibrate_flags, cmd_calibrate),
     ("plan", "the cheapest configuration that meets the SLO",
      "Simulate the workload at its load on every combination of hardware, tensor-parallel size, replicas, "
