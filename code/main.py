@@ -584,6 +584,7 @@ class Hardware:
     link_efficiency: float = 1.0    # share of interconnect_gbs an all-reduce moves its bytes at
     moe_efficiency: float = 1.0     # grouped expert GEMMs' FLOP rate as a share of a dense GEMM's
     request_overhead_ms: float = 0.0  # ms a request spends outside the engine: HTTP, JSON, tokenising, IPC, streaming
+    is_cpu: bool = False  # a CPU, served by vLLM's CPU platform (whose defaults differ: SCHEDULER_DEFAULTS)
 
 
 @dataclass(frozen=True)
@@ -757,13 +758,13 @@ HARDWARE: Dict[str, Hardware] = {
         # A 4-vCPU machine running llama.cpp: effective figures, not datasheet peaks
         # (mfu = mbu = 1), meant to be calibrated against a real server.
         Hardware("cpu-4vcpu", memory_gib=16.0, bandwidth_gbs=20, tflops=0.1,
-                 mfu=1.0, mbu=1.0, step_overhead_ms=2.0, reserve_gib=0.5, interconnect_gbs=10),
+                 mfu=1.0, mbu=1.0, step_overhead_ms=2.0, reserve_gib=0.5, interconnect_gbs=10, is_cpu=True),
         # The 2-vCPU AMD EPYC VM servesim is developed on (23.5 GiB), running llama.cpp
         # b11434 with --threads 2: effective figures from `calibrate` on Gemma 3 270M Q4_K_M
         # loadgen runs at concurrency 1, 4 and 8 (median of three fits, 2026-11-29). Other
         # quant types run other kernels; calibrate again for them.
         Hardware("cpu-2vcpu", memory_gib=23.5, bandwidth_gbs=43, tflops=0.087,
-                 mfu=1.0, mbu=1.0, step_overhead_ms=8.4, reserve_gib=0.5, interconnect_gbs=10),
+                 mfu=1.0, mbu=1.0, step_overhead_ms=8.4, reserve_gib=0.5, interconnect_gbs=10, is_cpu=True),
     )
 }
 
@@ -858,7 +859,8 @@ def hardware_from_json(data: JsonObject, default_name: str) -> Hardware:
         if 0 < figures[name] < 1e-6:
             raise data.fail(name, f"at least 1e-6{' (or 0: none)' if name in ('interconnect_gbs', 'fp8_tflops') else ''}",
                             figures[name])
-    return Hardware(data.string("name", "") or default_name, **figures)
+    name = data.string("name", "") or default_name
+    return Hardware(name, **figures, is_cpu=data.boolean("is_cpu", name.startswith("cpu")))
 
 
 def read_hardware_file(path: str) -> Hardware:
@@ -5675,6 +5677,17 @@ def read_server_metrics(scrapes: Sequence[Dict[str, list]]) -> Dict[str, Reading
         readings["prefix_hit_rate"] = Reading(hits.value / queries.value,
                                               "vllm:prefix_cache_hits_total / vllm:prefix_cache_queries_total")
     first, last = scrapes[0], scrapes[-1]
+    configs = last.get("vllm:cache_config_info") or []
+    if configs and configs[0][0].get("enable_prefix_caching") in ("True", "False"):
+        readings["prefix_caching"] = Reading(1.0 if configs[0][0]["enable_prefix_caching"] == "True" else 0.0,
+                                             "vllm:cache_config_info enable_prefix_caching")
+    steps = [metric_total(scrape, name) for scrape in (first, last)
+             for name in ("vllm:iteration_tokens_total_count", "vllm:generation_tokens_total")]
+    if len(scrapes) > 1 and None not in steps and steps[2] > steps[0]:
+        # NOTE: every sequence that decodes in a step samples one token, so tokens generated over
+        # steps taken is the mean batch of decoding sequences (a prefill samples one too)
+        readings["mean_batch"] = Reading((steps[3] - steps[1]) / (steps[2] - steps[0]),
+                                         "vllm:generation_tokens_total over vllm:iteration_tokens_total_count")
     figures = [metric_total(scrape, name) for scrape in (first, last)
                for name in ("llamacpp:n_decode_total", LLAMACPP_BUSY_SLOTS)]
     if len(scrapes) > 1 and None not in figures and figures[2] > figures[0]:
@@ -5779,7 +5792,7 @@ def prometheus_export(engine: dict, requests: Sequence[Request], token_log: Opti
     as they stood at its end, gauges at the highest the run reached (a scrape at its
     busiest moment: at the end every gauge reads 0), so that explain reads it as a scrape.
     NOTE: vLLM counts prefix-cache queries only with prefix caching on; so does this."""
-    labels = f'model_name="{model}"'
+    labels = f'engine="0",model_name="{model}"'  # the labels vLLM (0.32) puts on every series
     done = [r for r in requests if r.error is None and _token_span(r) is not None]
     latencies = run_latencies_s(done, token_log)
     lines = []
@@ -6207,6 +6220,10 @@ def _vllm_models(endpoint: Endpoint, headers: Dict[str, str], timeout_s: float) 
     blocks, block_size = _label_count(labels, "num_gpu_blocks"), _label_count(labels, "block_size")
     if blocks and block_size and _positive_int(blocks * block_size):
         info.update(kv_tokens=blocks * block_size, block_size=block_size)
+    # NOTE: a hybrid model's blocks are shared by several groups of layers (Gemma 3's sliding and
+    # full ones), so the tokens it holds are fewer than blocks x block size; newer vLLM says how many
+    if _label_count(labels, "kv_cache_size_tokens"):
+        info["kv_tokens"] = _label_count(labels, "kv_cache_size_tokens")
     if labels.get("enable_prefix_caching") in ("True", "False"):
         info["prefix_caching"] = labels["enable_prefix_caching"] == "True"
     return info
@@ -6697,6 +6714,7 @@ class ProfileSettings:
     budget_s: float         # wall time for the whole profile; points that would pass it are skipped
     timeout_s: float
     api_path: str = CHAT_PATH  # --endpoint: chat completions, or completions of a bare prompt
+    cap_probe_requests: int = 0  # requests sent at once to find the sequence cap (0: the server states it)
 
 
 class Profiler:
@@ -6714,6 +6732,7 @@ class Profiler:
         self.prefill: List[dict] = []
         self.mixed: List[dict] = []
         self.notes: List[str] = []
+        self.max_num_seqs: Optional[int] = None  # the server's cap, when measure_sequence_cap saw it
 
     def elapsed_s(self) -> float:
         return self.clock() - self.started
@@ -6843,11 +6862,40 @@ class Profiler:
         self.say(f"prefill of {point['prompt_tokens']:,} tokens beside {num_decoding} decoding: "
                  f"{point['added_ms']:.2f} ms added to their steps, over {point['num_steps']:g} steps")
 
+    def measure_sequence_cap(self, num_requests: int) -> None:
+        """Send num_requests short requests at once and read the server's running and waiting
+        gauges meanwhile: running that stops rising while others wait is its --max-num-seqs,
+        which no vLLM metric states. Servers without those gauges (llama.cpp tells its slots)
+        tell nothing here."""
+        sampler = MetricsSampler(self.endpoint, 0.05, {k: v for k, v in self.headers.items() if k == "Authorization"})
+        run = LoadRun(LoadPlan(self.endpoint, self.bodies(num_requests, 16, 16), self.headers, 0, num_requests, None,
+                               self.settings.timeout_s, api_path=self.settings.api_path))
+        try:
+            sampler.start()
+            run.start()
+            run.wait()
+        finally:
+            run.close()
+            sampler.finish()
+        seen = [(metric_total(scrape, "vllm:num_requests_running") or metric_total(scrape, "sglang:num_running_reqs"),
+                 metric_total(scrape, "vllm:num_requests_waiting") or metric_total(scrape, "sglang:num_queue_reqs"))
+                for scrape in sampler.scrapes]
+        crowded = [running for running, waiting in seen if running is not None and waiting]
+        if crowded and max(crowded) < num_requests:
+            self.max_num_seqs = int(max(crowded))
+            self.say(f"sequence cap: {self.max_num_seqs} running while others waited ({num_requests} sent at once)")
+        else:
+            self.notes.append(f"sequence cap: {num_requests} requests at once never waited for one (or the server "
+                              f"exports no running and waiting gauges)")
+
     def run(self) -> None:
         """Every point in order, decode batches, the prefill grid, then mixed steps, each
-        only if its estimated time still fits the budget."""
+        only if its estimated time still fits the budget; first, on a server that says how
+        many requests run and wait, its sequence cap."""
         settings, last_s = self.settings, 0.1
-        for batch in settings.batches:
+        if settings.cap_probe_requests:
+            self.measure_sequence_cap(settings.cap_probe_requests)
+        for batch in [b for b in settings.batches if b <= (self.max_num_seqs or b)]:
             estimate_s = settings.repeat * settings.output_tokens * last_s * (1 + 1 / batch)
             if self.fits_budget(f"decode batch {batch}", estimate_s if self.decode else 0.0):
                 self.measure_decode(batch)
@@ -6881,7 +6929,8 @@ class Profiler:
                 factors.append({"num_prompts": point["batch"], "factor": together_ms / alone_ms})
         return {
             "servesim_step_profile": PROFILE_FORMAT, "date": datetime.datetime.now(datetime.timezone.utc).isoformat(
-                timespec="seconds"), "server": dict(server, url=str(self.endpoint), model=self.model),
+                timespec="seconds"), "server": dict(server, url=str(self.endpoint), model=self.model,
+                                                    **({"max_num_seqs": self.max_num_seqs} if self.max_num_seqs else {})),
             "machine": machine_description(), "settings": asdict(self.settings), "complete": complete,
             "request_overhead_ms": overhead_ms, "decode": self.decode, "prefill": self.prefill, "mixed": self.mixed,
             "decode_context_tokens": statistics.mean(p["context_tokens"] for p in self.decode) if self.decode else 0.0,
@@ -6979,11 +7028,12 @@ def _device_overrides(args, hardware: Hardware) -> Hardware:
 
 
 def build_plan(args, hardware: Optional[Hardware] = None, kv_tokens: Optional[int] = None,
-               max_num_seqs: Optional[int] = None) -> CapacityPlan:
+               max_num_seqs: Optional[int] = None, block_size: Optional[int] = None) -> CapacityPlan:
     """The memory plan the flags ask for; hardware stands in for --hardware (a
     disaggregated engine's own device), with every other flag applied to it alike;
     kv_tokens is the cache size when --kv-tokens leaves it unsaid; max_num_seqs the
-    sequences whose sliding windows are reserved when --max-num-seqs leaves it unsaid."""
+    sequences whose sliding windows are reserved when --max-num-seqs leaves it unsaid;
+    block_size the block when --block-size leaves it unsaid (16 without either)."""
     default_hardware, model = _resolve(args)
     hardware = _device_overrides(args, hardware or default_hardware)
     model = with_precision(model, getattr(args, "dtype", None) or "auto", getattr(args, "quantization", None),
@@ -6991,23 +7041,37 @@ def build_plan(args, hardware: Optional[Hardware] = None, kv_tokens: Optional[in
     if lacks_link(hardware, getattr(args, "tensor_parallel_size", 1)):
         raise UsageError(f"--tensor-parallel-size {args.tensor_parallel_size}: {hardware.name} names no link "
                          f"between devices; give --interconnect-gbs")
-    return plan_capacity(hardware, model, args.gpu_memory_utilization, args.block_size, args.kv_tokens or kv_tokens,
+    block_size = getattr(args, "block_size", None) or block_size or 16
+    return plan_capacity(hardware, model, args.gpu_memory_utilization, block_size, args.kv_tokens or kv_tokens,
                          getattr(args, "max_model_len", None) or 4096, getattr(args, "tensor_parallel_size", 1),
                          max_num_seqs or getattr(args, "max_num_seqs", None) or 256)
 
 
 SCHEDULER_DEFAULTS = {  # what each server does when its flags are left out
-    "vllm": {"max_num_batched_tokens": 8192, "ubatch_tokens": None},
-    "llamacpp": {"max_num_batched_tokens": 2048, "ubatch_tokens": 512},  # llama-server --batch-size, --ubatch-size
+    "vllm": {"max_num_seqs": 256, "max_num_batched_tokens": 8192, "ubatch_tokens": None, "async_scheduling": True},
+    # vLLM's CPU platform: its API server's defaults (engine/arg_utils.py), and async
+    # scheduling switched off (platforms/cpu.py), as of vLLM 0.32
+    "vllm-cpu": {"max_num_seqs": 128, "max_num_batched_tokens": 2048, "ubatch_tokens": None,
+                 "async_scheduling": False},
+    # llama-server --batch-size and --ubatch-size; its slots come from the server measured
+    "llamacpp": {"max_num_seqs": 256, "max_num_batched_tokens": 2048, "ubatch_tokens": 512, "async_scheduling": False},
 }
+SCHEDULERS = ("vllm", "llamacpp")  # --scheduler: whose admission rules a run follows
 
 
-def _server_defaults(args, server: dict) -> Tuple[str, int, Optional[int], Optional[int]]:
+def scheduler_defaults(scheduler: str, hardware: Hardware) -> dict:
+    """What the server the scheduler stands for does on this hardware when its flags are
+    left out (SCHEDULER_DEFAULTS)."""
+    return SCHEDULER_DEFAULTS["vllm-cpu" if scheduler == "vllm" and hardware.is_cpu else scheduler]
+
+
+def _server_defaults(args, server: dict, hardware: Hardware) -> Tuple[str, int, Optional[int], Optional[int]]:
     """(scheduler, sequences, KV tokens, tokens per step) the flags ask for, or the
     measured server has (server: what a loadgen report or a step profile recorded of it,
     under SERVER_FLAGS' names; None: the memory plan's, the scheduler's default)."""
     scheduler = args.scheduler or ("llamacpp" if server.get("kind") == "llama.cpp" else "vllm")
-    slots = args.max_num_seqs or server.get("slots") or server.get("max_num_seqs") or 256
+    slots = (args.max_num_seqs or server.get("slots") or server.get("max_num_seqs")
+             or scheduler_defaults(scheduler, hardware)["max_num_seqs"])
     kv_tokens = server.get("kv_tokens")  # the cache the server allocated: truer than the memory arithmetic
     if scheduler == "llamacpp" and server.get("slot_context_tokens"):
         kv_tokens = slots * server["slot_context_tokens"]  # llama.cpp --ctx-size is split across the slots
@@ -7022,6 +7086,16 @@ def _server_defaults(args, server: dict) -> Tuple[str, int, Optional[int], Optio
     return scheduler, slots, kv_tokens, server.get("max_num_batched_tokens")
 
 
+def with_profiled_flags(server: dict, profile: Optional[StepProfile]) -> dict:
+    """server (what a report recorded) with what the step profile found of the same
+    server where the report is silent: a vLLM server states no --max-num-seqs, and
+    only profile's probe of its running and waiting gauges finds it."""
+    if profile is None or (server and server.get("kind") != profile.server_info.get("kind")):
+        return server
+    found = {name: value for name, value in profile.server_info.items() if value is not None}
+    return dict(found, **{name: value for name, value in server.items() if value is not None})
+
+
 def build_engine_spec(args, hardware: Optional[Hardware] = None, server: Optional[dict] = None,
                       **config_changes) -> EngineSpec:
     """The one way from flags to an engine: the plan, the scheduler's knobs (from one
@@ -7029,18 +7103,20 @@ def build_engine_spec(args, hardware: Optional[Hardware] = None, server: Optiona
     the server measured, the default for what the flags leave unsaid (its scheduler,
     slots, context per slot). config_changes override knobs (a sweep's cap, a phase's limits)."""
     profile = read_step_profile(args.step_profile) if getattr(args, "step_profile", None) else None
-    server = server or (profile.server_info if profile else {})
-    scheduler, slots, kv_tokens, step_tokens = _server_defaults(args, server)
-    defaults = SCHEDULER_DEFAULTS[scheduler]
+    server = with_profiled_flags(server or {}, profile)
+    device = _device_overrides(args, hardware or _resolve(args)[0])
+    scheduler, slots, kv_tokens, step_tokens = _server_defaults(args, server, device)
+    defaults = scheduler_defaults(scheduler, device)
     cap = getattr(args, "max_tokens_in_flight", None)
     prefix_caching = bool(server.get("prefix_caching")) if args.prefix_caching is None else args.prefix_caching
     asynchronous = getattr(args, "async_scheduling", None)
+    block_size = args.block_size or server.get("block_size") or 16
     config = SchedulerConfig(slots, args.max_num_batched_tokens or step_tokens or defaults["max_num_batched_tokens"],
-                             args.block_size, args.chunked_prefill, prefix_caching, args.max_model_len,
+                             block_size, args.chunked_prefill, prefix_caching, args.max_model_len,
                              None if isinstance(cap, list) else cap, scheduler,  # sweep: one run per cap
-                             scheduler == "vllm" if asynchronous is None else asynchronous)
+                             defaults["async_scheduling"] if asynchronous is None else asynchronous)
     config = dataclasses.replace(config, **config_changes)
-    return EngineSpec(build_plan(args, hardware, kv_tokens, config.max_num_seqs), config,
+    return EngineSpec(build_plan(args, device, kv_tokens, config.max_num_seqs, config.block_size), config,
                       profile, args.ubatch_size or defaults["ubatch_tokens"], args.engine == "fast")
 
 
@@ -7719,9 +7795,13 @@ def compare_rows(reports: Sequence[dict], predictions: Sequence[dict]) -> List[d
                         for label in row["measured"]}
         row["spread"] = {label: _spread([run[label] for run in measured_runs]) for label, _ in COMPARED}
         row["cost_model"] = prediction["engine"]["cost_model"]
-        if replay:
-            row["prefix_hit_rate"] = {"measured": measured_hit_rate(runs[0][0]),
-                                      "predicted": prediction["engine"]["prefix_hit_rate"]}
+        hits, window = _median_or_none([measured_hit_rate(report) for report, _ in runs]), runs[0][0].get("server") or {}
+        if replay or hits is not None:
+            row["prefix_hit_rate"] = {"measured": hits, "predicted": prediction["engine"]["prefix_hit_rate"]}
+        if window.get("preemptions") is not None:  # the server counts them (vLLM, SGLang)
+            row["preemptions"] = {"measured": _median_or_none([(report.get("server") or {}).get("preemptions")
+                                                               for report, _ in runs]),
+                                  "predicted": prediction["engine"]["num_preemptions"]}
         if "cost" in prediction["summary"]:
             row["usd_per_million_output_tokens"] = {
                 "measured": _median_or_none([report["summary"]["cost"]["usd_per_million_output_tokens"]
@@ -8657,8 +8737,8 @@ def spec_from_dict(data: JsonObject) -> EngineSpec:
                                  "sliding layers", data.value["model"])
     config = dataclass_from_json(SchedulerConfig, data.object("scheduler"),
                                  {"max_num_seqs": 1, "max_num_batched_tokens": 1, "block_size": 1}, MAX_COUNT)
-    if config.scheduler not in SCHEDULER_DEFAULTS:
-        raise data.fail("scheduler.scheduler", f"one of {', '.join(SCHEDULER_DEFAULTS)}", config.scheduler)
+    if config.scheduler not in SCHEDULERS:
+        raise data.fail("scheduler.scheduler", f"one of {', '.join(SCHEDULERS)}", config.scheduler)
     plan = plan_capacity(hardware_from_json(data.object("hardware"), "hardware"), model,
                          data.number("gpu_memory_utilization", above=0), config.block_size,
                          data.integer("kv_tokens", 1, None), data.integer("max_model_len", 1), 1, config.max_num_seqs)
@@ -9322,12 +9402,16 @@ def format_compare(spec: EngineSpec, reports: Sequence[dict], rows: Sequence[dic
     if not hardware_named:
         lines.append(f"no --hardware given: the default {plan.hardware.name}'s price, memory and roofline stand "
                      f"in for the server's where the measurement is silent")
-    told = server_flags_text(measured_server(reports[0]))
+    told = server_flags_text(with_profiled_flags(measured_server(reports[0]), spec.step_profile))
     lines += [f"{told}; the prediction takes them where no flag says otherwise"] if told else []
     lines += _format_compare_table(rows) + [_format_compare_totals(compare_totals(rows))]
-    lines += [f"prefix cache hits on {_load_label(row)}: server {_share(row['prefix_hit_rate']['measured'])}, "
-              f"simulated {_share(row['prefix_hit_rate']['predicted'])} for the same requests"
-              for row in rows if "prefix_hit_rate" in row]
+    for key, what, shown in (("prefix_hit_rate", "prefix cache hits", _share),
+                             ("preemptions", "preemptions", lambda value: _figure(value, "{:,.0f}"))):
+        pairs = [(row, row[key]) for row in rows if key in row]
+        if pairs:
+            lines.append(f"{what}, server / simulated for the same requests: " + ", ".join(
+                f"{'concurrency ' if row['concurrency'] else ''}{_load_label(row)} {shown(pair['measured'])} / "
+                f"{shown(pair['predicted'])}" for row, pair in pairs))
     costs = [(row, row["usd_per_million_output_tokens"]) for row in rows if "usd_per_million_output_tokens" in row]
     if costs:
         n = plan.tensor_parallel_size
@@ -9378,9 +9462,13 @@ def format_inference_perf_compare(spec: EngineSpec, runs: Sequence[dict], rows: 
     return lines + list(dict.fromkeys(row["cost_model"]["text"] for row in rows))
 
 
+def _preset_value(value) -> str:
+    return repr(value) if isinstance(value, bool) else f"{value:.4g}"
+
+
 def hardware_preset_line(hardware: Hardware) -> str:
     """hardware as a preset line to paste into HARDWARE: its figures, the optional ones only where set."""
-    fields = [f"{spec.name}={getattr(hardware, spec.name):.4g}" for spec in dataclasses.fields(Hardware)
+    fields = [f"{spec.name}={_preset_value(getattr(hardware, spec.name))}" for spec in dataclasses.fields(Hardware)
               if spec.name != "name" and (spec.default is dataclasses.MISSING or getattr(hardware, spec.name) != spec.default)]
     return f'Hardware("{hardware.name}", {", ".join(fields)})'
 
@@ -10113,10 +10201,15 @@ def cmd_loadgen(args) -> int:
 
 
 def _prefill_grid(server: dict) -> Tuple[int, ...]:
-    """Prompt lengths to time: powers of two from 16 to half a slot's context (llama.cpp)
-    or to 4,096 tokens, within one step's budget."""
-    limit = min((server.get("slot_context_tokens") or 8192) // 2, 2048 if server.get("kind") == "llama.cpp" else 4096)
+    """Prompt lengths to time: powers of two from 16 to half a slot's context (llama.cpp),
+    half the server's max_model_len (vLLM, SGLang: a prompt counts a few tokens more than
+    asked, and must leave room for its output), or 4,096 tokens."""
+    context = server.get("slot_context_tokens") or server.get("max_model_len") or 8192
+    limit = min(context // 2, 2048 if server.get("kind") == "llama.cpp" else 4096)
     return tuple(1 << power for power in range(4, 16) if 1 << power <= max(limit, 16))
+
+
+PROFILE_BATCHES = 8  # decode batches profiled when the server states no sequence cap (vLLM, SGLang)
 
 
 def cmd_profile(args) -> int:
@@ -10125,10 +10218,11 @@ def cmd_profile(args) -> int:
     headers, auth = _request_headers(args)
     model = args.model or discover_model(endpoint, auth, args.timeout)
     server = discover_server(endpoint, auth, args.timeout)
-    num_batches = args.max_num_seqs or server.get("slots") or 8
+    num_batches = args.max_num_seqs or server.get("slots") or server.get("max_num_seqs") or PROFILE_BATCHES
+    probe = 0 if args.max_num_seqs or server.get("slots") or server.get("max_num_seqs") else 4 * PROFILE_BATCHES
     settings = ProfileSettings(tuple(range(1, num_batches + 1)), tuple(args.prefill_tokens or _prefill_grid(server)),
                                args.prompt_tokens, args.output_tokens, args.repeat, args.budget_s, args.timeout,
-                               args.endpoint)
+                               args.endpoint, probe)
     start = time.perf_counter()
 
     def say(text: str) -> None:
@@ -10552,9 +10646,9 @@ def _add_hardware_flags(parser: argparse.ArgumentParser, of_server: bool = False
     parser.add_argument("--gpu-memory-utilization", type=fraction, default=0.9,
                         help="the server's memory share (default %(default)s)" if of_server else
                         "share of device memory for weights and KV cache (default %(default)s)")
-    parser.add_argument("--block-size", type=positive_int, default=16,
+    parser.add_argument("--block-size", type=positive_int,
                         help="KV block size (default 16)" if of_server else
-                        "tokens per KV cache block (default %(default)s)")
+                        "tokens per KV cache block (default 16, or the measured server's: vLLM on a CPU uses 128)")
     if of_server:
         parser.add_argument("--kv-tokens", type=positive_int, help="the KV cache size in tokens, if fixed")
     else:
@@ -10618,15 +10712,16 @@ def _add_scheduler_flags(parser: argparse.ArgumentParser, of_server: bool = Fals
         return
     _add_max_model_len_flag(parser)
     parser.add_argument("--max-num-seqs", "--parallel", dest="max_num_seqs", type=positive_int,
-                        help="most sequences in one step, llama.cpp's slots (default 256, or the slots of the "
-                             "server a report or --step-profile came from)")
+                        help="most sequences in one step, llama.cpp's slots (default: what the server a report or "
+                             "--step-profile came from had, else 256; 128 on a CPU preset, as vLLM's CPU platform)")
     parser.add_argument("--max-num-batched-tokens", "--batch-size", dest="max_num_batched_tokens",
                         type=positive_int, help="most tokens in one step, prefill chunks included (default 8192; "
-                                                "2048 with --scheduler llamacpp, as llama-server's --batch-size)")
+                                                "2048 on a CPU preset, as vLLM's CPU platform, and with --scheduler "
+                                                "llamacpp, as llama-server's --batch-size)")
     parser.add_argument("--ubatch-size", type=positive_int,
                         help="tokens per forward pass: the roofline reads the weights once per pass "
                              "(default: one pass; 512 with --scheduler llamacpp, as llama-server's)")
-    parser.add_argument("--scheduler", choices=tuple(SCHEDULER_DEFAULTS),
+    parser.add_argument("--scheduler", choices=SCHEDULERS,
                         help="whose scheduling to replay: vllm (a paged KV cache, recompute preemption) or "
                              "llamacpp (--parallel slots of --ctx-size / --parallel tokens each, no preemption); "
                              "default vllm, or llamacpp when the report or --step-profile came from llama.cpp")
@@ -10644,7 +10739,8 @@ def _add_scheduler_flags(parser: argparse.ArgumentParser, of_server: bool = Fals
     parser.add_argument("--async-scheduling", action=argparse.BooleanOptionalAction,
                         help="schedule each step while the one before runs, as vLLM does by default since v0.12: "
                              "a request that arrives during a step waits for the step after the next (default: "
-                             "on with --scheduler vllm; llama.cpp has no such mode)")
+                             "on with --scheduler vllm, off on a CPU preset as vLLM's CPU platform; llama.cpp has no "
+                             "such mode)")
 
 
 def _add_replica_flags(parser: argparse.ArgumentParser) -> None:
@@ -10892,7 +10988,9 @@ def _calibrate_flags(parser: argparse.ArgumentParser) -> None:
 def _profile_flags(parser: argparse.ArgumentParser) -> None:
     _add_server_flags(parser)
     parser.add_argument("--max-num-seqs", "--parallel", dest="max_num_seqs", type=positive_int,
-                        help="decode batches 1..N to time (default: the server's slots from /props, else 8)")
+                        help="decode batches 1..N to time (default: the server's slots from /props; else the cap "
+                             "found by sending 32 short requests at once and reading the running and waiting "
+                             "gauges of /metrics, at most 8; recorded for compare)")
     parser.add_argument("--prefill-tokens", type=int_list,
                         help="prompt lengths to time, e.g. 16,64,256 (default: powers of two from 16 to half a "
                              "slot's context, at most 2,048 on llama.cpp and 4,096 elsewhere)")

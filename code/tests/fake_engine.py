@@ -10,7 +10,10 @@ prompt tokens (less mixed_overlap_ms when it carries both). Steps are kept on an
 schedule, so a late wake-up shortens the next sleep instead of stretching every gap. A
 prompt's tokens are its words; with timings, the last event carries llama.cpp's timings
 (prompt_ms: the step that prefilled it). GET /props, /slots, /health, /v1/models and /metrics
-(llama.cpp's names) answer as llama-server does.
+(llama.cpp's names) answer as llama-server does. With kind="vllm" the server answers as
+vLLM does instead: no /props or /slots, max_model_len in /v1/models, and vLLM's gauges of
+running and waiting requests and its cache_config_info in /metrics (where vLLM states no
+--max-num-seqs: only a crowd of requests shows the slots).
 """
 
 import json
@@ -41,6 +44,11 @@ class _Handler(BaseHTTPRequestHandler):
         engine = self.server.engine
         if self.path == "/health":
             self.send_json({"status": "ok"})
+        elif engine.kind == "vllm" and self.path == "/v1/models":
+            self.send_json({"object": "list", "data": [{"id": "fake-engine",
+                                                        "max_model_len": engine.slot_context_tokens}]})
+        elif engine.kind == "vllm" and self.path in ("/props", "/slots"):
+            self.send_json({"detail": "Not Found"}, 404)
         elif self.path == "/props":
             self.send_json({"total_slots": engine.slots, "build_info": "b-fake",
                             "default_generation_settings": {"n_ctx": engine.slot_context_tokens},
@@ -56,8 +64,10 @@ class _Handler(BaseHTTPRequestHandler):
 
     def do_POST(self):
         body = json.loads(self.rfile.read(int(self.headers.get("Content-Length", 0))))
-        prompt_tokens = len(body["messages"][-1]["content"].split())
+        prompt_tokens = len((body["messages"][-1]["content"] if "messages" in body else body["prompt"]).split())
         stream = self.server.engine.submit(prompt_tokens, body.get("max_tokens", 16))
+        def piece(text):  # a chat delta, or a completion's text
+            return {"delta": {"content": text} if text else {}} if "messages" in body else {"text": text}
         self.send_response(200)
         self.send_header("Content-Type", "text/event-stream")
         self.send_header("Transfer-Encoding", "chunked")
@@ -66,9 +76,9 @@ class _Handler(BaseHTTPRequestHandler):
             while True:
                 kind = stream.events.get()
                 if kind == "token":
-                    self.write_event({"choices": [{"index": 0, "delta": {"content": " w"}, "finish_reason": None}]})
+                    self.write_event({"choices": [dict(piece(" w"), index=0, finish_reason=None)]})
                 else:
-                    self.write_event({"choices": [{"index": 0, "delta": {}, "finish_reason": "length"}]})
+                    self.write_event({"choices": [dict(piece(""), index=0, finish_reason="length")]})
                     event = {"choices": [], "usage": {"prompt_tokens": prompt_tokens,
                                                       "completion_tokens": stream.generated}}
                     if self.server.engine.timings:
@@ -96,8 +106,9 @@ class FakeEngine:
     """Context manager: the server on 127.0.0.1:0 and its engine thread."""
 
     def __init__(self, decode_ms, prefill_ms_per_token=0.02, mixed_overlap_ms=0.0, slots=4,
-                 slot_context_tokens=4096, timings=True):
-        self.timings = timings
+                 slot_context_tokens=4096, timings=True, kind="llama.cpp"):
+        self.kind = kind
+        self.timings = timings and kind == "llama.cpp"
         self.decode_ms = decode_ms
         self.prefill_ms_per_token = prefill_ms_per_token
         self.mixed_overlap_ms = mixed_overlap_ms
@@ -124,6 +135,11 @@ class FakeEngine:
     def metrics(self):
         with self.lock:
             mean = self.num_busy_slots / self.num_decode_calls if self.num_decode_calls else 0.0
+            if self.kind == "vllm":
+                return (f"vllm:num_requests_running{{engine=\"0\",model_name=\"fake-engine\"}} {len(self.running)}\n"
+                        f"vllm:num_requests_waiting{{engine=\"0\",model_name=\"fake-engine\"}} {len(self.waiting)}\n"
+                        f"vllm:cache_config_info{{block_size=\"16\",enable_prefix_caching=\"False\","
+                        f"num_gpu_blocks=\"{self.slots * self.slot_context_tokens // 16}\"}} 1.0\n")
             return (f"llamacpp:n_decode_total {self.num_decode_calls}\nllamacpp:n_busy_slots_per_decode {mean}\n"
                     f"llamacpp:requests_processing {len(self.running)}\n"
                     f"llamacpp:requests_deferred {len(self.waiting)}\n")

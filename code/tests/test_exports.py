@@ -56,6 +56,33 @@ class PrometheusExportTest(ScratchTest):
                 self.assertEqual((code, err), (0, ""))
                 self.assertEqual(json.loads(out)["binding"]["budget"], from_report)
 
+    def test_every_exported_series_has_the_name_type_and_labels_of_a_real_vllm_scrape(self):
+        # code/fixtures/vllm/metrics.prom: vLLM 0.32.0 for CPU serving Gemma 3 270M, scraped mid-run
+        with open(os.path.join(FIXTURES_DIR, "vllm", "metrics.prom"), encoding="utf-8") as handle:
+            real_text = handle.read()
+        _, text, _ = self.simulate("--rate", "4", "--requests", "16", "--prefix-caching")
+
+        def types(exposition):
+            return dict(line.split()[2:4] for line in exposition.splitlines() if line.startswith("# TYPE "))
+        real_types, real = types(real_text), main.parse_prometheus(real_text)
+        exported = main.parse_prometheus(text)
+        for name, kind in types(text).items():
+            self.assertEqual(real_types.get(name), kind, name)
+        for name, samples in exported.items():
+            self.assertIn(name, real, name)
+            real_labels = {key for labels, _ in real[name] for key in labels}
+            for labels, _ in samples:
+                self.assertEqual(set(labels), {key for key in labels if key in real_labels}, name)
+                self.assertLessEqual({"engine", "model_name"}, set(labels), name)
+
+    def test_explain_reads_a_real_vllm_scrape(self):
+        code, out, err = run_cli("explain", os.path.join(FIXTURES_DIR, "vllm", "metrics.prom"), "--json")
+        self.assertEqual((code, err), (0, ""))
+        evidence = {name: fact["value"] for name, fact in json.loads(out)["evidence"].items()}
+        self.assertEqual((evidence["max_running"], evidence["max_waiting"], evidence["preemptions"],
+                          evidence["prefix_caching"], evidence["mean_output_tokens"]), (7, 0, 0, 1, 64))
+        self.assertAlmostEqual(evidence["tpot_ms"], 51.07, places=2)  # vllm:request_time_per_output_token mean
+
     def test_without_prefix_caching_the_export_queries_nothing_as_vllm_does(self):
         _, text, _ = self.simulate("--rate", "2", "--requests", "8")
         self.assertEqual(main.metric_total(main.parse_prometheus(text), "vllm:prefix_cache_queries_total"), 0)

@@ -432,6 +432,33 @@ class ServerFlagsTest(ScratchTest):
                           result["scheduler"]["prefix_caching"]), (8192, 8, False))
 
 
+class SequenceCapProbeTest(ScratchTest):
+    """vLLM states no --max-num-seqs: profile finds it by crowding the server."""
+
+    def test_profile_finds_a_vllm_servers_sequence_cap_and_compare_simulates_it(self):
+        with FakeEngine(DECODE_MS, slots=3, kind="vllm") as engine:
+            profile = run_json("profile", "--url", engine.url, "--endpoint", "/v1/completions", "--output-tokens", "6",
+                               "--repeat", "1", "--prefill-tokens", "100,200", "--quiet")
+            path = self.write("vllm.profile.json", profile)
+            report = self.write("c4.json", run_json("loadgen", "--url", engine.url, "--endpoint", "/v1/completions",
+                                                    "--requests", "6", "--concurrency", "4", "--max-tokens", "6",
+                                                    "--quiet"))
+        self.assertEqual((profile["server"]["kind"], profile["server"]["max_num_seqs"]), ("vllm", 3))
+        self.assertEqual([point["batch"] for point in profile["decode"]], [1, 2, 3])
+        self.assertEqual(profile["settings"]["cap_probe_requests"], 32)
+        result = run_json("compare", report, "--step-profile", path, *GEMMA)
+        self.assertEqual(result["scheduler"]["max_num_seqs"], 3)
+        self.assertEqual(run_json("compare", report, "--step-profile", path, *GEMMA, "--max-num-seqs", "2")[
+            "scheduler"]["max_num_seqs"], 2)
+
+    def test_a_server_that_states_its_slots_is_not_crowded(self):
+        with FakeEngine(DECODE_MS, slots=2) as engine:
+            profile = run_json("profile", "--url", engine.url, "--output-tokens", "4", "--repeat", "1",
+                               "--prefill-tokens", "100", "--quiet")
+        self.assertEqual((profile["settings"]["cap_probe_requests"], "max_num_seqs" in profile["server"]), (0, False))
+        self.assertEqual([point["batch"] for point in profile["decode"]], [1, 2])
+
+
 class ProfileStopsTest(ScratchTest):
 
     def test_ctrl_c_keeps_the_points_measured_and_exits_130(self):

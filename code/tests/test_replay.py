@@ -147,8 +147,8 @@ class ReplayTest(ScratchTest):
         code, out, err = run_cli("compare", path, "--hardware", "cpu-2vcpu", "--model", "gemma-3-270m-q4_k_m",
                                  "--prefix-caching")
         share = 5 * 64 / sum(record["prompt_tokens"] for record in records)  # the simulator's, same requests
-        self.assertIn(f"prefix cache hits on trace t.jsonl: server unknown, simulated {share:.1%} for the same "
-                      f"requests", out)  # the fake server exports no /metrics
+        self.assertIn(f"prefix cache hits, server / simulated for the same requests: trace t.jsonl unknown / "
+                      f"{share:.1%}", out)  # the fake server exports no /metrics
 
     def test_workers_split_the_streams_and_merge_one_report(self):
         rows = [{"arrival_s": index * 0.01, "prompt_tokens": 50, "output_tokens": 3} for index in range(12)]
