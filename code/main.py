@@ -1596,7 +1596,8 @@ class StepProfile:
     """A server's step cost as `profile` measured it (seconds).
 
     decode: (sequences in the step, seconds) for steps that only decode, measured with
-    decode_context_tokens of context per sequence; prefill: (prompt tokens, seconds)
+    decode_context_tokens of context per sequence, and context_s_per_token what each
+    token of context beyond that adds, where measured; prefill: (prompt tokens, seconds)
     for a prompt prefilled alone, and prefill_factors: (prompts, factor) what k prompts
     prefilled together cost against one prompt of as many tokens (CPU kernels tile); mixed_overlap_s: how much less a prefill costs when it
     shares its steps with decodes (0 when not measured; negative when it costs more).
@@ -1612,6 +1613,7 @@ class StepProfile:
     server_info: dict      # what the server told of its flags (SERVER_FLAGS, kind): the defaults of a prediction
     request_overhead_s: float = 0.0  # fixed front-end time of a request (network, HTTP, tokenizing)
     prefill_factors: Tuple[Tuple[int, float], ...] = ((1, 1.0),)  # k prompts together / one prompt as long
+    context_s_per_token: Optional[float] = None  # what a token of context adds to a decode step (None: not measured)
 
 
 def read_step_profile(path: str) -> StepProfile:
@@ -1638,20 +1640,27 @@ def read_step_profile(path: str) -> StepProfile:
                                    for point in data.objects("prefill_batch_factors", [])])
     return StepProfile(path, tuple(decode), tuple(prefill), data.number("decode_context_tokens", 0, 0.0),
                        data.number("mixed_overlap_ms", default=0.0) / 1000, info["kind"], measured, info,
-                       data.number("request_overhead_ms", 0, 0.0) / 1000, tuple(factors))
+                       data.number("request_overhead_ms", 0, 0.0) / 1000, tuple(factors),
+                       _per_token_s(data.number("context_ms_per_token", 0, None)))
+
+
+def _per_token_s(value_ms: Optional[float]) -> Optional[float]:
+    return None if value_ms is None else value_ms / 1000
 
 
 class ProfileCost:
     """Prices a step from a StepProfile: piecewise linear in the sequences that decode
     and in the prefill tokens, a step that carries both as their sum less the measured
-    overlap; the roofline's KV-read term for context beyond what the profile measured;
+    overlap; for context beyond what the profile measured, what it measured a token of
+    context to add (else the roofline's KV read of it);
     the roofline (of fallback) for a step outside the table, counted in num_outside."""
 
     def __init__(self, profile: StepProfile, fallback: RooflineCost):
         self.profile, self.fallback = profile, fallback
         self.request_overhead_s = profile.request_overhead_s
         model, hardware = fallback.model, fallback.hardware
-        self.kv_read_s_per_token = model.kv_bytes_per_token / memory_rate(hardware)
+        self.context_s_per_token = (model.kv_bytes_per_token / memory_rate(hardware)
+                                    if profile.context_s_per_token is None else profile.context_s_per_token)
         self.num_steps = self.num_outside = 0
         self.largest_outside = [0, 0]   # most sequences decoding, most prefill tokens, of steps outside
 
@@ -1675,10 +1684,10 @@ class ProfileCost:
             return self.fallback.step_s(num_tokens, num_context_tokens, num_sampled, num_decodes,
                                         decode_context_tokens, num_seqs), True
         both_s = decode_s + prefill_s
-        if decode_s and prefill_s:
-            both_s = max(both_s - self.profile.mixed_overlap_s, decode_s)
+        if decode_s and prefill_s:  # never below either part alone
+            both_s = max(both_s - self.profile.mixed_overlap_s, decode_s, prefill_s)
         unmeasured = decode_context_tokens - num_decodes * self.profile.decode_context_tokens
-        return both_s + max(0.0, unmeasured) * self.kv_read_s_per_token, False
+        return both_s + max(0.0, unmeasured) * self.context_s_per_token, False
 
     def _count(self, num_steps: int, outside: bool, num_decodes: int, num_prefill: int) -> None:
         self.num_steps += num_steps
@@ -6715,6 +6724,15 @@ class ProfileSettings:
     timeout_s: float
     api_path: str = CHAT_PATH  # --endpoint: chat completions, or completions of a bare prompt
     cap_probe_requests: int = 0  # requests sent at once to find the sequence cap (0: the server states it)
+    context_tokens: int = 0      # prompt length of the long-context decode point (0: not measured)
+
+
+def capped_overlap_ms(overlap_ms: float, decode_ms: Optional[float]) -> float:
+    """A prefill's measured saving beside decodes, at most the decodes' own step (ms):
+    sharing a step can save the decoders' cost, never more. A larger figure is the
+    noise of two long prefills, one alone and one beside decodes, and would price every
+    prompt beside decodes as free."""
+    return overlap_ms if decode_ms is None else min(overlap_ms, decode_ms)
 
 
 class Profiler:
@@ -6731,6 +6749,7 @@ class Profiler:
         self.decode: List[dict] = []
         self.prefill: List[dict] = []
         self.mixed: List[dict] = []
+        self.context: Optional[dict] = None  # decodes of the largest batch at a long context
         self.notes: List[str] = []
         self.max_num_seqs: Optional[int] = None  # the server's cap, when measure_sequence_cap saw it
 
@@ -6770,47 +6789,102 @@ class Profiler:
         return [chat_body(self.model, prompt, max_tokens, True, 0.0, self.settings.api_path)
                 for prompt in build_prompts(num, prompt_tokens, 0, self.seed)]
 
-    def measure_decode(self, batch: int) -> None:
+    def measure_decodes(self, batches: Sequence[int]) -> None:
+        """Decode steps at each batch, in rounds of one run per batch, settled into
+        points even when the budget or Ctrl-C ends the rounds early.
+
+        NOTE: rounds, not every repeat of one batch in a row: a shared machine's step
+        time drifts over seconds (vLLM on two cores: 42 ms one run, 55 ms the next), and
+        rounds spread each drift over every batch alike, so it moves the whole table
+        rather than bending its shape."""
+        samples: Dict[int, List[dict]] = {batch: [] for batch in batches}
+        try:
+            for round_index in range(self.settings.repeat):
+                for batch in batches:
+                    gaps_s = [sample["gap_s"] for runs in samples.values() for sample in runs if sample["gap_s"]]
+                    last_s = gaps_s[-1] if gaps_s else 0.1
+                    estimate_s = self.settings.output_tokens * last_s * (1 + 1 / batch) if gaps_s else 0.0
+                    if self.fits_budget(f"decode batch {batch} (run {round_index + 1})", estimate_s):
+                        samples[batch].append(self.decode_sample(batch, min(gaps_s, default=None)))
+                        gap_s = samples[batch][-1]["gap_s"]
+                        self.say(f"decode batch {batch} (run {round_index + 1} of {self.settings.repeat}): "
+                                 + (f"{gap_s * 1000:.2f} ms per step" if gap_s else "they never decoded together"))
+        finally:
+            for batch in batches:
+                if samples[batch]:
+                    self.settle_decode(batch, samples[batch])
+
+    def decode_sample(self, batch: int, fastest_step_s: Optional[float], prompt_tokens: Optional[int] = None) -> dict:
+        """One run of batch requests sent together: the mean gap while all of them
+        decode (a request's TPOT is a mean of its gaps: a stall counts), the server's mean
+        batch, and their TTFT when one step prefilled them all."""
         settings = self.settings
-        gaps_s, windows, contexts, ttfts_s, server_s = [], [], [], [], []
-        for _ in range(settings.repeat):
-            records, window = self.load(self.bodies(batch, settings.prompt_tokens, settings.output_tokens),
-                                        batch, scrape=True)
-            gaps = decoding_gaps_s(records)
-            if gaps:
-                gaps_s.append(statistics.median(gaps))
-            windows.append((window or {}).get("mean_batch"))
-            contexts.append(statistics.mean(r.prompt_tokens for r in records) + settings.output_tokens / 2)
-            # NOTE: prompts sent together and prefilled in one step (their first tokens come
-            # together) tell what a step of `batch` prompts costs against one prompt as long.
-            # Prompts prefilled in different steps sample their first tokens a step or more
-            # apart, so "together" is within a tenth of the TTFT and half the cheapest decode
-            # step measured (a stall or a queue can stretch the TTFT past a step).
-            firsts = [r.token_times[0] for r in records]
-            ttft_s = statistics.median(first - r.sent_s for first, r in zip(firsts, records))
-            steps_s = [point["step_ms"] / 1000 for point in self.decode] + ([statistics.median(gaps)] if gaps else [])
-            if batch > 1 and max(firsts) - min(firsts) <= min([0.1 * ttft_s] + [0.5 * s for s in steps_s]):
-                ttfts_s.append(ttft_s)
-                server_s += _server_prompt_s(records)
+        records, window = self.load(self.bodies(batch, prompt_tokens or settings.prompt_tokens,
+                                                settings.output_tokens), batch, scrape=True)
+        gaps = decoding_gaps_s(records)
+        sample = {"gap_s": statistics.mean(gaps) if gaps else None, "mean_batch": (window or {}).get("mean_batch"),
+                  "context": statistics.mean(r.prompt_tokens for r in records) + settings.output_tokens / 2,
+                  "ttft_s": None, "server_s": []}
+        # NOTE: prompts sent together and prefilled in one step (their first tokens come
+        # together) tell what a step of `batch` prompts costs against one prompt as long.
+        # Prompts prefilled in different steps sample their first tokens a step or more
+        # apart, so "together" is within a tenth of the TTFT and half the cheapest decode
+        # step measured (a stall or a queue can stretch the TTFT past a step).
+        firsts = [r.token_times[0] for r in records]
+        ttft_s = statistics.median(first - r.sent_s for first, r in zip(firsts, records))
+        steps_s = [step for step in (fastest_step_s, sample["gap_s"]) if step]
+        if batch > 1 and max(firsts) - min(firsts) <= min([0.1 * ttft_s] + [0.5 * step for step in steps_s]):
+            sample.update(ttft_s=ttft_s, server_s=_server_prompt_s(records))
+        return sample
+
+    def settle_decode(self, batch: int, samples: Sequence[dict]) -> None:
+        """The decode point of one batch from its runs (decode_sample), with notes on what
+        they could not show."""
+        gaps_s = [sample["gap_s"] for sample in samples if sample["gap_s"]]
         if not gaps_s:
             self.notes.append(f"decode batch {batch}: the {batch} requests never decoded together")
             return
-        point = dict(batch=batch, **point_summary(gaps_s), context_tokens=statistics.mean(contexts),
-                     prefill_tokens=round(batch * (contexts[-1] - settings.output_tokens / 2)),
+        ttfts_s = [sample["ttft_s"] for sample in samples if sample["ttft_s"]]
+        server_s = [value for sample in samples for value in sample["server_s"]]
+        context = statistics.mean(sample["context"] for sample in samples)
+        point = dict(batch=batch, **point_summary(gaps_s), context_tokens=context,
+                     prefill_tokens=round(batch * (samples[-1]["context"] - self.settings.output_tokens / 2)),
                      prefill_ttft_ms=statistics.median(ttfts_s) * 1000 if ttfts_s else None,
                      prefill_server_ms=statistics.median(server_s) * 1000 if server_s else None)
         if batch > 1 and not ttfts_s:
             self.notes.append(f"decode batch {batch}: its prompts were never prefilled in one step, so what "
                               f"{batch} prompts together cost was not measured")
-        seen = [value for value in windows if value is not None]
+        seen = [sample["mean_batch"] for sample in samples if sample["mean_batch"] is not None]
         point["server_mean_batch"] = statistics.mean(seen) if seen else None
         if seen and point["server_mean_batch"] < 0.8 * batch:
             self.notes.append(f"decode batch {batch}: the server ran {point['server_mean_batch']:.2f} sequences "
                               f"per step on average (fewer slots than {batch}?)")
         self.decode.append(point)
-        self.say(f"decode batch {batch}: {point['step_ms']:.2f} ms per step ({point['min_ms']:.2f}-"
-                 f"{point['max_ms']:.2f} over {len(gaps_s)} runs), server mean batch "
-                 f"{_figure(point['server_mean_batch'], '{:.2f}')}")
+
+    def measure_context(self, batch: int) -> None:
+        """Decode steps of batch sequences with long prompts (settings.context_tokens):
+        against the same batch at short prompts, what a token of context adds to a step
+        (on a CPU, attention's cost: far above the roofline's read of its KV)."""
+        settings = self.settings
+        samples = [self.decode_sample(batch, None, settings.context_tokens) for _ in range(settings.repeat)]
+        gaps_s = [sample["gap_s"] for sample in samples if sample["gap_s"]]
+        if not gaps_s:
+            self.notes.append(f"decode batch {batch} at {settings.context_tokens:,} prompt tokens: the requests "
+                              f"never decoded together; not measured")
+            return
+        self.context = dict(batch=batch, prompt_tokens=settings.context_tokens, **point_summary(gaps_s),
+                            context_tokens=statistics.mean(sample["context"] for sample in samples))
+        self.say(f"decode batch {batch} at {self.context['context_tokens']:,.0f} tokens of context: "
+                 f"{self.context['step_ms']:.2f} ms per step")
+
+    def context_ms_per_token(self) -> Optional[float]:
+        """What a token of context adds to a decode step (ms), from the context point and
+        the short-prompt point of its batch; None when either is missing."""
+        short = next((p for p in self.decode if self.context and p["batch"] == self.context["batch"]), None)
+        if short is None or self.context["context_tokens"] <= short["context_tokens"]:
+            return None
+        added_ms = self.context["step_ms"] - short["step_ms"]
+        return max(0.0, added_ms / (short["batch"] * (self.context["context_tokens"] - short["context_tokens"])))
 
     def measure_prefill(self, prompt_tokens: int) -> None:
         records, _ = self.load(self.bodies(2 * self.settings.repeat + 1, prompt_tokens, 1), 1)  # cheap: more runs
@@ -6892,14 +6966,11 @@ class Profiler:
         """Every point in order, decode batches, the prefill grid, then mixed steps, each
         only if its estimated time still fits the budget; first, on a server that says how
         many requests run and wait, its sequence cap."""
-        settings, last_s = self.settings, 0.1
+        settings = self.settings
         if settings.cap_probe_requests:
             self.measure_sequence_cap(settings.cap_probe_requests)
-        for batch in [b for b in settings.batches if b <= (self.max_num_seqs or b)]:
-            estimate_s = settings.repeat * settings.output_tokens * last_s * (1 + 1 / batch)
-            if self.fits_budget(f"decode batch {batch}", estimate_s if self.decode else 0.0):
-                self.measure_decode(batch)
-                last_s = self.decode[-1]["step_ms"] / 1000 if self.decode else last_s
+        self.measure_decodes([b for b in settings.batches if b <= (self.max_num_seqs or b)])
+        last_s = self.decode[-1]["step_ms"] / 1000 if self.decode else 0.1
         for tokens in settings.prefill_tokens:
             estimate_s = settings.repeat * (self.prefill[-1]["ttft_ms"] / 1000 * 2 if self.prefill else last_s)
             if self.fits_budget(f"prefill {tokens:,} tokens", estimate_s):
@@ -6911,13 +6982,22 @@ class Profiler:
             estimate_s = settings.repeat * 2 * settings.output_tokens * batches[num_decoding] / 1000 * 1.2
             if self.fits_budget(f"mixed step with {tokens:,} prompt tokens", estimate_s):
                 self.measure_mixed(num_decoding, tokens, batches[num_decoding])
+        if settings.context_tokens and self.decode:
+            batch, step_ms = self.decode[-1]["batch"], self.decode[-1]["step_ms"]
+            prefill_ms = _interpolate([(p["prompt_tokens"], p["ttft_ms"]) for p in self.prefill],
+                                      settings.context_tokens) or 0.0
+            estimate_s = settings.repeat * (batch * prefill_ms + 1.5 * settings.output_tokens * step_ms) / 1000
+            if self.fits_budget(f"decode batch {batch} at {settings.context_tokens:,} prompt tokens", estimate_s):
+                self.measure_context(batch)
 
     def result(self, server: dict, complete: bool) -> dict:
         """The profile as profile --out writes it (read back by read_step_profile)."""
         overhead_ms = self._settle_prefill()
         prefill = prefill_table([(p["batch"], p["step_ms"]) for p in self.decode],
                                 [(p["prompt_tokens"], p["step_ms"]) for p in self.prefill])
-        overlaps = [(_interpolate(prefill, point["prompt_tokens"]) or point["added_ms"]) - point["added_ms"]
+        decode_ms = dict((p["batch"], p["step_ms"]) for p in self.decode)
+        overlaps = [self._overlap_ms((_interpolate(prefill, point["prompt_tokens"]) or point["added_ms"])
+                                     - point["added_ms"], decode_ms.get(point["decode_batch"]))
                     for point in self.mixed]
         factors = []
         for point in self.decode:  # a step of several prompts against one prompt of as many tokens
@@ -6935,8 +7015,16 @@ class Profiler:
             "request_overhead_ms": overhead_ms, "decode": self.decode, "prefill": self.prefill, "mixed": self.mixed,
             "decode_context_tokens": statistics.mean(p["context_tokens"] for p in self.decode) if self.decode else 0.0,
             "mixed_overlap_ms": statistics.median(overlaps) if overlaps else 0.0, "prefill_batch_factors": factors,
+            "context": self.context, "context_ms_per_token": self.context_ms_per_token(),
             "notes": self.notes,
         }
+
+    def _overlap_ms(self, overlap_ms: float, decode_ms: Optional[float]) -> float:
+        capped_ms = capped_overlap_ms(overlap_ms, decode_ms)
+        if capped_ms != overlap_ms:
+            self.notes.append(f"a prefill beside decodes measured {overlap_ms:.2f} ms cheaper than alone, more than "
+                              f"the decodes' own {decode_ms:.2f} ms step: taken as {capped_ms:.2f} ms")
+        return capped_ms
 
     def _settle_prefill(self) -> float:
         """Split each prefill point's TTFT into the server's prefill step and the fixed
@@ -7666,7 +7754,12 @@ def measured_server(report: dict) -> dict:
     return info
 
 
-SEND_BURST_S = 0.005  # s: sends closer than this to the first of their burst are replayed as one
+# s: sends closer than this to the first of their burst are replayed as one, on llama.cpp
+# only. NOTE: llama-server's loop takes every task its HTTP threads queued meanwhile into
+# one batch; vLLM's engine core polls without pause and starts a step on the first request
+# that reaches it, so two prompts sent 1 ms apart are prefilled in two steps (measured on
+# vLLM 0.32 CPU at concurrency 2: TTFTs of one prefill and of two).
+SEND_BURST_S = {"llama.cpp": 0.005}
 
 
 def recorded_sends(report: dict) -> Optional[List[Request]]:
@@ -7689,9 +7782,9 @@ def recorded_sends(report: dict) -> Optional[List[Request]]:
                            and 1 <= r["output_tokens"] <= MAX_COUNT for r in done):
         return None
     done.sort(key=lambda r: r["sent_s"])
-    offsets, burst_s = [], done[0]["sent_s"]
-    for r in done:  # NOTE: sends a few ms apart were one burst of the clients' threads: the server saw them together
-        burst_s = burst_s if r["sent_s"] - burst_s <= SEND_BURST_S else r["sent_s"]
+    offsets, burst_s, within_s = [], done[0]["sent_s"], SEND_BURST_S.get(measured_server(report).get("kind"), 0.0)
+    for r in done:  # sends a few ms apart were one burst of the clients' threads, which llama.cpp saw together
+        burst_s = burst_s if r["sent_s"] - burst_s <= within_s else r["sent_s"]
         offsets.append(burst_s - done[0]["sent_s"])
     return [Request(index, r["prompt_tokens"], r["output_tokens"], offset)
             for index, (r, offset) in enumerate(zip(done, offsets))]
@@ -7708,7 +7801,7 @@ def predict_loadgen_run(report: dict, spec: EngineSpec) -> dict:
     concurrency, rate, num_requests, prompt_tokens, output_tokens = measured_workload(report)
     sends = recorded_sends(report) if concurrency is not None else None
     if sends:
-        return run_and_report(spec.engine(), sends, concurrency)
+        return run_and_report(spec.engine(), with_shared_prefix(sends, report), concurrency)
     settings = report["settings"]
     if rate is None:
         offsets = [0.0] * num_requests
@@ -7717,7 +7810,21 @@ def predict_loadgen_run(report: dict, spec: EngineSpec) -> dict:
     lengths = report.get("request_lengths") or [(prompt_tokens, output_tokens)] * num_requests
     requests = [Request(index, prompt, output, arrival_s)
                 for index, ((prompt, output), arrival_s) in enumerate(zip(lengths, offsets))]
-    return run_and_report(spec.engine(), requests, concurrency)
+    return run_and_report(spec.engine(), with_shared_prefix(requests, report), concurrency)
+
+
+def with_shared_prefix(requests: List[Request], report: dict) -> List[Request]:
+    """The requests with the leading words loadgen --shared-prefix-tokens put in every
+    prompt as one shared prefix, as many tokens as the server counted for them (the
+    words scaled by its count of the whole prompt against the words asked for)."""
+    settings = report["settings"]
+    shared, asked = settings.get("shared_prefix_tokens") or 0, settings.get("prompt_tokens")
+    if not shared or not isinstance(asked, int) or asked < 1:
+        return requests
+    for request in requests:
+        request.prefix = "loadgen --shared-prefix-tokens"
+        request.prefix_tokens = min(request.prompt_tokens, round(shared * request.prompt_tokens / asked))
+    return requests
 
 
 def relative_error(predicted: Optional[float], measured: Optional[float]) -> Optional[float]:
@@ -9619,6 +9726,11 @@ def format_profile(profile: dict, out: Optional[str]) -> List[str]:
         lines += format_table(("beside decodes: decoding", "prompt tokens", "added ms", "min ms", "max ms", "steps"), [
             [str(p["decode_batch"]), f"{p['prompt_tokens']:,}", f"{p['added_ms']:.2f}", f"{p['min_ms']:.2f}",
              f"{p['max_ms']:.2f}", f"{p['num_steps']:g}"] for p in profile["mixed"]])
+    context, per_token_ms = profile.get("context"), profile.get("context_ms_per_token")
+    if context:
+        added = "" if per_token_ms is None else f": each token of context adds {per_token_ms * 1000:.2f} us per sequence"
+        lines.append(f"decode batch {context['batch']} at {context['context_tokens']:,.0f} tokens of context: "
+                     f"{context['step_ms']:.2f} ms per step ({context['min_ms']:.2f}-{context['max_ms']:.2f}){added}")
     overlap = profile["mixed_overlap_ms"]
     lines.append(f"front-end time per request {profile['request_overhead_ms']:.2f} ms; a prefill beside decodes "
                  f"costs {abs(overlap):.2f} ms {'less' if overlap >= 0 else 'more'} than alone; decodes measured at "
@@ -10212,6 +10324,16 @@ def _prefill_grid(server: dict) -> Tuple[int, ...]:
 PROFILE_BATCHES = 8  # decode batches profiled when the server states no sequence cap (vLLM, SGLang)
 
 
+def _context_point_tokens(server: dict, output_tokens: int, num_batches: int) -> int:
+    """The prompt length of the long-context decode point: 1,024 tokens, or what leaves a
+    slot (llama.cpp) or max_model_len room for the output and a margin, and lets
+    num_batches such requests share the server's KV cache (a preemption would time
+    recomputation, not decoding)."""
+    context = server.get("slot_context_tokens") or server.get("max_model_len") or 8192
+    shared = server.get("kv_tokens") or num_batches * context
+    return max(0, min(1024, context // 2 - output_tokens, shared * 3 // (4 * num_batches) - output_tokens))
+
+
 def cmd_profile(args) -> int:
     sys.setswitchinterval(LOADGEN_SWITCH_INTERVAL_S)
     endpoint = Endpoint.parse(args.url)
@@ -10220,9 +10342,15 @@ def cmd_profile(args) -> int:
     server = discover_server(endpoint, auth, args.timeout)
     num_batches = args.max_num_seqs or server.get("slots") or server.get("max_num_seqs") or PROFILE_BATCHES
     probe = 0 if args.max_num_seqs or server.get("slots") or server.get("max_num_seqs") else 4 * PROFILE_BATCHES
+    context_tokens = (_context_point_tokens(server, args.output_tokens, num_batches) if args.context_tokens is None
+                      else args.context_tokens)
+    limit = server.get("slot_context_tokens") or server.get("max_model_len")
+    if limit and context_tokens + args.output_tokens > limit:
+        raise UsageError(f"--context-tokens {context_tokens:,}: with --output-tokens {args.output_tokens} it passes "
+                         f"the server's {limit:,}-token context")
     settings = ProfileSettings(tuple(range(1, num_batches + 1)), tuple(args.prefill_tokens or _prefill_grid(server)),
                                args.prompt_tokens, args.output_tokens, args.repeat, args.budget_s, args.timeout,
-                               args.endpoint, probe)
+                               args.endpoint, probe, context_tokens)
     start = time.perf_counter()
 
     def say(text: str) -> None:
@@ -10991,6 +11119,9 @@ def _profile_flags(parser: argparse.ArgumentParser) -> None:
                         help="decode batches 1..N to time (default: the server's slots from /props; else the cap "
                              "found by sending 32 short requests at once and reading the running and waiting "
                              "gauges of /metrics, at most 8; recorded for compare)")
+    parser.add_argument("--context-tokens", type=non_negative_int,
+                        help="prompt length of a decode point at the largest batch that measures what context "
+                             "adds to a step (default: 1,024, or less to fit a slot or max_model_len; 0 skips it)")
     parser.add_argument("--prefill-tokens", type=int_list,
                         help="prompt lengths to time, e.g. 16,64,256 (default: powers of two from 16 to half a "
                              "slot's context, at most 2,048 on llama.cpp and 4,096 elsewhere)")

@@ -6,7 +6,8 @@
 `slots` requests run at once (the rest wait, as llama.cpp defers them). One engine thread
 takes steps: a step carries one token for every slot that decodes and the whole prompt of
 every slot just admitted, and lasts decode_ms[decoding slots] + prefill_ms_per_token x
-prompt tokens (less mixed_overlap_ms when it carries both). Steps are kept on an absolute
+prompt tokens (less mixed_overlap_ms when it carries both), plus context_us_per_token for
+every token of context the decoding slots hold. Steps are kept on an absolute
 schedule, so a late wake-up shortens the next sleep instead of stretching every gap. A
 prompt's tokens are its words; with timings, the last event carries llama.cpp's timings
 (prompt_ms: the step that prefilled it). GET /props, /slots, /health, /v1/models and /metrics
@@ -106,8 +107,9 @@ class FakeEngine:
     """Context manager: the server on 127.0.0.1:0 and its engine thread."""
 
     def __init__(self, decode_ms, prefill_ms_per_token=0.02, mixed_overlap_ms=0.0, slots=4,
-                 slot_context_tokens=4096, timings=True, kind="llama.cpp"):
+                 slot_context_tokens=4096, timings=True, kind="llama.cpp", context_us_per_token=0.0):
         self.kind = kind
+        self.context_us_per_token = context_us_per_token
         self.timings = timings and kind == "llama.cpp"
         self.decode_ms = decode_ms
         self.prefill_ms_per_token = prefill_ms_per_token
@@ -159,7 +161,9 @@ class FakeEngine:
                 self.running += admitted
                 self.num_decode_calls += 1
                 self.num_busy_slots += len(self.running)
-            cost_s = self.step_ms(len(decoding), sum(s.prompt_tokens for s in admitted)) / 1000
+            context = sum(stream.prompt_tokens + stream.generated for stream in decoding)
+            cost_s = (self.step_ms(len(decoding), sum(s.prompt_tokens for s in admitted))
+                      + self.context_us_per_token * context / 1000) / 1000
             for stream in admitted:
                 stream.prompt_ms = cost_s * 1000
             deadline = (deadline or time.perf_counter()) + cost_s

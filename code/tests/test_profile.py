@@ -36,7 +36,7 @@ class ProfileOfAKnownServerTest(ScratchTest):
 
     def test_it_exits_0_and_reports_progress_per_point_on_stderr(self):
         self.assertEqual(self.code, 0, self.err)
-        self.assertEqual(len([line for line in self.err.splitlines() if line.startswith("profile: ")]), 9)
+        self.assertEqual(len([line for line in self.err.splitlines() if line.startswith("profile: ")]), 4 * 2 + 4 + 1 + 1)
         self.assertIn(f"wrote {self.path}; use it with --step-profile {self.path}", self.out)
 
     def test_every_decode_point_is_recovered_within_3_percent(self):
@@ -123,6 +123,24 @@ class ProfileCostTest(ScratchTest):
     def test_a_step_with_both_costs_their_sum_less_the_measured_overlap(self):
         cost = self.cost(overlap_ms=5.0, context_tokens=500.0)
         self.assertAlmostEqual(cost.step_s(102, 2000, 3, 2, 1000), 0.014 + 0.020 - 0.005)
+
+    def test_a_step_with_both_never_costs_less_than_either_alone(self):
+        cost = self.cost(overlap_ms=25.0, context_tokens=500.0)
+        self.assertAlmostEqual(cost.step_s(102, 2000, 3, 2, 1000), 0.020)  # the 100-token prefill alone
+        self.assertAlmostEqual(cost.step_s(11, 2000, 5, 4, 2000), 0.030)   # the 4 decodes alone
+
+    def test_a_prefill_beside_decodes_is_measured_to_save_at_most_the_decoders_own_step(self):
+        self.assertEqual([main.capped_overlap_ms(overlap, 31.0) for overlap in (-4.0, 12.5, 45.0)], [-4.0, 12.5, 31.0])
+        self.assertEqual(main.capped_overlap_ms(45.0, None), 45.0)
+
+    def test_context_beyond_what_the_profile_measured_costs_what_the_profile_measured_a_token_to_add(self):
+        path = write_profile(self, [(1, 10.0), (2, 14.0), (4, 30.0)], [(100, 20.0)], context_tokens=100.0)
+        with open(path) as handle:
+            data = json.load(handle)
+        data["context_ms_per_token"] = 0.002
+        path = self.write("p.json", data)
+        cost = main.ProfileCost(main.read_step_profile(path), main.RooflineCost(self.H100, self.LLAMA))
+        self.assertAlmostEqual(cost.step_s(2, 2000, 2, 2, 2000), 0.014 + 1800 * 0.000002)
 
     def test_context_beyond_what_the_profile_measured_pays_the_rooflines_kv_read(self):
         cost = self.cost(context_tokens=100.0)
@@ -316,6 +334,30 @@ def vllm_bench_result(**changes):
     return result
 
 
+class RecordedSendsTest(unittest.TestCase):
+    """How a closed loop's recorded sends become the simulated arrivals."""
+
+    @staticmethod
+    def report(kind, sent_s, shared_prefix_tokens=0):
+        records = [{"sent_s": s, "prompt_tokens": 200, "output_tokens": 8, "error": None} for s in sent_s]
+        return {"settings": {"server_info": {"kind": kind}, "prompt_tokens": 100,
+                             "shared_prefix_tokens": shared_prefix_tokens}, "requests": records}
+
+    def test_llama_cpp_sends_within_5_ms_of_their_bursts_first_are_one_burst(self):
+        sends = main.recorded_sends(self.report("llama.cpp", [10.0, 10.001, 10.004, 10.2]))
+        self.assertEqual([round(r.arrival_s, 6) for r in sends], [0.0, 0.0, 0.0, 0.2])
+
+    def test_vllm_sends_a_millisecond_apart_keep_their_own_times(self):
+        sends = main.recorded_sends(self.report("vllm", [10.0, 10.001, 10.004, 10.2]))
+        self.assertEqual([round(r.arrival_s, 6) for r in sends], [0.0, 0.001, 0.004, 0.2])
+
+    def test_a_shared_prefix_is_replayed_as_many_tokens_as_the_server_counted_for_it(self):
+        report = self.report("vllm", [0.0, 0.5], shared_prefix_tokens=60)
+        requests = main.with_shared_prefix(main.recorded_sends(report), report)
+        self.assertEqual([(r.prefix_tokens, r.prompt_tokens) for r in requests], [(120, 200), (120, 200)])
+        self.assertEqual(len({r.prefix for r in requests}), 1)
+
+
 class VllmBenchResultTest(ScratchTest):
     """compare and calibrate read a vllm bench serve result as they read a loadgen report."""
 
@@ -432,6 +474,28 @@ class ServerFlagsTest(ScratchTest):
                           result["scheduler"]["prefix_caching"]), (8192, 8, False))
 
 
+class ContextCostTest(ScratchTest):
+    """What a token of context adds to a decode step, measured at the largest batch."""
+
+    def test_profile_recovers_the_cost_of_context_and_simulate_charges_it(self):
+        with FakeEngine(DECODE_MS, context_us_per_token=20.0) as engine:
+            profile = run_json("profile", "--url", engine.url, "--output-tokens", "12", "--repeat", "2",
+                               "--prefill-tokens", "100", "--context-tokens", "600", "--quiet")
+        self.assertEqual((profile["context"]["batch"], profile["context"]["prompt_tokens"]), (4, 600))
+        self.assertAlmostEqual(profile["context_ms_per_token"], 0.020, delta=0.002)
+        path = self.write("context.profile.json", profile)
+        steps = [run_json("simulate", "--step-profile", path, *GEMMA, "--kv-tokens", "16384", "--max-num-seqs", "4",
+                          "--prompt-tokens", str(prompt), "--output-tokens", "64", "--requests", "4",
+                          "--concurrency", "4")["summary"]["tpot_ms"]["p50"] for prompt in (40, 1040)]
+        self.assertAlmostEqual(steps[1] - steps[0], 4 * 1000 * 0.020, delta=1.0)  # 4 sequences, 1,000 more tokens each
+
+    def test_a_context_point_that_passes_the_servers_context_is_refused(self):
+        with FakeEngine(DECODE_MS, slot_context_tokens=512) as engine:
+            code, _, err = run_cli("profile", "--url", engine.url, "--output-tokens", "64", "--context-tokens", "500")
+        self.assertEqual((code, err.strip()), (2, "servesim: error: --context-tokens 500: with --output-tokens 64 it passes "
+                                                  "the server's 512-token context"))
+
+
 class SequenceCapProbeTest(ScratchTest):
     """vLLM states no --max-num-seqs: profile finds it by crowding the server."""
 
@@ -469,7 +533,7 @@ class ProfileStopsTest(ScratchTest):
             first = child.stderr.readline()
             child.send_signal(signal.SIGINT)
             _, err = child.communicate(timeout=60)
-        self.assertTrue(first.startswith("profile: decode batch 1: "), first)
+        self.assertTrue(first.startswith("profile: decode batch 1 (run 1 of 1): "), first)
         self.assertEqual(child.returncode, 130, err)
         with open(path, encoding="utf-8") as handle:
             profile = json.load(handle)
