@@ -129,6 +129,13 @@ class ProfileCostTest(ScratchTest):
         self.assertAlmostEqual(cost.step_s(102, 2000, 3, 2, 1000), 0.020)  # the 100-token prefill alone
         self.assertAlmostEqual(cost.step_s(11, 2000, 5, 4, 2000), 0.030)   # the 4 decodes alone
 
+    def test_a_chunk_after_earlier_context_costs_extending_the_prompt_plus_a_steps_fixed_cost(self):
+        cost = self.cost()
+        self.assertAlmostEqual(cost.step_s(100, 100, 0, 0, 0, 1), 0.020)  # a fresh 100-token prompt
+        self.assertAlmostEqual(cost.step_s(100, 200, 1, 0, 0, 1), 0.040 - 0.020 + 0.010)  # after 100 tokens
+        self.assertAlmostEqual(cost.step_s(200, 400, 2, 0, 0, 2), 2 * 0.030)  # two such prompts, taken alike
+        self.assertAlmostEqual(cost.step_s(100, 350, 1, 0, 0, 1), 0.020)  # 350 tokens: past the table, not charged
+
     def test_a_prefill_beside_decodes_is_measured_to_save_at_most_the_decoders_own_step(self):
         self.assertEqual([main.capped_overlap_ms(overlap, 31.0) for overlap in (-4.0, 12.5, 45.0)], [-4.0, 12.5, 31.0])
         self.assertEqual(main.capped_overlap_ms(45.0, None), 45.0)
