@@ -1677,9 +1677,8 @@ class ProfileCost:
         num_prefill = num_tokens - num_decodes
         decode_s = _interpolate(self.profile.decode, num_decodes) if num_decodes else 0.0
         prefill_s = _interpolate(self.profile.prefill, num_prefill) if num_prefill else 0.0
-        if prefill_s and num_seqs - num_decodes > 1:  # several prompts in one step: the measured factor
-            factors = self.profile.prefill_factors
-            prefill_s *= _interpolate(factors, min(num_seqs - num_decodes, factors[-1][0]))
+        if prefill_s and num_seqs - num_decodes > 1:
+            prefill_s = self._several_prompts_s(prefill_s, num_prefill, num_seqs - num_decodes)
         if prefill_s:
             prefill_s += self._earlier_context_s(num_prefill, num_context_tokens - decode_context_tokens,
                                                  num_seqs - num_decodes)
@@ -1691,6 +1690,25 @@ class ProfileCost:
             both_s = max(both_s - self.profile.mixed_overlap_s, decode_s, prefill_s)
         unmeasured = decode_context_tokens - num_decodes * self.profile.decode_context_tokens
         return both_s + max(0.0, unmeasured) * self.context_s_per_token, False
+
+    def _several_prompts_s(self, as_one_s: float, num_prefill: int, num_prompts: int) -> float:
+        """What num_prompts prompts of num_prefill tokens between them cost in one step:
+        the profile's measured factor times one prompt as long (as_one_s); where it
+        measured none, each prompt priced alone (as alike: their mean length), the step's
+        fixed cost, table(1), paid once.
+
+        NOTE: vLLM's engine core starts a step on the first request it sees, so prompts
+        sent together are never prefilled together and profile cannot measure the factor.
+        One prompt as long would charge attention across all of them: on a CPU, whose
+        table grows faster than linearly, that priced four 263-token prompts at 1.9 s
+        where four alone share a step for 1.6 s."""
+        factors = self.profile.prefill_factors
+        if len(factors) > 1:
+            return as_one_s * _interpolate(factors, min(num_prompts, factors[-1][0]))
+        each_s, fixed_s = (_interpolate(self.profile.prefill, x) for x in (num_prefill / num_prompts, 1))
+        if each_s is None or fixed_s is None:
+            return as_one_s
+        return num_prompts * each_s - (num_prompts - 1) * fixed_s
 
     def _earlier_context_s(self, num_prefill: int, prefill_context_tokens: int, num_prefilling: int) -> float:
         """What the prompt tokens of a step pay for attending to context computed in earlier
@@ -6736,6 +6754,9 @@ def machine_description() -> dict:
     return {"cpu": cpu, "num_cpus": os.cpu_count(), "platform": platform.platform()}
 
 
+MIXED_PROMPT_TOKENS = 512  # longest prompt profile times beside decodes (the grid's longest at most this)
+
+
 @dataclass(frozen=True)
 class ProfileSettings:
     """What `profile` measures: decode steps at each batch, prefills over a grid of
@@ -6754,11 +6775,12 @@ class ProfileSettings:
 
 
 def capped_overlap_ms(overlap_ms: float, decode_ms: Optional[float]) -> float:
-    """A prefill's measured saving beside decodes, at most the decodes' own step (ms):
-    sharing a step can save the decoders' cost, never more. A larger figure is the
+    """A prefill's measured saving beside decodes (ms), within the decodes' own step
+    either way: sharing a step can save the decoders' cost, never more, and costs more
+    than both parts alone by at most one more step's fixed cost. A figure beyond is the
     noise of two long prefills, one alone and one beside decodes, and would price every
-    prompt beside decodes as free."""
-    return overlap_ms if decode_ms is None else min(overlap_ms, decode_ms)
+    prompt beside decodes as free, or as half a second dearer."""
+    return overlap_ms if decode_ms is None else max(-decode_ms, min(overlap_ms, decode_ms))
 
 
 class Profiler:
@@ -7004,7 +7026,11 @@ class Profiler:
         batches = {point["batch"]: point["step_ms"] for point in self.decode}
         num_decoding = max(batches, default=1) - 1
         if self.prefill and num_decoding in batches:
-            tokens = settings.prefill_tokens[-1]
+            # NOTE: a prompt of moderate length: the saving is at most a decode step (tens
+            # of ms), and a prefill of seconds varies by hundreds (vLLM on two cores: five
+            # profiles at 2,055 tokens put it anywhere from -414 to +453 ms)
+            tokens = max([t for t in settings.prefill_tokens if t <= MIXED_PROMPT_TOKENS],
+                         default=min(settings.prefill_tokens))
             estimate_s = settings.repeat * 2 * settings.output_tokens * batches[num_decoding] / 1000 * 1.2
             if self.fits_budget(f"mixed step with {tokens:,} prompt tokens", estimate_s):
                 self.measure_mixed(num_decoding, tokens, batches[num_decoding])
@@ -7226,7 +7252,8 @@ def build_engine_spec(args, hardware: Optional[Hardware] = None, server: Optiona
     asynchronous = getattr(args, "async_scheduling", None)
     block_size = args.block_size or server.get("block_size") or 16
     config = SchedulerConfig(slots, args.max_num_batched_tokens or step_tokens or defaults["max_num_batched_tokens"],
-                             block_size, args.chunked_prefill, prefix_caching, args.max_model_len,
+                             block_size, args.chunked_prefill, prefix_caching,
+                             args.max_model_len or server.get("max_model_len"),
                              None if isinstance(cap, list) else cap, scheduler,  # sweep: one run per cap
                              defaults["async_scheduling"] if asynchronous is None else asynchronous)
     config = dataclasses.replace(config, **config_changes)
@@ -9375,7 +9402,8 @@ def _format_replay(report: dict) -> List[str]:
 
 
 SERVER_FLAG_NAMES = {"max_num_seqs": "max-num-seqs {:,}", "kv_tokens": "{:,} KV tokens",
-                     "max_num_batched_tokens": "max-num-batched-tokens {:,}"}
+                     "max_num_batched_tokens": "max-num-batched-tokens {:,}", "block_size": "block-size {}",
+                     "max_model_len": "max-model-len {:,}"}
 
 
 def server_flags_text(server: dict) -> Optional[str]:

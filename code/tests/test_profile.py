@@ -129,15 +129,21 @@ class ProfileCostTest(ScratchTest):
         self.assertAlmostEqual(cost.step_s(102, 2000, 3, 2, 1000), 0.020)  # the 100-token prefill alone
         self.assertAlmostEqual(cost.step_s(11, 2000, 5, 4, 2000), 0.030)   # the 4 decodes alone
 
+    def test_several_prompts_without_a_measured_factor_cost_each_alone_less_the_shared_fixed_cost(self):
+        cost = self.cost()
+        self.assertAlmostEqual(cost.step_s(200, 200, 2, 0, 0, 2), 2 * 0.020 - 0.010)
+        self.assertAlmostEqual(cost.step_s(300, 300, 3, 0, 0, 3), 3 * 0.020 - 2 * 0.010)
+
     def test_a_chunk_after_earlier_context_costs_extending_the_prompt_plus_a_steps_fixed_cost(self):
         cost = self.cost()
         self.assertAlmostEqual(cost.step_s(100, 100, 0, 0, 0, 1), 0.020)  # a fresh 100-token prompt
         self.assertAlmostEqual(cost.step_s(100, 200, 1, 0, 0, 1), 0.040 - 0.020 + 0.010)  # after 100 tokens
-        self.assertAlmostEqual(cost.step_s(200, 400, 2, 0, 0, 2), 2 * 0.030)  # two such prompts, taken alike
+        self.assertAlmostEqual(cost.step_s(200, 400, 2, 0, 0, 2), 2 * 0.030 - 0.010)  # two such, one fixed cost
         self.assertAlmostEqual(cost.step_s(100, 350, 1, 0, 0, 1), 0.020)  # 350 tokens: past the table, not charged
 
-    def test_a_prefill_beside_decodes_is_measured_to_save_at_most_the_decoders_own_step(self):
-        self.assertEqual([main.capped_overlap_ms(overlap, 31.0) for overlap in (-4.0, 12.5, 45.0)], [-4.0, 12.5, 31.0])
+    def test_a_prefill_beside_decodes_is_taken_to_save_or_add_at_most_the_decoders_own_step(self):
+        self.assertEqual([main.capped_overlap_ms(overlap, 31.0) for overlap in (-45.0, -4.0, 12.5, 45.0)],
+                         [-31.0, -4.0, 12.5, 31.0])
         self.assertEqual(main.capped_overlap_ms(45.0, None), 45.0)
 
     def test_context_beyond_what_the_profile_measured_costs_what_the_profile_measured_a_token_to_add(self):
@@ -456,7 +462,7 @@ class ServerFlagsTest(ScratchTest):
             code, out, err = run_cli("loadgen", "--url", fake.url, "--requests", "2", "--concurrency", "1")
         self.assertEqual((code, out.splitlines()[1]), (0, (
             "the server's own settings (sglang): max-num-seqs 48, 300,000 KV tokens, max-num-batched-tokens 4,096, "
-            "prefix caching on")))
+            "max-model-len 8,192, prefix caching on")))
 
     def test_a_server_that_tells_nothing_or_nonsense_gives_nothing(self):
         self.assertEqual(self.discover(), {})
@@ -469,8 +475,11 @@ class ServerFlagsTest(ScratchTest):
         path = self.write("s1.json", report)
         result = run_json("compare", path, *GEMMA)
         self.assertEqual((result["capacity"]["num_kv_tokens"], result["scheduler"]["max_num_seqs"],
-                          result["scheduler"]["max_num_batched_tokens"], result["scheduler"]["prefix_caching"]),
-                         (300000, 48, 4096, True))
+                          result["scheduler"]["max_num_batched_tokens"], result["scheduler"]["prefix_caching"],
+                          result["scheduler"]["max_model_len"]), (300000, 48, 4096, True, None))
+        report["settings"]["server_info"]["max_model_len"] = 8192
+        told = run_json("compare", self.write("s2.json", report), *GEMMA)["scheduler"]["max_model_len"]
+        self.assertEqual(told, 8192)
         lines = run_cli("compare", path, *GEMMA)[1].splitlines()
         self.assertIn("(300,000 KV tokens, max-num-seqs 48)", lines[0])
         self.assertEqual(lines[1], "the server's own settings (sglang): max-num-seqs 48, 300,000 KV tokens, "
