@@ -6935,13 +6935,19 @@ class Profiler:
         return max(0.0, added_ms / (short["batch"] * (self.context["context_tokens"] - short["context_tokens"])))
 
     def measure_prefill(self, prompt_tokens: int) -> None:
-        records, _ = self.load(self.bodies(2 * self.settings.repeat + 1, prompt_tokens, 1), 1)  # cheap: more runs
+        """Prompts of prompt_tokens sent one at a time: their TTFT, and the server's own
+        time for them where it tells it (llama.cpp's timings per request; vLLM's mean queue
+        plus prefill time over the run, from /metrics), the rest being the request path."""
+        records, window = self.load(self.bodies(2 * self.settings.repeat + 1, prompt_tokens, 1), 1, scrape=True)
         ttfts = [r.token_times[0] - r.sent_s for r in records]
         server_s = _server_prompt_s(records)
+        if not server_s and window and window.get("prefill_ms") is not None:
+            path_s = statistics.mean(ttfts) - (window["prefill_ms"] + (window.get("queue_ms") or 0.0)) / 1000
+            server_s = [ttft - max(0.0, path_s) for ttft in ttfts]
         point = dict(prompt_tokens=round(statistics.median(r.prompt_tokens for r in records)),
                      ttft_ms=statistics.median(ttfts) * 1000,
-                     server_prompt_ms=statistics.median(server_s) * 1000 if len(server_s) == len(records) else None,
-                     **point_summary(server_s if len(server_s) == len(records) else ttfts))
+                     server_prompt_ms=statistics.median(server_s) * 1000 if server_s else None,
+                     **point_summary(server_s or ttfts))
         self.prefill.append(point)
         self.say(f"prefill {point['prompt_tokens']:,} tokens: TTFT {point['ttft_ms']:.2f} ms, "
                  f"server prompt time {_figure(point['server_prompt_ms'], '{:.2f} ms')}")
@@ -7081,8 +7087,9 @@ class Profiler:
     def _settle_prefill(self) -> float:
         """Split each prefill point's TTFT into the server's prefill step and the fixed
         front-end time around it (network, HTTP, tokenizing); return the latter in ms.
-        With the server's own prompt time (llama.cpp's timings) the split is measured;
-        otherwise the fixed part is the intercept of TTFT against prompt length."""
+        With the server's own prompt time (llama.cpp's timings, vLLM's histograms) the
+        split is measured; otherwise the fixed part is the intercept of TTFT against
+        prompt length."""
         if not self.prefill:
             return 0.0
         if all(point["server_prompt_ms"] is not None for point in self.prefill):

@@ -13,8 +13,10 @@ prompt's tokens are its words; with timings, the last event carries llama.cpp's 
 (prompt_ms: the step that prefilled it). GET /props, /slots, /health, /v1/models and /metrics
 (llama.cpp's names) answer as llama-server does. With kind="vllm" the server answers as
 vLLM does instead: no /props or /slots, max_model_len in /v1/models, and vLLM's gauges of
-running and waiting requests and its cache_config_info in /metrics (where vLLM states no
---max-num-seqs: only a crowd of requests shows the slots).
+running and waiting requests, its cache_config_info and its queue and prefill time
+histograms in /metrics (where vLLM states no --max-num-seqs: only a crowd of requests shows
+the slots). request_path_ms delays every request before the engine sees it (HTTP,
+tokenizing, the hop to the engine), outside the server's own queue and prefill times.
 """
 
 import json
@@ -32,6 +34,7 @@ class _Stream:
         self.max_tokens = max_tokens
         self.generated = 0
         self.prompt_ms = 0.0   # the step that prefilled it, as llama.cpp's timings.prompt_ms
+        self.submitted_s = self.admitted_s = 0.0
         self.events = queue.Queue()
 
 
@@ -66,6 +69,7 @@ class _Handler(BaseHTTPRequestHandler):
     def do_POST(self):
         body = json.loads(self.rfile.read(int(self.headers.get("Content-Length", 0))))
         prompt_tokens = len((body["messages"][-1]["content"] if "messages" in body else body["prompt"]).split())
+        time.sleep(self.server.engine.request_path_ms / 1000)  # a fake's path: a real clock is its point
         stream = self.server.engine.submit(prompt_tokens, body.get("max_tokens", 16))
         def piece(text):  # a chat delta, or a completion's text
             return {"delta": {"content": text} if text else {}} if "messages" in body else {"text": text}
@@ -107,8 +111,11 @@ class FakeEngine:
     """Context manager: the server on 127.0.0.1:0 and its engine thread."""
 
     def __init__(self, decode_ms, prefill_ms_per_token=0.02, mixed_overlap_ms=0.0, slots=4,
-                 slot_context_tokens=4096, timings=True, kind="llama.cpp", context_us_per_token=0.0):
+                 slot_context_tokens=4096, timings=True, kind="llama.cpp", context_us_per_token=0.0,
+                 request_path_ms=0.0):
         self.kind = kind
+        self.request_path_ms = request_path_ms
+        self.num_ended, self.queue_s, self.prefill_s = 0, 0.0, 0.0  # vLLM's histograms, of ended requests
         self.context_us_per_token = context_us_per_token
         self.timings = timings and kind == "llama.cpp"
         self.decode_ms = decode_ms
@@ -129,6 +136,7 @@ class FakeEngine:
 
     def submit(self, prompt_tokens, max_tokens):
         stream = _Stream(prompt_tokens, max_tokens)
+        stream.submitted_s = time.perf_counter()
         with self.lock:
             self.waiting.append(stream)
             self.lock.notify()
@@ -141,7 +149,11 @@ class FakeEngine:
                 return (f"vllm:num_requests_running{{engine=\"0\",model_name=\"fake-engine\"}} {len(self.running)}\n"
                         f"vllm:num_requests_waiting{{engine=\"0\",model_name=\"fake-engine\"}} {len(self.waiting)}\n"
                         f"vllm:cache_config_info{{block_size=\"16\",enable_prefix_caching=\"False\","
-                        f"num_gpu_blocks=\"{self.slots * self.slot_context_tokens // 16}\"}} 1.0\n")
+                        f"num_gpu_blocks=\"{self.slots * self.slot_context_tokens // 16}\"}} 1.0\n"
+                        f"vllm:request_queue_time_seconds_sum{{model_name=\"fake-engine\"}} {self.queue_s}\n"
+                        f"vllm:request_queue_time_seconds_count{{model_name=\"fake-engine\"}} {self.num_ended}\n"
+                        f"vllm:request_prefill_time_seconds_sum{{model_name=\"fake-engine\"}} {self.prefill_s}\n"
+                        f"vllm:request_prefill_time_seconds_count{{model_name=\"fake-engine\"}} {self.num_ended}\n")
             return (f"llamacpp:n_decode_total {self.num_decode_calls}\nllamacpp:n_busy_slots_per_decode {mean}\n"
                     f"llamacpp:requests_processing {len(self.running)}\n"
                     f"llamacpp:requests_deferred {len(self.waiting)}\n")
@@ -166,13 +178,17 @@ class FakeEngine:
                       + self.context_us_per_token * context / 1000) / 1000
             for stream in admitted:
                 stream.prompt_ms = cost_s * 1000
+                stream.admitted_s = time.perf_counter()
             deadline = (deadline or time.perf_counter()) + cost_s
             time.sleep(max(0.0, deadline - time.perf_counter()))
             with self.lock:
                 for stream in decoding + admitted:
                     stream.generated += 1
                     stream.events.put("token")
-                    if stream.generated >= stream.max_tokens:
+                    if stream.generated >= stream.max_tokens:  # counted before its client can see the end
+                        self.num_ended += 1
+                        self.queue_s += stream.admitted_s - stream.submitted_s
+                        self.prefill_s += stream.prompt_ms / 1000
                         stream.events.put("end")
                         self.running.remove(stream)
 

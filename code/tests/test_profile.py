@@ -505,6 +505,14 @@ class ContextCostTest(ScratchTest):
                           "--concurrency", "4")["summary"]["tpot_ms"]["p50"] for prompt in (40, 1040)]
         self.assertAlmostEqual(steps[1] - steps[0], 4 * 1000 * 0.020, delta=1.0)  # 4 sequences, 1,000 more tokens each
 
+    def test_a_vllm_servers_request_path_is_its_ttft_less_its_own_queue_and_prefill_time(self):
+        with FakeEngine(DECODE_MS, PREFILL_MS_PER_TOKEN, kind="vllm", request_path_ms=15.0) as engine:
+            profile = run_json("profile", "--url", engine.url, "--output-tokens", "8", "--repeat", "1",
+                               "--prefill-tokens", "400", "--context-tokens", "0", "--quiet")  # one point: no intercept
+        self.assertAlmostEqual(profile["request_overhead_ms"], 15.0, delta=5.0)  # the path, its HTTP and a scrape's
+        for point in profile["prefill"]:
+            self.assertAlmostEqual(point["step_ms"], PREFILL_MS_PER_TOKEN * point["prompt_tokens"], delta=3.0)
+
     def test_a_context_point_that_passes_the_servers_context_is_refused(self):
         with FakeEngine(DECODE_MS, slot_context_tokens=512) as engine:
             code, _, err = run_cli("profile", "--url", engine.url, "--output-tokens", "64", "--context-tokens", "500")
