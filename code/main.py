@@ -6934,17 +6934,48 @@ class Profiler:
         added_ms = self.context["step_ms"] - short["step_ms"]
         return max(0.0, added_ms / (short["batch"] * (self.context["context_tokens"] - short["context_tokens"])))
 
-    def measure_prefill(self, prompt_tokens: int) -> None:
-        """Prompts of prompt_tokens sent one at a time: their TTFT, and the server's own
-        time for them where it tells it (llama.cpp's timings per request; vLLM's mean queue
-        plus prefill time over the run, from /metrics), the rest being the request path."""
-        records, window = self.load(self.bodies(2 * self.settings.repeat + 1, prompt_tokens, 1), 1, scrape=True)
-        ttfts = [r.token_times[0] - r.sent_s for r in records]
-        server_s = _server_prompt_s(records)
-        if not server_s and window and window.get("prefill_ms") is not None:
-            path_s = statistics.mean(ttfts) - (window["prefill_ms"] + (window.get("queue_ms") or 0.0)) / 1000
-            server_s = [ttft - max(0.0, path_s) for ttft in ttfts]
-        point = dict(prompt_tokens=round(statistics.median(r.prompt_tokens for r in records)),
+    def measure_prefills(self, lengths: Sequence[int]) -> None:
+        """Prompts of each length sent one at a time, in rounds of one prompt per length
+        (as measure_decodes: a drift then moves the whole table instead of one point), each
+        point settled from its prompts even when the budget or Ctrl-C ends the rounds early."""
+        samples: Dict[int, List[Tuple[int, float, Optional[float]]]] = {tokens: [] for tokens in lengths}
+        skipped: set = set()
+        try:
+            for _ in range(2 * self.settings.repeat + 1):  # cheap: more runs than a decode point
+                for index, tokens in enumerate(lengths):
+                    if tokens in skipped:
+                        continue
+                    shorter = samples[lengths[index - 1]] if index else []
+                    estimate_s = (samples[tokens][-1][1] if samples[tokens] else 2 * shorter[-1][1] if shorter
+                                  else (self.decode[-1]["step_ms"] / 1000 if self.decode else 0.1))
+                    if not self.fits_budget(f"prefill {tokens:,} tokens", estimate_s):
+                        skipped.update(t for t in lengths if t >= tokens)
+                        continue
+                    samples[tokens].append(self.prefill_sample(tokens))
+        finally:
+            for tokens in lengths:
+                if samples[tokens]:
+                    self.settle_prefill(samples[tokens])
+
+    def prefill_sample(self, prompt_tokens: int) -> Tuple[int, float, Optional[float]]:
+        """One prompt sent alone: (tokens the server counted, TTFT, the server's own time for
+        it where it tells it: llama.cpp's timings, or vLLM's queue plus prefill time from
+        /metrics around it; the rest of the TTFT is the request path)."""
+        records, window = self.load(self.bodies(1, prompt_tokens, 1), 1, scrape=True)
+        record = records[0]
+        ttft_s, server = record.token_times[0] - record.sent_s, _server_prompt_s(records)
+        if server:
+            return record.prompt_tokens, ttft_s, server[0]
+        if window and window.get("prefill_ms") is not None:
+            path_s = ttft_s - (window["prefill_ms"] + (window.get("queue_ms") or 0.0)) / 1000
+            return record.prompt_tokens, ttft_s, ttft_s - max(0.0, path_s)
+        return record.prompt_tokens, ttft_s, None
+
+    def settle_prefill(self, samples: Sequence[Tuple[int, float, Optional[float]]]) -> None:
+        ttfts = [ttft for _, ttft, _ in samples]
+        server_s = [server for _, _, server in samples if server is not None]
+        server_s = server_s if len(server_s) == len(samples) else []
+        point = dict(prompt_tokens=round(statistics.median(tokens for tokens, _, _ in samples)),
                      ttft_ms=statistics.median(ttfts) * 1000,
                      server_prompt_ms=statistics.median(server_s) * 1000 if server_s else None,
                      **point_summary(server_s or ttfts))
@@ -7024,11 +7055,7 @@ class Profiler:
         if settings.cap_probe_requests:
             self.measure_sequence_cap(settings.cap_probe_requests)
         self.measure_decodes([b for b in settings.batches if b <= (self.max_num_seqs or b)])
-        last_s = self.decode[-1]["step_ms"] / 1000 if self.decode else 0.1
-        for tokens in settings.prefill_tokens:
-            estimate_s = settings.repeat * (self.prefill[-1]["ttft_ms"] / 1000 * 2 if self.prefill else last_s)
-            if self.fits_budget(f"prefill {tokens:,} tokens", estimate_s):
-                self.measure_prefill(tokens)
+        self.measure_prefills(settings.prefill_tokens)
         batches = {point["batch"]: point["step_ms"] for point in self.decode}
         num_decoding = max(batches, default=1) - 1
         if self.prefill and num_decoding in batches:

@@ -19,7 +19,10 @@
 #    noise (256-token prompts, 64 tokens, EOS ignored, every request's record kept).
 # 6. Prints servesim compare: each run predicted from the profile, with no scheduler flag:
 #    the server's own settings (read from it) stand.
-# The server is always stopped on exit or Ctrl-C.
+# The server is always stopped on exit or Ctrl-C. The live tests run on the same install:
+#   SERVESIM_VLLM_PYTHON=~/.cache/servesim/vllm-venv/bin/python \
+#   SERVESIM_VLLM_MODEL=~/.cache/servesim/models/gemma-3-270m-bf16 \
+#       python3 -m unittest discover -s code/tests -p test_live_vllm.py -v
 #
 # Settings (environment):
 #   SERVESIM_CACHE        cache folder (default ~/.cache/servesim)
