@@ -12,6 +12,7 @@ from fake_server import FakeServer
 from support import ScratchTest, main, run_cli, run_json, start_interruptible
 
 DECODE_MS = {1: 9.0, 2: 19.0, 3: 31.0, 4: 27.0}  # not monotone: CPU matrix kernels tile
+QUICK_DECODE_MS = {1: 2.0, 2: 3.0, 3: 4.0, 4: 5.0}  # for tests that send many requests and read no step
 PREFILL_MS_PER_TOKEN = 0.02                        # 2 ms per 100 tokens
 GEMMA = ("--hardware", "cpu-2vcpu", "--model", "gemma-3-270m-q4_k_m")
 
@@ -495,7 +496,7 @@ class ContextCostTest(ScratchTest):
 
     def test_profile_recovers_the_cost_of_context_and_simulate_charges_it(self):
         with FakeEngine(DECODE_MS, context_us_per_token=20.0) as engine:
-            profile = run_json("profile", "--url", engine.url, "--output-tokens", "12", "--repeat", "2",
+            profile = run_json("profile", "--url", engine.url, "--output-tokens", "12", "--repeat", "1",
                                "--prefill-tokens", "100", "--context-tokens", "600", "--quiet")
         self.assertEqual((profile["context"]["batch"], profile["context"]["prompt_tokens"]), (4, 600))
         self.assertAlmostEqual(profile["context_ms_per_token"], 0.020, delta=0.002)
@@ -506,7 +507,7 @@ class ContextCostTest(ScratchTest):
         self.assertAlmostEqual(steps[1] - steps[0], 4 * 1000 * 0.020, delta=1.0)  # 4 sequences, 1,000 more tokens each
 
     def test_a_vllm_servers_request_path_is_its_ttft_less_its_own_queue_and_prefill_time(self):
-        with FakeEngine(DECODE_MS, PREFILL_MS_PER_TOKEN, kind="vllm", request_path_ms=15.0) as engine:
+        with FakeEngine(QUICK_DECODE_MS, PREFILL_MS_PER_TOKEN, kind="vllm", request_path_ms=15.0) as engine:
             profile = run_json("profile", "--url", engine.url, "--output-tokens", "8", "--repeat", "1",
                                "--prefill-tokens", "400", "--context-tokens", "0", "--quiet")  # one point: no intercept
         self.assertAlmostEqual(profile["request_overhead_ms"], 15.0, delta=5.0)  # the path, its HTTP and a scrape's
@@ -524,7 +525,7 @@ class SequenceCapProbeTest(ScratchTest):
     """vLLM states no --max-num-seqs: profile finds it by crowding the server."""
 
     def test_profile_finds_a_vllm_servers_sequence_cap_and_compare_simulates_it(self):
-        with FakeEngine(DECODE_MS, slots=3, kind="vllm") as engine:
+        with FakeEngine(QUICK_DECODE_MS, slots=3, kind="vllm") as engine:
             profile = run_json("profile", "--url", engine.url, "--endpoint", "/v1/completions", "--output-tokens", "6",
                                "--repeat", "1", "--prefill-tokens", "100,200", "--quiet")
             path = self.write("vllm.profile.json", profile)
