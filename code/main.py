@@ -642,6 +642,12 @@ class ModelSpec:
         return self.params - self.embedding_params - self.head_params - idle_experts
 
     @property
+    def active_params(self) -> float:
+        """Parameters one token uses, its embedding row and the head included (all of a
+        dense model's; of a mixture of experts, the experts it is routed to)."""
+        return self.body_params + self.head_params + self.embedding_params
+
+    @property
     def routed_params(self) -> float:
         """Parameters of every routed expert of every layer (0 for a dense model)."""
         return self.num_experts * self.expert_params * self.num_moe_layers
@@ -1279,6 +1285,8 @@ class CapacityPlan:
         return {
             "hardware": self.hardware.name,
             "model": self.model.name,
+            "params": self.model.params,
+            "active_params": self.model.active_params,
             "tensor_parallel_size": self.tensor_parallel_size,
             "gpu_memory_utilization": self.gpu_memory_utilization,
             "weight_bytes": self.model.weight_bytes,
@@ -5769,7 +5777,11 @@ def server_window(scrapes: Sequence[Dict[str, list]]) -> Optional[dict]:
 
 class MetricsSampler:
     """Scrapes GET /metrics every interval_s on its own thread while a load runs; the
-    main thread calls start() and finish(), and reads scrapes only after finish()."""
+    main thread calls start() and finish(), and reads scrapes only after finish().
+
+    A scrape that fails (refused, reset, stalled, not HTTP) never stops the load: one
+    in the middle is skipped, and when the first or the last fails there is no window
+    (its counters would cover part of the run), problem saying why."""
 
     def __init__(self, endpoint: Endpoint, interval_s: float, headers: Dict[str, str]):
         self.endpoint = endpoint
@@ -5784,7 +5796,7 @@ class MetricsSampler:
     def scrape(self) -> bool:
         try:
             status, body = self.endpoint.get("/metrics", timeout_s=10, headers=self.headers)
-        except (OSError, http.client.HTTPException, ServerUnreachable) as error:
+        except (OSError, http.client.HTTPException, ServesimError) as error:  # BadResponse, ServerUnreachable
             self.problem = f"/metrics unreadable: {error}"
             return False
         if status != 200:
@@ -5799,10 +5811,13 @@ class MetricsSampler:
             self._thread.start()
 
     def finish(self) -> Optional[dict]:
-        if self._thread.is_alive():
-            self._stop.set()
-            self._thread.join()
-            self.scrape()
+        if not self._thread.is_alive():
+            return None  # the first scrape failed: problem says why
+        self._stop.set()
+        self._thread.join()
+        if not self.scrape():
+            self.problem = f"the last scrape failed, so no window: {self.problem}"
+            return None
         return server_window(self.scrapes)
 
     def _loop(self) -> None:
@@ -9171,8 +9186,7 @@ def _bytes_text(value: float) -> str:
 def _weights_detail(model: ModelSpec) -> str:
     detail = f"{model.params / 1e9:.2f} B params"
     if model.num_experts:
-        active = model.body_params + model.head_params + model.embedding_params
-        detail += f" ({active / 1e9:.2f} B active per token)"
+        detail += f" ({model.active_params / 1e9:.2f} B active per token)"
     return f"{detail} x {_bytes_text(model.bytes_per_param)}"
 
 
@@ -10795,6 +10809,8 @@ replica_count = _flag_type("replica_count", int, lambda v: v > 0, "a positive in
 fraction = _flag_type("fraction", float, lambda v: 0 < v <= 1, "a number in (0, 1]")
 non_negative_float = _flag_type("non_negative_float", float, lambda v: v >= 0 and math.isfinite(v),
                                 "a number >= 0", 1e9)
+# NOTE: a name or a path given as '' would read as "not given" and fall back to a default
+name_text = _flag_type("name_text", str, lambda v: v.strip() != "", "a non-empty name")
 
 
 def _parse_range(text: str) -> Optional[Tuple[int, int]]:
@@ -10849,15 +10865,18 @@ def _add_hardware_flags(parser: argparse.ArgumentParser, of_server: bool = False
     """Hardware and model, and how the cache is sized. of_server: flags that describe a
     running server to explain (no defaults for the device, no tensor parallelism)."""
     if of_server:
-        parser.add_argument("--hardware", help=f"the server's hardware preset: {', '.join(HARDWARE)}")
-        parser.add_argument("--hardware-file", help="the server's hardware as a JSON file")
-        parser.add_argument("--model", help=f"the served model's preset: {', '.join(MODELS)}")
-        parser.add_argument("--model-file", help="the served model as a GGUF file or a config.json")
+        parser.add_argument("--hardware", type=name_text,
+                            help=f"the server's hardware preset: {', '.join(HARDWARE)}")
+        parser.add_argument("--hardware-file", type=name_text, help="the server's hardware as a JSON file")
+        parser.add_argument("--model", type=name_text, help=f"the served model's preset: {', '.join(MODELS)}")
+        parser.add_argument("--model-file", type=name_text, help="the served model as a GGUF file or a config.json")
     else:
-        parser.add_argument("--hardware", help=f"hardware preset: {', '.join(HARDWARE)} (default {DEFAULT_HARDWARE})")
-        parser.add_argument("--hardware-file", help="read the hardware from a JSON file (calibrate --out writes one)")
-        parser.add_argument("--model", help=f"model preset: {', '.join(MODELS)} (default {DEFAULT_MODEL})")
-        parser.add_argument("--model-file",
+        parser.add_argument("--hardware", type=name_text,
+                            help=f"hardware preset: {', '.join(HARDWARE)} (default {DEFAULT_HARDWARE})")
+        parser.add_argument("--hardware-file", type=name_text,
+                            help="read the hardware from a JSON file (calibrate --out writes one)")
+        parser.add_argument("--model", type=name_text, help=f"model preset: {', '.join(MODELS)} (default {DEFAULT_MODEL})")
+        parser.add_argument("--model-file", type=name_text,
                             help="read the model from a GGUF file or a Hugging Face config.json instead")
     parser.add_argument("--gpu-memory-utilization", type=fraction, default=0.9,
                         help="the server's memory share (default %(default)s)" if of_server else
@@ -10883,7 +10902,7 @@ def _add_hardware_flags(parser: argparse.ArgumentParser, of_server: bool = False
 def _add_server_flags(parser: argparse.ArgumentParser) -> None:
     """The server loadgen and profile talk to, and how long one request may take."""
     parser.add_argument("--url", required=True, help="server base URL, e.g. http://127.0.0.1:8080")
-    parser.add_argument("--model", help="model name to request (default: the first id of GET /v1/models)")
+    parser.add_argument("--model", type=name_text, help="model name to request (default: the first id of GET /v1/models)")
     parser.add_argument("--api-key", help="Bearer token (default: $OPENAI_API_KEY); never printed")
     parser.add_argument("--endpoint", choices=(CHAT_PATH, COMPLETIONS_PATH), default=CHAT_PATH,
                         help="the API to call: chat completions (default), or /v1/completions with a bare prompt "
@@ -11262,8 +11281,9 @@ def _add_grid_flags(parser: argparse.ArgumentParser) -> None:
 
 def _plan_flags(parser: argparse.ArgumentParser) -> None:
     _add_chart_flags(parser)
-    parser.add_argument("--model", help=f"model preset: {', '.join(MODELS)} (default {DEFAULT_MODEL})")
-    parser.add_argument("--model-file", help="read the model from a GGUF file or a Hugging Face config.json instead")
+    parser.add_argument("--model", type=name_text, help=f"model preset: {', '.join(MODELS)} (default {DEFAULT_MODEL})")
+    parser.add_argument("--model-file", type=name_text,
+                        help="read the model from a GGUF file or a Hugging Face config.json instead")
     _add_grid_flags(parser)
     _add_precision_flags(parser)
     parser.add_argument("--price-per-hour", type=non_negative_float, metavar="USD",

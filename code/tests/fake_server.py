@@ -4,13 +4,15 @@
         run_cli("loadgen", "--url", server.url, ...)
 
 chat(handler, body) writes the answer to one POST /v1/chat/completions; metrics is a
-list of /metrics texts served in turn (the last one repeats), or None for a 404; pages
+list of /metrics texts served in turn (the last one repeats; a callable instead of a text
+misbehaves: reset_connection, stall_for), or None for a 404; pages
 maps other GET paths (/props, /get_server_info, ...) to the JSON they answer.
 """
 
 import json
 import socket
 import ssl
+import struct
 import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -62,6 +64,21 @@ def stream_of(*pieces, gate=None):
             handler.write_chunk(piece)
         handler.end_stream()
     return handle
+
+
+def reset_connection(handler):
+    """Close the connection at once, unanswered, with a TCP reset (SO_LINGER 0)."""
+    handler.connection.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+    handler.connection.close()
+    handler.close_connection = True
+
+
+def stall_for(seconds):
+    """A /metrics answer that sends nothing for seconds, then closes the connection."""
+    def stall(handler):
+        time.sleep(seconds)
+        handler.close_connection = True
+    return stall
 
 
 def word_tokens(text):
@@ -138,7 +155,10 @@ class _Handler(BaseHTTPRequestHandler):
             with server.lock:
                 text = server.metrics[0] if len(server.metrics) == 1 else server.metrics.pop(0)
                 server.num_scrapes += 1
-            send_body(self, 200, text.encode(), METRICS_TYPE)
+            if callable(text):
+                text(self)  # a scripted misbehaviour: reset_connection, or a stall
+            else:
+                send_body(self, 200, text.encode(), METRICS_TYPE)
         else:
             self.send_json(404, {"error": {"code": 404, "message": "File Not Found", "type": "not_found_error"}})
 

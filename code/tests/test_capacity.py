@@ -1,6 +1,7 @@
 """The memory plan and the roofline: the lesson's Step 1, Step 2 and Step 9 figures."""
 
 import dataclasses
+import json
 import unittest
 
 from support import main, run_cli, run_json
@@ -74,6 +75,23 @@ class CapacityTest(unittest.TestCase):
         self.assertEqual(code, 2)
         self.assertIn("llama-3.1-8b, llama-3.1-70b, qwen3-32b, qwen3-30b-a3b, gpt-oss-120b, deepseek-v3, "
                       "smollm2-135m-q8_0, gemma-3-270m-q4_k_m", err)
+
+    def test_an_empty_preset_or_file_name_exits_2_naming_the_flag(self):
+        for subcommand, flag in (("capacity", "--model"), ("capacity", "--hardware"), ("simulate", "--model-file"),
+                                 ("explain", "--hardware"), ("loadgen", "--model")):
+            with self.subTest(subcommand=subcommand, flag=flag):
+                code, out, err = run_cli(subcommand, flag, "")
+                self.assertEqual((code, out, err), (2, "", f"servesim: error: argument {flag}: expected a non-empty "
+                                                          f"name, got ''\n"))
+
+    def test_capacity_json_carries_a_mixtures_total_and_active_parameters(self):
+        code, out, _ = run_cli("capacity", "--model", "qwen3-30b-a3b", "--json")
+        capacity = json.loads(out)["capacity"]
+        model = main.MODELS["qwen3-30b-a3b"]
+        self.assertEqual((code, capacity["params"]), (0, 30.5e9))
+        # every parameter but the 120 of 128 experts a token is not routed to, in each of 48 layers
+        self.assertEqual(capacity["active_params"], 30.5e9 - 120 * model.expert_params * 48)
+        self.assertIn("30.50 B params (3.32 B active per token)", run_cli("capacity", "--model", "qwen3-30b-a3b")[1])
 
     def test_presets_are_frozen(self):
         with self.assertRaises(Exception):

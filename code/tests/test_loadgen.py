@@ -13,9 +13,9 @@ import time
 import unittest
 from unittest import mock
 
-from fake_server import (FakeServer, chunk, counting_completion, error_response, sse, standard_stream, stream_of,
-                         text_chunk)
-from support import kernel_stamps_here, main, run_cli, start_interruptible
+from fake_server import (FakeServer, chunk, counting_completion, error_response, reset_connection, sse, stall_for,
+                         standard_stream, stream_of, text_chunk)
+from support import kernel_stamps_here, main, run_cli, start_interruptible, wait_until
 
 LLAMA_400 = {"error": {"code": 400, "message": "request (1124 tokens) exceeds the available context size "
                                                "(1024 tokens), try increasing it",
@@ -523,6 +523,33 @@ class LoadgenCliTest(unittest.TestCase):
         self.assertIn("server llama.cpp mean batch 6.12 max running 4 max waiting 0 decodes 64 "
                       "prompt tokens 192 cached 0 generated 64", out)
         self.assertEqual(len(bodies), 16)
+
+    def test_a_metrics_scrape_reset_mid_run_is_skipped_and_the_window_kept(self):
+        gate = threading.Event()
+        metrics = [llama_metrics(100, 1.0, 0, 0, 0, 0), reset_connection, llama_metrics(104, 2.0, 24, 8, 2, 0)]
+        with FakeServer(chat=stream_of(standard_stream(), gate=gate), metrics=metrics) as server:
+            opener = threading.Thread(target=lambda: (wait_until(lambda: server.num_scrapes >= 3), gate.set()))
+            opener.start()
+            code, out, err = self.loadgen(server, "--concurrency", "2", "--requests", "2")
+            opener.join()
+        self.assertEqual((code, err), (0, ""))
+        self.assertIn("server llama.cpp mean batch 27.00 max running 2 max waiting 0 decodes 4 ", out)  # (2 x 104 - 100) / 4
+
+    def test_a_metrics_endpoint_that_fails_at_the_end_leaves_the_streams_measured_and_says_why(self):
+        with FakeServer(metrics=[llama_metrics(1, 1, 0, 0, 0, 0), reset_connection]) as server:
+            code, out, err = self.loadgen(server, "--requests", "3", "--json")
+        report = json.loads(out)
+        self.assertEqual((code, err, report["summary"]["num_completed"], report["server"]), (0, "", 3, None))
+        self.assertRegex(report["server_note"], r"^the last scrape failed, so no window: /metrics unreadable: "
+                                                r"GET http://127\.0\.0\.1:\d+/metrics: ConnectionResetError: ")
+
+    def test_a_metrics_endpoint_that_stalls_from_the_start_leaves_the_streams_measured(self):
+        with FakeServer(metrics=[stall_for(0.05)]) as server:
+            code, out, err = self.loadgen(server, "--requests", "3")
+        self.assertEqual((code, err), (0, ""))
+        self.assertIn("tokens per request prompt 12.0 output 4.0 (from usage)", out)
+        self.assertRegex(out, r"\nserver window unavailable: /metrics unreadable: GET http://127\.0\.0\.1:\d+/metrics: "
+                              r"RemoteDisconnected: Remote end closed connection without response\n")
 
     def test_the_request_body_carries_the_openai_streaming_fields(self):
         with FakeServer() as server:
