@@ -69,7 +69,7 @@ ENGINES = ("step", "fast")
 def simulate_once(concurrency, rate, num_requests, engine="fast"):
     plan = main.plan_capacity(main.HARDWARE["h100-sxm-80gb"], main.MODELS["llama-3.1-8b"])
     spec = main.EngineSpec(plan, main.SchedulerConfig(), fast=engine == "fast")
-    requests = main.synthetic_requests(num_requests, (256, 1024), (64, 256), seed=0, rate=rate)
+    requests = list(main.SyntheticWorkload(num_requests, (256, 1024), (64, 256), seed=0, rate=rate))
     return requests, main.run_engine(spec.engine(), requests, concurrency)
 
 

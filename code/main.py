@@ -151,6 +151,7 @@ what was expected); 130 interrupted.
 
 
 from __future__ import annotations
+import abc
 import argparse
 import array
 import base64
@@ -185,7 +186,7 @@ import urllib.parse
 import zlib
 from collections import defaultdict, deque
 from dataclasses import asdict, dataclass, field
-from typing import Callable, Deque, Dict, Hashable, Iterable, Iterator, List, NamedTuple, Optional, Sequence, Tuple
+from typing import Callable, Deque, Dict, Hashable, Iterable, Iterator, List, NamedTuple, Optional, Sequence, Tuple, Type
 
 
 GIB = 1024 ** 3
@@ -1783,7 +1784,70 @@ def _drain(iterator: Iterable) -> None:
     deque(iterator, maxlen=0)
 
 
-class BlockPool:
+class KVPool(abc.ABC):
+    """What a scheduler asks of a KV cache of num_blocks fixed-size blocks. Every pool
+    gives the same answers and counts for the same calls; they differ only in what they
+    keep (BlockPool names each block; CountingPool and RunPool do not, see each).
+
+    Contract:
+    - allocate(count) takes count blocks from the front of the free list (least recently
+      released first), evicting the content keys they carried; CapacityError when fewer
+      are free. The ids it returns are the pool's own: a caller keeps them in a
+      request's list and gives that list back to release(), touch() or cache_range(),
+      never reads them (a pool that does not name blocks hands out -1 each).
+    - release(blocks) drops one reference on each block of a request's list; those at
+      zero join the back of the free list, the list's last block first, so a request's
+      tail is evicted before the head that others are likely to share. Released blocks
+      keep their keys: they stay prefix-cache hits until allocate() reaches them.
+    - cache_range(blocks, keys, first, end) records that the request whose list is
+      blocks has computed positions first..end-1 of its chain of keys (the first holder
+      of a key keeps it). Keys are hashable, never falsy, and chain: a key names its
+      position and all content before it (prefix_block_keys).
+    - lookup(keys) is the leading run of keys that are cached, one hit per key, stopping
+      at the first miss; free_among(hits) counts the hits on the free list; touch(hits,
+      keys) takes a reference on them (reviving free ones), and hits becomes the
+      request's list. A lookup's hits are good only until the pool next changes.
+    - num_evictions, num_freed (blocks put on the free list) and num_entered (keys
+      cached) only grow; free_count() + used_count() == num_blocks.
+    """
+
+    num_blocks: int
+    num_evictions: int
+    num_freed: int
+    num_entered: int
+
+    @abc.abstractmethod
+    def free_count(self) -> int: ...
+
+    def used_count(self) -> int:
+        return self.num_blocks - self.free_count()
+
+    @abc.abstractmethod
+    def allocate(self, count: int) -> List[int]: ...
+
+    @abc.abstractmethod
+    def release(self, blocks: Sequence[int]) -> None: ...
+
+    @abc.abstractmethod
+    def cache_range(self, blocks: list, keys: Sequence[Hashable], first: int, end: int) -> None: ...
+
+    @abc.abstractmethod
+    def lookup(self, keys: Sequence[Hashable]) -> list: ...
+
+    @abc.abstractmethod
+    def free_among(self, hits: Sequence) -> int: ...
+
+    @abc.abstractmethod
+    def touch(self, hits: list, keys: Sequence[Hashable]) -> None: ...
+
+    def lookup_again(self, keys: Sequence[Hashable], memo) -> Tuple[list, object]:
+        """lookup(keys) and a memo of it, given the memo of the last lookup of the same
+        request's chain (None when there was none): a pool may use it to look up only the
+        keys past the hits that still stand. By default it looks up afresh."""
+        return self.lookup(keys), None
+
+
+class BlockPool(KVPool):
     """Fixed-size KV blocks: a free list in LRU order, reference counts, a content cache.
 
     Contract:
@@ -1795,8 +1859,6 @@ class BlockPool:
     - touch() takes a reference on cached blocks, pulling free ones off the free list.
     - Keys are hashable and never falsy (None, 0, "" or () would read as "no key").
     """
-
-    names_blocks = True  # which block holds what is kept, block by block
 
     def __init__(self, num_blocks: int):
         self.num_blocks = num_blocks
@@ -1817,24 +1879,9 @@ class BlockPool:
     def free_count(self) -> int:
         return len(self.free)
 
-    def used_count(self) -> int:
-        return self.num_blocks - len(self.free)
-
     def free_among(self, blocks: Iterable[int]) -> int:
         """How many of blocks sit on the free list (touching them would take them off)."""
         return sum(map(self.free.__contains__, blocks))
-
-    def free_blocks(self) -> List[int]:
-        """The free list, front (least recently released) first."""
-        return list(self.free)
-
-    def ref_counts(self) -> Dict[int, int]:
-        """Reference count of each block in use."""
-        return {block: self.shared.get(block, 1) for block in range(self.num_blocks) if block not in self.free}
-
-    def keys_held(self) -> Dict[int, Hashable]:
-        """The content key of each block that carries one."""
-        return dict(self.key_of)
 
     def allocate(self, count: int) -> List[int]:
         """Take count blocks from the front of the free list, evicting their cached keys."""
@@ -1947,13 +1994,32 @@ class BlockPool:
         if len(in_use) < len(blocks):
             _drain(map(free.__delitem__, list(filter(free.__contains__, blocks))))
 
+    RESUME_LOOKUPS = True  # lookup_again continues from the hits that still stand (off: looks up afresh)
 
-class CountingPool:
-    """BlockPool's contract for a cache without prefix caching, counting blocks instead
-    of naming them: nothing is cached, so nothing is evicted and no figure depends on
-    which block holds what. allocate() hands out placeholders (-1) to keep the counts."""
+    def lookup_again(self, keys: Sequence[Hashable], memo) -> Tuple[List[int], tuple]:
+        """lookup(keys), continued past the last lookup's hits when none of the keys it hit
+        has been evicted since. NOTE: a cached key keeps its block until it is evicted, so
+        those hits stand and only the keys after them need looking up. It spares the head
+        of a full cache, looked up at every step until it fits, a lookup of its whole
+        prompt each time. The memo: (hits, their keys, evictions then)."""
+        if memo is not None and self.RESUME_LOOKUPS and len(memo[0]) <= len(keys):
+            hits, hit_keys, num_evictions = memo
+            evicted = self.evicted_since(num_evictions)
+            if evicted is not None and hit_keys.isdisjoint(evicted):
+                more = self.lookup(keys[len(hits):])
+                if more:
+                    hit_keys = hit_keys.union(keys[len(hits):len(hits) + len(more)])
+                    hits = hits + tuple(more)
+                return list(hits), (hits, hit_keys, self.num_evictions)
+        hits = self.lookup(keys)
+        # NOTE: kept as a tuple: the list returned becomes the request's blocks and grows
+        return hits, (tuple(hits), set(keys[:len(hits)]), self.num_evictions)
 
-    names_blocks = False
+
+class CountingPool(KVPool):
+    """KVPool for a cache without prefix caching, counting blocks instead of naming them:
+    nothing is cached, so nothing is evicted and no figure depends on which block holds
+    what. allocate() hands out placeholders (-1) to keep the counts."""
 
     def __init__(self, num_blocks: int):
         self.num_blocks = num_blocks
@@ -1964,9 +2030,6 @@ class CountingPool:
 
     def free_count(self) -> int:
         return self.num_free
-
-    def used_count(self) -> int:
-        return self.num_blocks - self.num_free
 
     def free_among(self, blocks: Iterable[int]) -> int:
         return 0
@@ -1985,15 +2048,6 @@ class CountingPool:
         return []
 
     def touch(self, blocks: Sequence[int], keys: Sequence[Hashable] = ()) -> None:
-        pass
-
-    def cache(self, block: int, key: Hashable) -> None:
-        pass
-
-    def cache_many(self, blocks: Sequence[int], keys: Sequence[Hashable]) -> None:
-        pass
-
-    def cache_allocated(self, blocks: Sequence[int], keys: Sequence[Hashable]) -> None:
         pass
 
     def cache_range(self, blocks: Sequence[int], keys: Sequence[Hashable], first: int, end: int) -> None:
@@ -2027,8 +2081,8 @@ class PlainBlocks:
         self.before = self.after = None
 
 
-class RunPool:
-    """BlockPool's contract and figures, kept in runs of blocks instead of block by block.
+class RunPool(KVPool):
+    """KVPool's contract and BlockPool's figures, kept in runs of blocks instead of block by block.
 
     A request's prefix blocks are entered, hit, released and evicted together, in the
     order BlockPool would take them one by one; so here the unit is a run: consecutive
@@ -2052,8 +2106,6 @@ class RunPool:
     identity, from touch() or cache_range() until release()), not what the list contains.
     """
 
-    names_blocks = False  # which block holds what is not kept (see Scheduler._lookup)
-
     def __init__(self, num_blocks: int):
         self.num_blocks = num_blocks
         self.num_free = num_blocks
@@ -2071,9 +2123,6 @@ class RunPool:
 
     def free_count(self) -> int:
         return self.num_free
-
-    def used_count(self) -> int:
-        return self.num_blocks - self.num_free
 
     def _append(self, node) -> None:
         """Put node at the back of the free list (the most recently released end)."""
@@ -2443,22 +2492,18 @@ class Scheduler:
       engine holds them for the KV link) but must clear request.blocks and _keys.
     """
 
-    def __init__(self, config: SchedulerConfig, num_blocks: int, fast_pool: bool = False):
+    REMEMBER_REFUSALS = True  # a refusal for want of blocks stands until it may not (see _still_refused)
+
+    def __init__(self, config: SchedulerConfig, num_blocks: int, pool_class: Type[KVPool] = BlockPool):
         self.config = config
-        # NOTE: no figure depends on which block holds what, only on how many are free and
-        # which keys are cached, so a fast engine counts blocks (CountingPool) or, with
-        # prefix caching, keeps them in runs (RunPool); BlockPool names each one.
-        if fast_pool:
-            self.pool = RunPool(num_blocks) if config.prefix_caching else CountingPool(num_blocks)
-        else:
-            self.pool = BlockPool(num_blocks)
+        self.pool: KVPool = pool_class(num_blocks)  # any KVPool: each gives the same figures
         self.waiting: Deque[Request] = deque()
         self.running: List[Request] = []
         self.num_preemptions = 0
         self.num_prefix_query_tokens = 0
         self.num_prefix_hit_tokens = 0
         self._keys: Dict[Request, List[Hashable]] = {}  # prefix block keys of requests not yet done
-        self._last_lookup: Optional[tuple] = None  # (request, hits, their keys, pool evictions then): see _lookup
+        self._last_lookup: Optional[tuple] = None  # (request, the pool's memo of its lookup): see _lookup
         self._refused: Optional[tuple] = None  # (request, pool's freed and entered counts, budget): see _still_refused
         self.received_by_s = math.inf  # admit only requests that reached the engine by then (see Engine.advance)
         self.token_log = None  # an engine's TokenLog, when it keeps token times without a list per token
@@ -2505,20 +2550,25 @@ class Scheduler:
         """The batch for one step: (request, tokens to compute) in schedule order."""
         budget = self.config.max_num_batched_tokens
         # First, schedule the RUNNING requests.
-        batch, budget, preempted = self._schedule_running(budget)
+        batch, budget, preempted = self.schedule_running(budget)
         # Next, schedule the WAITING requests, unless this step evicted work.
         if not preempted:
-            admitted, budget = self._schedule_waiting(budget, now_s)
+            admitted, budget = self.schedule_waiting(budget, now_s)
             batch += admitted
         assert budget >= 0
         assert len(self.running) <= self.config.max_num_seqs
         return batch
 
-    def _schedule_running(self, budget: int) -> Tuple[Batch, int, bool]:
+    def schedule_running(self, budget: int, requests: Optional[List[Request]] = None) -> Tuple[Batch, int, bool]:
+        """The running requests' part of a step, in admission order, each taking what it
+        needs of budget: (batch, budget left, whether a request was preempted). Given
+        requests (some running requests, in the order to schedule them), only those are
+        scheduled, and the caller must know their new blocks fit: none may be preempted."""
         batch: Batch = []
         preempted = False
         index = 0
-        running, pool, block_size = self.running, self.pool, self.config.block_size
+        running, pool, block_size = self.running if requests is None else list(requests), self.pool, \
+            self.config.block_size
         caching = self.config.prefix_caching
         while index < len(running) and budget > 0:
             request = running[index]
@@ -2529,6 +2579,8 @@ class Scheduler:
             # NOTE: preempt from the tail (the newest); the requester itself may go.
             # Requests before index are already in the batch and are never preempted.
             while num_new_blocks > pool.free_count() and index < len(running):
+                if requests is not None:
+                    raise AssertionError("schedule_running(requests=...) would have to preempt")
                 self._preempt(running.pop())
                 preempted = True
             if index == len(running):
@@ -2540,7 +2592,10 @@ class Scheduler:
             index += 1
         return batch, budget, preempted
 
-    def _schedule_waiting(self, budget: int, now_s: float) -> Tuple[Batch, int]:
+    def schedule_waiting(self, budget: int, now_s: float) -> Tuple[Batch, int]:
+        """Admissions, first come first served, while sequences, budget and blocks last
+        and the head can be admitted: (their part of the step, budget left). Call it after
+        schedule_running, and not in a step that preempted (vLLM admits nobody then)."""
         batch: Batch = []
         while self.waiting and budget > 0 and len(self.running) < self.config.max_num_seqs:
             request = self.waiting[0]
@@ -2554,6 +2609,14 @@ class Scheduler:
             batch.append((request, num_tokens))
             budget -= num_tokens
         return batch, budget
+
+    def head_could_be_admitted(self) -> bool:
+        """Whether the head of the queue could join a step in which every running request
+        decodes one token (what is left of the budget and the sequences then)."""
+        budget = self.config.max_num_batched_tokens - len(self.running)
+        if not self.waiting or budget <= 0 or len(self.running) >= self.config.max_num_seqs:
+            return False
+        return self._admission(self.waiting[0], budget) is not None
 
     def _admission(self, request: Request, budget: int) -> Optional[Tuple[List[int], int, int, int]]:
         """What admitting request this step takes: (prefix-cache hits, tokens with KV,
@@ -2599,33 +2662,19 @@ class Scheduler:
         memo: the counts only grow, and a request admitted since comes back to the queue only
         by preemption, which frees its blocks."""
         refused = self._refused
-        return (refused is not None and refused[0] is request and refused[1] == self.pool.num_freed
+        return (self.REMEMBER_REFUSALS and refused is not None and refused[0] is request
+                and refused[1] == self.pool.num_freed
                 and refused[2] == self.pool.num_entered and budget >= refused[3])
 
-    def _lookup(self, request: Request, keys: List[Hashable]) -> List[int]:
-        """pool.lookup(keys), continued from the last lookup of the same request when none of
-        the keys that one hit has been evicted since. NOTE: a cached key keeps its block until
-        it is evicted, so those hits stand and only the keys after them need looking up. It
-        spares the head of a full cache, looked up at every step until it fits, a lookup of
-        its whole prompt each time."""
-        if not keys:  # no prefix caching, or nothing shared: nothing to look up (CountingPool among them)
+    def _lookup(self, request: Request, keys: List[Hashable]) -> list:
+        """The pool's lookup of keys, given its memo of the last lookup when that was of the
+        same request (see KVPool.lookup_again: the head of a full cache is looked up at every
+        step until it fits)."""
+        if not keys:  # no prefix caching, or nothing shared: nothing to look up
             return []
-        if not self.pool.names_blocks:  # a RunPool looks up run by run: nothing to spare
-            return self.pool.lookup(keys)
         last = self._last_lookup
-        if last is not None and last[0] is request and len(last[1]) <= len(keys):
-            _, hits, hit_keys, num_evictions = last
-            evicted = self.pool.evicted_since(num_evictions)
-            if evicted is not None and hit_keys.isdisjoint(evicted):
-                more = self.pool.lookup(keys[len(hits):])
-                if more:
-                    hit_keys = hit_keys.union(keys[len(hits):len(hits) + len(more)])
-                    hits = hits + tuple(more)
-                self._last_lookup = (request, hits, hit_keys, self.pool.num_evictions)
-                return list(hits)
-        hits = self.pool.lookup(keys)
-        # NOTE: kept as a tuple: the list returned becomes the request's blocks and grows
-        self._last_lookup = (request, tuple(hits), set(keys[:len(hits)]), self.pool.num_evictions)
+        hits, memo = self.pool.lookup_again(keys, last[1] if last is not None and last[0] is request else None)
+        self._last_lookup = (request, memo)
         return hits
 
     def _admit(self, request: Request, hits: List[int], num_cached: int, num_tokens: int,
@@ -2764,10 +2813,10 @@ class SlotScheduler(Scheduler):
     decodes first, then prompt chunks, as llama-server fills a batch.
     """
 
-    def __init__(self, config: SchedulerConfig, num_blocks: int, fast_pool: bool = False):
+    def __init__(self, config: SchedulerConfig, num_blocks: int, pool_class: Type[KVPool] = BlockPool):
         self.slot_tokens = num_blocks * config.block_size // config.max_num_seqs
         blocks_per_slot = -(-self.slot_tokens // config.block_size)
-        super().__init__(config, config.max_num_seqs * blocks_per_slot, fast_pool)
+        super().__init__(config, config.max_num_seqs * blocks_per_slot, pool_class)
         self.num_cut = 0
 
     def add(self, request: Request) -> bool:
@@ -2785,75 +2834,36 @@ class SlotScheduler(Scheduler):
         raise AssertionError("a llama.cpp slot never runs out of cache, so nothing is preempted")
 
 
-def new_scheduler(config: SchedulerConfig, num_blocks: int, fast_pool: bool = False) -> Scheduler:
-    """The scheduler a configuration asks for (fast_pool: see Scheduler)."""
+def configured_scheduler(config: SchedulerConfig) -> Type[Scheduler]:
+    """The scheduler a configuration asks for."""
     if config.scheduler == "llamacpp":
-        return SlotScheduler(config, num_blocks, fast_pool)
+        return SlotScheduler
     if config.max_tokens_in_flight is not None:
-        return TokenCapScheduler(config, num_blocks, fast_pool)
-    return Scheduler(config, num_blocks, fast_pool)
+        return TokenCapScheduler
+    return Scheduler
+
 
 
 # =============================================================================
 # Simulation: the scheduler on a virtual clock
 # =============================================================================
 
-class TokenLog:
-    """Token times without a list per token, for the fast engine.
-
-    Each request keeps its first and last token time (first_token_s, last_token_s) and
-    the step that sampled its last token. The gaps between tokens are kept per step:
-    the step's length (the clock at its end less the clock at the previous step's end,
-    the very subtraction a list of token times would make) weighted by the sequences
-    that sampled a token in it and in the step before; a gap that spans more steps (a
-    preemption's recompute, a step that skipped the request) is kept alone. The
-    multiset of gaps, and so every ITL figure, is the one the lists would give.
-    """
-
-    def __init__(self):
-        self.step = -1                    # the step now being applied
-        self.step_gaps = array.array("d")
-        self.step_weights = array.array("q")
-        self.other_gaps = array.array("d")
-        self._end_s = 0.0                 # the clock at the end of the last step
-
-    def begin_step(self, end_s: float) -> None:
-        """A step ending at end_s is about to sample its tokens."""
-        self.step += 1
-        self.step_gaps.append(end_s - self._end_s)
-        self.step_weights.append(0)
-        self._end_s = end_s
-
-    def token(self, request: Request, now_s: float) -> None:
-        if request.first_token_s is None:
-            request.first_token_s = now_s
-        elif request.last_token_step == self.step - 1:
-            self.step_weights[-1] += 1
-        else:
-            self.other_gaps.append(now_s - request.last_token_s)
-        request.last_token_s, request.last_token_step = now_s, self.step
-
-    def gaps(self) -> Tuple[Sequence[float], Sequence[int]]:
-        """Every gap between two tokens of a request, as (values, weights), in arrays."""
-        return self.step_gaps + self.other_gaps, self.step_weights + array.array("q", [1]) * len(self.other_gaps)
-
-
 class Engine:
-    """A scheduler on a virtual clock: each step is priced by a cost model (the roofline
-    of hardware unless cost is given, e.g. a ProfileCost).
+    """A scheduler on a virtual clock, one step at a time: the reference every other
+    engine is held to. Each step is priced by a cost model (the roofline of hardware
+    unless cost is given, e.g. a ProfileCost).
 
     step() runs one scheduling pass and one forward pass, advances clock_s by its cost,
-    and keeps what a server's metrics would show: steps, batch sizes, KV use.
+    and keeps what a server's metrics would show: steps, batch sizes, KV use. The
+    scheduler may hold any KVPool; build engines with EngineSpec.engine or simulate().
     """
 
-    def __init__(self, scheduler: Scheduler, hardware: Hardware, model: ModelSpec, cost=None, fast: bool = False):
+    def __init__(self, scheduler: Scheduler, hardware: Hardware, model: ModelSpec, cost=None):
         self.scheduler = scheduler
         self.hardware = hardware
         self.model = model
         self.cost = cost or RooflineCost(hardware, model)
-        self.token_log = TokenLog() if fast else None  # fast: runs of decode steps at once (see advance)
-        scheduler.token_log = self.token_log
-        self.cohort = DecodeCohort(scheduler.config.block_size) if fast and DecodeCohort.applies(scheduler) else None
+        self.token_log: Optional["TokenLog"] = None  # a FastEngine's token times (a step engine: each request's list)
         self.clock_s = 0.0
         self.step_start_s = self.step_end_s = -math.inf  # when the last step started and ended
         self.num_steps = 0
@@ -2880,8 +2890,8 @@ class Engine:
 
     def take_step(self, batch: Batch, num_members: int = 0, member_context_tokens: int = 0) -> None:
         """Price a scheduled step, advance the clock by it and keep its figures. Beside batch,
-        num_members requests of a DecodeCohort decode in it, with member_context_tokens of
-        context between them."""
+        num_members requests decode in it that a FastEngine keeps in the aggregate (its
+        DecodeCohort), with member_context_tokens of context between them."""
         scheduler = self.scheduler
         num_tokens = num_sampled = num_decodes = num_members
         num_context_tokens = decode_context_tokens = member_context_tokens
@@ -2913,110 +2923,14 @@ class Engine:
         if self.timeline is not None:
             self.timeline.append((self.clock_s, num_seqs, len(scheduler.waiting), used / scheduler.pool.num_blocks,
                                   scheduler.num_preemptions, num_tokens))
-        if self.token_log is not None:
-            self.token_log.begin_step(self.clock_s)
-
-    def take_decode_steps(self, num_seqs: int, context_tokens: int, new_blocks_by_phase: Sequence[int],
-                          max_steps: float, horizon_s: float) -> Tuple[int, int, float]:
-        """Take up to max_steps decode-only steps of num_seqs sequences at once (DecodeRun,
-        DecodeCohort), none but the first starting at or after horizon_s, and none whose new
-        blocks would not fit in the free ones. The i-th step (from 0) has context_tokens + i *
-        num_seqs tokens of context and takes new_blocks_by_phase[s % block_size] new blocks, s
-        being its number. Returns (steps taken, new blocks, the clock at the end of the first)."""
-        scheduler, log = self.scheduler, self.token_log
-        first_step, first_used = log.step + 1, scheduler.pool.used_count()
-        most = self._steps_within(new_blocks_by_phase, first_step, scheduler.pool.free_count(), max_steps)
-        if not most:
-            return 0, 0, 0.0
-        first_end_s = self.clock_s + self.cost.decode_pricer(num_seqs)(context_tokens)
-        steps = itertools.count(first_step) if most == math.inf else range(first_step, first_step + most)
-        num_steps, used = self._decode_loop(steps, num_seqs, context_tokens, new_blocks_by_phase, horizon_s, first_used)
-        log.step_weights.extend(itertools.repeat(num_seqs, num_steps))
-        log.step += num_steps
-        self.cost.count_decode_steps(num_seqs, num_steps)
-        self.kv_peak = max(self.kv_peak, used / scheduler.pool.num_blocks)  # used only grows in a run
-        self.num_steps += num_steps
-        self.num_batched_seqs += num_seqs * num_steps
-        self.num_batched_tokens += num_seqs * num_steps
-        self.num_context_tokens += num_steps * context_tokens + num_seqs * num_steps * (num_steps - 1) // 2
-        self.max_batch_seqs = max(self.max_batch_seqs, num_seqs)
-        self.max_waiting = max(self.max_waiting, len(scheduler.waiting))  # the queue stands still in a run
-        if self.timeline is not None:
-            self.timeline.append((self.clock_s, num_seqs, len(scheduler.waiting), used / scheduler.pool.num_blocks,
-                                  scheduler.num_preemptions, num_seqs))
-        return num_steps, used - first_used, first_end_s
-
-    @staticmethod
-    def _steps_within(new_blocks_by_phase: Sequence[int], first_step: int, num_free: int, max_steps: float) -> float:
-        """The most decode steps from first_step, up to max_steps, whose new blocks
-        (new_blocks_by_phase[s % block_size] for step s) all fit in num_free blocks."""
-        per_cycle, block_size = sum(new_blocks_by_phase), len(new_blocks_by_phase)
-        if not per_cycle or max_steps < math.inf and per_cycle * (max_steps // block_size + 1) <= num_free:
-            return max_steps  # the usual case: blocks to spare
-        phase = first_step % block_size
-        taken_by = list(itertools.accumulate([*new_blocks_by_phase[phase:], *new_blocks_by_phase[:phase]]))
-        num_cycles, rest = divmod(num_free, per_cycle)
-        return min(max_steps, num_cycles * block_size + bisect.bisect_right(taken_by, rest))
-
-    def _decode_loop(self, steps: Iterable[int], num_seqs: int, context_tokens: int,
-                     new_blocks_by_phase: Sequence[int], horizon_s: float, used: int) -> Tuple[int, int]:
-        """take_decode_steps's steps, one per number in steps, until one ends at or after
-        horizon_s (steps holds at least one): the clock, busy time, block-seconds and gaps
-        advanced; returns (steps taken, blocks in use after them). A roofline's price is
-        worked out inline; any other cost's is its decode_pricer's.
-
-        NOTE: the very arithmetic of take_step and TokenLog.begin_step, in their order, so
-        that every clock, gap and sum is the step engine's to the last bit."""
-        log, price, block_size = self.token_log, self.cost.decode_pricer(num_seqs), len(new_blocks_by_phase)
-        terms = self.cost.decode_terms(num_seqs)
-        # without terms these are placeholders, never read: the loop calls price instead
-        overhead_s, weight_bytes, compute_s, kv_bytes, bytes_per_s, allreduce_s = terms or (0, 0, 0, 0, 1, 0)
-        clock_s, end_s, busy_s, block_seconds, add_gap = self.clock_s, log._end_s, self.busy_s, \
-            self.kv_block_seconds, log.step_gaps.append
-        for step in steps:
-            if terms is None:
-                duration_s = price(context_tokens)
-            else:
-                memory_s = (weight_bytes + context_tokens * kv_bytes) / bytes_per_s
-                duration_s = overhead_s + (memory_s if memory_s > compute_s else compute_s) + allreduce_s
-            context_tokens += num_seqs
-            used += new_blocks_by_phase[step % block_size]
-            busy_s += duration_s
-            block_seconds += used * duration_s
-            start_s = clock_s
-            clock_s += duration_s
-            add_gap(clock_s - end_s)
-            end_s = clock_s
-            if clock_s >= horizon_s:
-                break
-        self.clock_s, self.busy_s, self.kv_block_seconds, log._end_s = clock_s, busy_s, block_seconds, end_s
-        self.step_start_s, self.step_end_s = start_s, clock_s
-        return step - log.step, used  # log.step is still the step before the first (the caller moves it on)
 
     def advance(self, horizon_s: float = math.inf, finishes_send: bool = True) -> Optional[List[Request]]:
         """step(), once more when a pass only preempted (the blocks it freed let the next
         pass make progress); None when a pass neither scheduled nor preempted: the engine
-        is blocked (a prefill engine whose blocks all wait for the KV link).
-
-        A fast engine keeps the requests that decode as a DecodeCohort where it can, and
-        otherwise takes a whole run of decode-only steps at once when nothing can change
-        the batch before horizon_s (the next arrival): see DecodeRun. When the caller says
-        a finish sends nothing (finishes_send False: open loop, no conversation turns), a
-        cohort's run of decode steps that ended in a finish goes on to the next run before
-        returning, all the runs' finished requests together in the order they finished.
-        """
+        is blocked (a prefill engine whose blocks all wait for the KV link). horizon_s (the
+        next arrival) and finishes_send (whether a finish sends a request) are a
+        FastEngine's: a step engine takes one step whatever they are."""
         self.scheduler.received_by_s = self.received_by_s()
-        if self.cohort is not None:
-            finished = more = self.cohort.advance(self, horizon_s)
-            while more and not finishes_send and self.clock_s < horizon_s:
-                more = self.cohort.decode_on(self, horizon_s)
-                finished += more or []
-            if finished is not None:
-                return finished
-        if self.token_log is not None:
-            run = DecodeRun.plan(self, horizon_s)
-            if run is not None:
-                return run.apply(self, horizon_s)
         for _ in range(2):
             num_preemptions = self.scheduler.num_preemptions
             finished = self.step()
@@ -3028,17 +2942,12 @@ class Engine:
 
     def abort(self, request: Request) -> None:
         """request's client gave up: it leaves the engine at once, its blocks freed, as vLLM
-        aborts a request whose client disconnected (a cohort writes its members back first)."""
-        if self.cohort is not None and request in self.cohort.members:
-            self.cohort.materialize(self.token_log)
+        aborts a request whose client disconnected."""
         self.scheduler.abort(request)
 
     def restart_token_log(self) -> None:
-        """A fresh TokenLog (a fast engine), so that the gaps summed from here are a new
-        run's; only between runs, when nothing is running."""
-        if self.token_log is not None:
-            assert not self.scheduler.running and (self.cohort is None or not self.cohort.members)
-            self.token_log = self.scheduler.token_log = TokenLog()
+        """Between runs, when nothing is running: token times from here are a new run's
+        (a step engine keeps them in each request's list: nothing to do)."""
 
     def received_by_s(self) -> float:
         """The latest a request may have reached the engine to be admitted in the next step.
@@ -3079,6 +2988,215 @@ class Engine:
         }
 
 
+# =============================================================================
+# Fast engine: many steps at once, every figure the step engine's
+# =============================================================================
+
+def fast_pool_class(config: SchedulerConfig) -> Type[KVPool]:
+    """The pool a FastEngine's scheduler keeps: one that does not name blocks (see FastEngine)."""
+    return RunPool if config.prefix_caching else CountingPool
+
+
+class FastEngine(Engine):
+    """An Engine that takes many steps at once, every figure still the step engine's:
+    counts exactly, clocks, gaps and sums to the last bit (the equality tests hold it to
+    that over every mode). Why its figures are the step engine's:
+
+    1. Its pool. No figure depends on which block holds what, only on how many are free,
+       which keys are cached and the order they are evicted in, so its scheduler keeps a
+       pool that does not name blocks (fast_pool_class: CountingPool, or RunPool under
+       prefix caching), whose counts and lookups are BlockPool's by KVPool's contract.
+       The engine builds its own scheduler, so it cannot be given another pool.
+    2. Its token times. A TokenLog keeps each request's first and last token and the
+       gaps per step, weighted by the sequences that sampled in it and the one before:
+       the multiset of gaps that a list per token would give.
+    3. Runs of decode steps (DecodeRun). When every running request has one token to
+       compute, all fit the token budget and the head of the queue cannot be admitted,
+       nothing can change the batch until a request finishes, the blocks run out or the
+       next request arrives: a decode step only takes blocks, so a head refused now stays
+       refused until someone finishes (true of every admission rule here; a _may_admit
+       that could start admitting as blocks run out would break it). take_decode_steps
+       prices the run's steps in a scalar loop that does take_step's arithmetic in its
+       order; requests and blocks are written once, at the run's end.
+    4. The cohort (DecodeCohort). Under load a request arrives at nearly every step, so
+       runs are short, yet most of every batch is the same requests taking their next
+       token. The cohort moves those on in the aggregate and leaves the rest of the step
+       (prefills, chunks, admissions, members that finish in it) to the scheduler's own
+       schedule_running and schedule_waiting. The order of a step's new blocks differs
+       (finishing members get theirs last), which no figure over such a pool can see.
+
+    It falls back to the step engine's single steps whenever one of those conditions
+    fails: a step that might preempt or run short of token budget (the cohort writes every
+    member back first), a head of the queue that could be admitted, a prefix longer than
+    the prompt still being entered in the cache, and (for the cohort) a scheduler whose
+    admission reads the running requests (DecodeCohort.applies). Switches, for tests that
+    check each shortcut on its own: COHORTS and DECODE_RUNS here, and the memos
+    Scheduler.REMEMBER_REFUSALS and BlockPool.RESUME_LOOKUPS.
+    """
+
+    COHORTS = True      # keep the decoding requests as a DecodeCohort where it applies
+    DECODE_RUNS = True  # take runs of decode-only steps at once
+
+    def __init__(self, scheduler_class: Type[Scheduler], config: SchedulerConfig, num_blocks: int,
+                 hardware: Hardware, model: ModelSpec, cost=None):
+        scheduler = scheduler_class(config, num_blocks, fast_pool_class(config))
+        super().__init__(scheduler, hardware, model, cost)
+        self.token_log = scheduler.token_log = TokenLog()
+        self.cohort = DecodeCohort(config.block_size) if self.COHORTS and DecodeCohort.applies(scheduler) else None
+
+    def take_step(self, batch: Batch, num_members: int = 0, member_context_tokens: int = 0) -> None:
+        super().take_step(batch, num_members, member_context_tokens)
+        self.token_log.begin_step(self.clock_s)
+
+    def take_decode_steps(self, num_seqs: int, context_tokens: int, new_blocks_by_phase: Sequence[int],
+                          max_steps: float, horizon_s: float) -> Tuple[int, int, float]:
+        """Take up to max_steps decode-only steps of num_seqs sequences at once (for a DecodeRun
+        or a DecodeCohort), none but the first starting at or after horizon_s, and none whose new
+        blocks would not fit in the free ones. The i-th step (from 0) has context_tokens + i *
+        num_seqs tokens of context and takes new_blocks_by_phase[s % block_size] new blocks, s
+        being its number. Returns (steps taken, new blocks, the clock at the end of the first)."""
+        scheduler, log = self.scheduler, self.token_log
+        first_step, first_used = log.step + 1, scheduler.pool.used_count()
+        most = self.steps_within(new_blocks_by_phase, first_step, scheduler.pool.free_count(), max_steps)
+        if not most:
+            return 0, 0, 0.0
+        first_end_s = self.clock_s + self.cost.decode_pricer(num_seqs)(context_tokens)
+        steps = itertools.count(first_step) if most == math.inf else range(first_step, first_step + most)
+        num_steps, used = self._decode_loop(steps, num_seqs, context_tokens, new_blocks_by_phase, horizon_s, first_used)
+        log.step_weights.extend(itertools.repeat(num_seqs, num_steps))
+        log.step += num_steps
+        self.cost.count_decode_steps(num_seqs, num_steps)
+        self.kv_peak = max(self.kv_peak, used / scheduler.pool.num_blocks)  # used only grows in a run
+        self.num_steps += num_steps
+        self.num_batched_seqs += num_seqs * num_steps
+        self.num_batched_tokens += num_seqs * num_steps
+        self.num_context_tokens += num_steps * context_tokens + num_seqs * num_steps * (num_steps - 1) // 2
+        self.max_batch_seqs = max(self.max_batch_seqs, num_seqs)
+        self.max_waiting = max(self.max_waiting, len(scheduler.waiting))  # the queue stands still in a run
+        if self.timeline is not None:
+            self.timeline.append((self.clock_s, num_seqs, len(scheduler.waiting), used / scheduler.pool.num_blocks,
+                                  scheduler.num_preemptions, num_seqs))
+        return num_steps, used - first_used, first_end_s
+
+    @staticmethod
+    def steps_within(new_blocks_by_phase: Sequence[int], first_step: int, num_free: int, max_steps: float) -> float:
+        """The most decode steps from first_step, up to max_steps, whose new blocks
+        (new_blocks_by_phase[s % block_size] for step s) all fit in num_free blocks."""
+        per_cycle, block_size = sum(new_blocks_by_phase), len(new_blocks_by_phase)
+        if not per_cycle or max_steps < math.inf and per_cycle * (max_steps // block_size + 1) <= num_free:
+            return max_steps  # the usual case: blocks to spare
+        phase = first_step % block_size
+        taken_by = list(itertools.accumulate([*new_blocks_by_phase[phase:], *new_blocks_by_phase[:phase]]))
+        num_cycles, rest = divmod(num_free, per_cycle)
+        return min(max_steps, num_cycles * block_size + bisect.bisect_right(taken_by, rest))
+
+    def _decode_loop(self, steps: Iterable[int], num_seqs: int, context_tokens: int,
+                     new_blocks_by_phase: Sequence[int], horizon_s: float, used: int) -> Tuple[int, int]:
+        """take_decode_steps's steps, one per number in steps, until one ends at or after
+        horizon_s (steps holds at least one): the clock, busy time, block-seconds and gaps
+        advanced; returns (steps taken, blocks in use after them). A roofline's price is
+        worked out inline; any other cost's is its decode_pricer's.
+
+        NOTE: the very arithmetic of take_step and TokenLog.begin_step, in their order, so
+        that every clock, gap and sum is the step engine's to the last bit."""
+        log, price, block_size = self.token_log, self.cost.decode_pricer(num_seqs), len(new_blocks_by_phase)
+        terms = self.cost.decode_terms(num_seqs)
+        # without terms these are placeholders, never read: the loop calls price instead
+        overhead_s, weight_bytes, compute_s, kv_bytes, bytes_per_s, allreduce_s = terms or (0, 0, 0, 0, 1, 0)
+        clock_s, end_s, busy_s, block_seconds, add_gap = self.clock_s, log.end_s, self.busy_s, \
+            self.kv_block_seconds, log.step_gaps.append
+        for step in steps:
+            if terms is None:
+                duration_s = price(context_tokens)
+            else:
+                memory_s = (weight_bytes + context_tokens * kv_bytes) / bytes_per_s
+                duration_s = overhead_s + (memory_s if memory_s > compute_s else compute_s) + allreduce_s
+            context_tokens += num_seqs
+            used += new_blocks_by_phase[step % block_size]
+            busy_s += duration_s
+            block_seconds += used * duration_s
+            start_s = clock_s
+            clock_s += duration_s
+            add_gap(clock_s - end_s)
+            end_s = clock_s
+            if clock_s >= horizon_s:
+                break
+        self.clock_s, self.busy_s, self.kv_block_seconds, log.end_s = clock_s, busy_s, block_seconds, end_s
+        self.step_start_s, self.step_end_s = start_s, clock_s
+        return step - log.step, used  # log.step is still the step before the first (the caller moves it on)
+
+    def advance(self, horizon_s: float = math.inf, finishes_send: bool = True) -> Optional[List[Request]]:
+        """Engine.advance, by the cohort, a run of decode steps or (when neither applies)
+        one step, with nothing changing the batch before horizon_s (the next arrival).
+        When the caller says a finish sends nothing (finishes_send False: open loop, no
+        conversation turns), a cohort's run of decode steps that ended in a finish goes on
+        to the next run before returning, all the runs' finished requests together in the
+        order they finished."""
+        self.scheduler.received_by_s = self.received_by_s()
+        if self.cohort is not None:
+            finished = more = self.cohort.advance(self, horizon_s)
+            while more and not finishes_send and self.clock_s < horizon_s:
+                more = self.cohort.decode_on(self, horizon_s)
+                finished += more or []
+            if finished is not None:
+                return finished
+        run = DecodeRun.plan(self, horizon_s) if self.DECODE_RUNS else None
+        if run is not None:
+            return run.apply(self, horizon_s)
+        return super().advance(horizon_s, finishes_send)
+
+    def abort(self, request: Request) -> None:
+        """Engine.abort, the cohort's members written back first."""
+        if self.cohort is not None and request in self.cohort.members:
+            self.cohort.materialize(self.token_log)
+        self.scheduler.abort(request)
+
+    def restart_token_log(self) -> None:
+        """A fresh TokenLog, so that the gaps summed from here are a new run's; only between
+        runs, when nothing is running."""
+        assert not self.scheduler.running and (self.cohort is None or not self.cohort.members)
+        self.token_log = self.scheduler.token_log = TokenLog()
+
+class TokenLog:
+    """Token times without a list per token, for the FastEngine.
+
+    Each request keeps its first and last token time (first_token_s, last_token_s) and
+    the step that sampled its last token. The gaps between tokens are kept per step:
+    the step's length (the clock at its end less the clock at the previous step's end,
+    the very subtraction a list of token times would make) weighted by the sequences
+    that sampled a token in it and in the step before; a gap that spans more steps (a
+    preemption's recompute, a step that skipped the request) is kept alone. The
+    multiset of gaps, and so every ITL figure, is the one the lists would give.
+    """
+
+    def __init__(self):
+        self.step = -1                    # the step now being applied
+        self.step_gaps = array.array("d")
+        self.step_weights = array.array("q")
+        self.other_gaps = array.array("d")
+        self.end_s = 0.0                 # the clock at the end of the last step
+
+    def begin_step(self, end_s: float) -> None:
+        """A step ending at end_s is about to sample its tokens."""
+        self.step += 1
+        self.step_gaps.append(end_s - self.end_s)
+        self.step_weights.append(0)
+        self.end_s = end_s
+
+    def token(self, request: Request, now_s: float) -> None:
+        if request.first_token_s is None:
+            request.first_token_s = now_s
+        elif request.last_token_step == self.step - 1:
+            self.step_weights[-1] += 1
+        else:
+            self.other_gaps.append(now_s - request.last_token_s)
+        request.last_token_s, request.last_token_step = now_s, self.step
+
+    def gaps(self) -> Tuple[Sequence[float], Sequence[int]]:
+        """Every gap between two tokens of a request, as (values, weights), in arrays."""
+        return self.step_gaps + self.other_gaps, self.step_weights + array.array("q", [1]) * len(self.other_gaps)
+
+
 class DecodeRun:
     """A run of decode-only steps taken at once, with every figure of the steps one by one.
 
@@ -3113,18 +3231,11 @@ class DecodeRun:
                 request.shares_prefix and request.num_cached_blocks < request.prefix_tokens // block_size
                 for request in running):
             return None  # a prefix longer than the prompt: decode steps would still enter blocks in the cache
-        if most < 2 or scheduler.waiting and cls._head_could_be_admitted(scheduler):
+        if most < 2 or scheduler.head_could_be_admitted():
             return None
         firsts = [(-request.computed) % block_size + 1 for request in running]
         most = cls._steps_within_blocks(firsts, block_size, scheduler.pool.free_count(), most)
         return cls(most, firsts) if most >= 2 else None
-
-    @staticmethod
-    def _head_could_be_admitted(scheduler: "Scheduler") -> bool:
-        budget = scheduler.config.max_num_batched_tokens - len(scheduler.running)
-        if budget <= 0 or len(scheduler.running) >= scheduler.config.max_num_seqs:
-            return False
-        return scheduler._admission(scheduler.waiting[0], budget) is not None
 
     @staticmethod
     def _blocks_by(step: int, firsts: Sequence[int], block_size: int) -> int:
@@ -3179,18 +3290,12 @@ class DecodeRun:
                 else:
                     log.other_gaps.append(first_end_s - last)
 
-    def _take_blocks(self, running, pool: BlockPool, block_size: int, steps: int) -> None:
-        """The blocks the run's steps took, handed out in the step engine's order: step by
-        step, in admission order within a step."""
-        if not pool.names_blocks:  # which block goes where does not matter
-            for request, first in zip(running, self.first_step_per_request):
-                if first <= steps:
-                    request.blocks += pool.allocate((steps - first) // block_size + 1)
-            return
-        order = sorted((step, index) for index, first in enumerate(self.first_step_per_request)
-                       for step in range(first, steps + 1, block_size))
-        for (_, index), block in zip(order, pool.allocate(len(order))):
-            running[index].blocks.append(block)
+    def _take_blocks(self, running, pool: KVPool, block_size: int, steps: int) -> None:
+        """The blocks the run's steps took, request by request (a FastEngine's pool names
+        no block, so the order the step engine hands them out in is not needed)."""
+        for request, first in zip(running, self.first_step_per_request):
+            if first <= steps:
+                request.blocks += pool.allocate((steps - first) // block_size + 1)
 
 
 class DecodeCohort:
@@ -3247,8 +3352,7 @@ class DecodeCohort:
         if not self._fits(scheduler, step):
             self.materialize(engine.token_log)
             return None
-        if len(self.members) == len(scheduler.running) and not (
-                scheduler.waiting and DecodeRun._head_could_be_admitted(scheduler)):
+        if len(self.members) == len(scheduler.running) and not scheduler.head_could_be_admitted():
             finished = self._decode_steps(engine, horizon_s)
             if finished is not None:
                 return finished
@@ -3297,9 +3401,11 @@ class DecodeCohort:
         joined, computed, generated = self.members.pop(request)
         steps = log.step + 1 - joined
         request.computed, request.generated = computed + steps, generated + steps
-        request.blocks += [-1] * (-(-request.computed // self.block_size) - len(request.blocks))  # see _hand_out
+        # NOTE: the members' blocks were allocated in the aggregate; a pool that names no block
+        # takes back any placeholders, so the request's list needs only its count
+        request.blocks += [-1] * (-(-request.computed // self.block_size) - len(request.blocks))
         if steps:
-            request.last_token_s, request.last_token_step = log._end_s, log.step
+            request.last_token_s, request.last_token_step = log.end_s, log.step
         self.by_phase[(joined - computed) % self.block_size].remove(request)
         self.context_tokens -= request.computed + 1
 
@@ -3308,17 +3414,6 @@ class DecodeCohort:
         for request in list(self.members):
             self._leave(request, log)
         self.finishes.clear()
-
-    def _hand_out(self, pool, first_step: int, num_steps: int, num_blocks: int) -> None:
-        """The num_blocks new blocks of num_steps member steps from first_step, taken in one
-        call and handed out step by step, in running order within a step."""
-        blocks = iter(pool.allocate(num_blocks))
-        if not pool.names_blocks:
-            return  # placeholders: _leave tops each member up to its count
-        by_phase, block_size = self.by_phase, self.block_size
-        for step in range(first_step, first_step + num_steps):
-            for request in by_phase[step % block_size]:
-                request.blocks.append(next(blocks))
 
     def _step(self, engine: "Engine", step: int) -> List[Request]:
         """One step: members in the aggregate; those that finish in it, the other running
@@ -3330,13 +3425,12 @@ class DecodeCohort:
             self._leave(request, log)
             finishing.append(request)
         running, num_members = scheduler.running, len(self.members)
-        self._hand_out(scheduler.pool, step, 1, len(self.by_phase[step % self.block_size]))
+        scheduler.pool.allocate(len(self.by_phase[step % self.block_size]))  # the members' new blocks (see _leave)
         # NOTE: every member takes one token whatever its place, and the step cannot preempt
         # (see _fits), so the rest may be scheduled as if they ran after the members.
-        scheduler.running = finishing + running[num_members + len(finishing):]
-        batch, budget, _ = scheduler._schedule_running(scheduler.config.max_num_batched_tokens - num_members)
-        scheduler.running = running
-        batch += scheduler._schedule_waiting(budget, engine.clock_s)[0]
+        others = finishing + running[num_members + len(finishing):]
+        batch, budget, _ = scheduler.schedule_running(scheduler.config.max_num_batched_tokens - num_members, others)
+        batch += scheduler.schedule_waiting(budget, engine.clock_s)[0]
         engine.take_step(batch, num_members, self.context_tokens)
         log.step_weights[-1] += num_members
         self.context_tokens += num_members
@@ -3358,7 +3452,8 @@ class DecodeCohort:
                                                                 list(map(len, self.by_phase)), most, horizon_s)
         if not num_steps:
             return None
-        self._hand_out(engine.scheduler.pool, step, num_steps, num_new_blocks)
+        # (take_decode_steps counted the new blocks; the pool gives them now, see _leave)
+        engine.scheduler.pool.allocate(num_new_blocks)
         self.context_tokens += num_members * num_steps
         finished = []
         while self._finishing(step + num_steps - 1):
@@ -3368,6 +3463,10 @@ class DecodeCohort:
             engine.scheduler.retire(finished)
         return finished
 
+
+# =============================================================================
+# Simulated runs: clients, arrivals and the one engine builder
+# =============================================================================
 
 def follow_ups(requests: Sequence[Request]) -> Dict[Request, Request]:
     """Each conversation turn's next turn (turn k -> turn k + 1)."""
@@ -3507,10 +3606,10 @@ class Arrivals:
 
 
 def simulate(scheduler: Scheduler, hardware: Hardware, model: ModelSpec,
-             requests: List[Request], concurrency: Optional[int] = None, cost=None, fast: bool = False) -> Engine:
-    """Run requests through the scheduler on a virtual clock (see Arrivals); return the
-    engine. fast takes runs of decode steps at once (see DecodeRun); every figure is the same."""
-    return run_engine(Engine(scheduler, hardware, model, cost, fast), requests, concurrency)
+             requests: List[Request], concurrency: Optional[int] = None, cost=None) -> Engine:
+    """Run requests through the scheduler on a virtual clock, one step at a time (see
+    Arrivals); return the engine. EngineSpec.engine builds a FastEngine."""
+    return run_engine(Engine(scheduler, hardware, model, cost), requests, concurrency)
 
 
 class RunProgress:
@@ -3590,11 +3689,14 @@ class EngineSpec:
         roofline = RooflineCost(self.plan.hardware, self.plan.model, self.ubatch_tokens)
         return ProfileCost(self.step_profile, roofline) if self.step_profile else roofline
 
-    def engine(self, scheduler_class: Optional[type] = None) -> Engine:
-        """A fresh engine on this plan; scheduler_class overrides the configured scheduler."""
-        scheduler = (scheduler_class(self.config, self.plan.num_blocks, self.fast) if scheduler_class
-                     else new_scheduler(self.config, self.plan.num_blocks, self.fast))
-        return Engine(scheduler, self.plan.hardware, self.plan.model, self.cost(), self.fast)
+    def engine(self, scheduler_class: Optional[Type[Scheduler]] = None) -> Engine:
+        """A fresh engine on this plan, the one place flags become an engine: a FastEngine
+        (it builds its scheduler over its own pool) or the step engine over a BlockPool.
+        scheduler_class overrides the configured scheduler (a disaggregated engine's)."""
+        chosen, plan = scheduler_class or configured_scheduler(self.config), self.plan
+        if self.fast:
+            return FastEngine(chosen, self.config, plan.num_blocks, plan.hardware, plan.model, self.cost())
+        return Engine(chosen(self.config, plan.num_blocks), plan.hardware, plan.model, self.cost())
 
     def slower_by(self, factor: float) -> "EngineSpec":
         """This spec with every step factor times as long (the roofline's hardware, or the
@@ -3624,6 +3726,12 @@ def nearest_rank(pct: float, count: int) -> int:
 def percentile(sorted_values: Sequence[float], pct: float) -> Optional[float]:
     """Nearest-rank percentile of already sorted values; None when there are none."""
     return sorted_values[nearest_rank(pct, len(sorted_values)) - 1] if sorted_values else None
+
+
+def median(values: Iterable[float]) -> Optional[float]:
+    """The 50th percentile of values in any order, by the one definition (nearest rank:
+    always one of the values, the lower middle one of an even count); None when empty."""
+    return percentile(sorted(values), 50)
 
 
 def _ordered_bits(value: float) -> int:
@@ -3929,12 +4037,6 @@ def run_and_report(engine: Engine, requests: Iterable[Request], concurrency: Opt
             "rejected": rejections(totals.failed)}
 
 
-def simulation_report(scheduler: Scheduler, hardware: Hardware, model: ModelSpec, requests: List[Request],
-                      concurrency: Optional[int] = None, slo: Optional[Slo] = None, cost=None) -> dict:
-    """Simulate requests and report what the engine saw, the summary and the rejections."""
-    return run_and_report(Engine(scheduler, hardware, model, cost), requests, concurrency, slo)
-
-
 # =============================================================================
 # Disaggregated prefill and decode: two engines joined by a KV link
 # =============================================================================
@@ -3944,8 +4046,8 @@ class PrefillScheduler(Scheduler):
     link has delivered them to the decode engine (release_held), as a real prefill
     engine must, so a slow link fills the prefill engine's memory."""
 
-    def __init__(self, config: SchedulerConfig, num_blocks: int, fast_pool: bool = False):
-        super().__init__(config, num_blocks, fast_pool)
+    def __init__(self, config: SchedulerConfig, num_blocks: int, pool_class: Type[KVPool] = BlockPool):
+        super().__init__(config, num_blocks, pool_class)
         self.held: Dict[Request, List[int]] = {}
 
     def _free(self, request: Request) -> None:
@@ -3963,8 +4065,8 @@ class DecodeScheduler(Scheduler):
     (vLLM's NIXL connector does the same). A preempted request loses the transferred
     KV and recomputes it here."""
 
-    def __init__(self, config: SchedulerConfig, num_blocks: int, fast_pool: bool = False):
-        super().__init__(config, num_blocks, fast_pool)
+    def __init__(self, config: SchedulerConfig, num_blocks: int, pool_class: Type[KVPool] = BlockPool):
+        super().__init__(config, num_blocks, pool_class)
         self.transferred: Dict[Request, int] = {}  # request -> tokens whose KV came over the link
 
     def add_with_kv(self, request: Request) -> bool:
@@ -4574,13 +4676,6 @@ class SyntheticWorkload:
                    else itertools.repeat(0.0))
         for index, prompt, output, arrival_s in zip(itertools.count(), self.prompt_tokens, self.output_tokens, offsets):
             yield Request(index, prompt, output, arrival_s)
-
-
-def synthetic_requests(num_requests: int, prompt_tokens: Tuple[int, int],
-                       output_tokens: Tuple[int, int], seed: int,
-                       rate: Optional[float] = None, burstiness: float = 1.0) -> List[Request]:
-    """SyntheticWorkload's requests as a list."""
-    return list(SyntheticWorkload(num_requests, prompt_tokens, output_tokens, seed, rate, burstiness))
 
 
 ROW_FIELDS = ("id", "prompt", "output", "arrival", "prefix", "prefix tokens", "blocks", "block tokens",
@@ -5603,8 +5698,10 @@ class ServerMetric:
     total since the server started); "histogram" the mean over the window, the rise of
     _sum over the rise of _count, times scale (seconds to ms), or with quantile set that
     quantile of the window's buckets (interpolated within a bucket, as Prometheus's
-    histogram_quantile does). metrics are the names vLLM, llama.cpp and SGLang export it
-    under; the first one present is read.
+    histogram_quantile does); "derived" is read only to work out another figure (see
+    read_server_metrics). metrics are the names vLLM, llama.cpp and SGLang export it
+    under; the first one present is read. Every other part of servesim that reads or
+    writes a server's series takes its name from here (series_name).
     """
 
     name: str
@@ -5651,9 +5748,23 @@ SERVER_METRICS = (
     ServerMetric("tokens_per_step", "histogram", ("vllm:iteration_tokens_total",)),
     ServerMetric("mean_prompt_tokens", "histogram", ("vllm:request_prompt_tokens",)),
     ServerMetric("mean_output_tokens", "histogram", ("vllm:request_generation_tokens",)),
+    ServerMetric("cache_config", "derived", ("vllm:cache_config_info",)),  # its labels: block size, blocks, ...
+    ServerMetric("steps", "derived", ("vllm:iteration_tokens_total_count",)),  # engine steps since start
+    ServerMetric("busy_slots", "derived", ("llamacpp:n_busy_slots_per_decode",)),  # a running average since start
 )
 SERVER_NAMES = (("llamacpp:", "llama.cpp"), ("vllm:", "vllm"), ("sglang:", "sglang"))
-LLAMACPP_BUSY_SLOTS = "llamacpp:n_busy_slots_per_decode"  # a running average since start
+
+
+def server_metric(name: str) -> ServerMetric:
+    """SERVER_METRICS' entry for the figure name."""
+    return next(spec for spec in SERVER_METRICS if spec.name == name)
+
+
+def series_name(name: str, server: str = "vllm") -> Optional[str]:
+    """The series server (llama.cpp, vllm, sglang) exports SERVER_METRICS' figure name
+    under; None when it exports none."""
+    prefix = next(prefix for prefix, kind in SERVER_NAMES if kind == server)
+    return next((metric for metric in server_metric(name).metrics if metric.startswith(prefix)), None)
 
 
 @dataclass(frozen=True)
@@ -5728,34 +5839,35 @@ def read_server_metrics(scrapes: Sequence[Dict[str, list]]) -> Dict[str, Reading
     before_avg x before_decodes) / (after_decodes - before_decodes)."""
     readings: Dict[str, Reading] = {}
     for spec in SERVER_METRICS:
-        for metric in spec.metrics:
+        for metric in spec.metrics if spec.kind != "derived" else ():
             reading = _read_metric(spec, metric, scrapes)
             if reading is not None and not math.isnan(reading.value):
                 readings[spec.name] = reading
                 break
     queries, hits = readings.get("prefix_cache_queries"), readings.get("prefix_cache_hits")
     if queries is not None and hits is not None and queries.value:
-        readings["prefix_hit_rate"] = Reading(hits.value / queries.value,
-                                              "vllm:prefix_cache_hits_total / vllm:prefix_cache_queries_total")
-    first, last = scrapes[0], scrapes[-1]
-    configs = last.get("vllm:cache_config_info") or []
+        readings["prefix_hit_rate"] = Reading(hits.value / queries.value, f"{hits.source.split()[0]} / "
+                                                                          f"{queries.source.split()[0]}")
+    first, last, config = scrapes[0], scrapes[-1], series_name("cache_config")
+    configs = last.get(config) or []
     if configs and configs[0][0].get("enable_prefix_caching") in ("True", "False"):
         readings["prefix_caching"] = Reading(1.0 if configs[0][0]["enable_prefix_caching"] == "True" else 0.0,
-                                             "vllm:cache_config_info enable_prefix_caching")
-    steps = [metric_total(scrape, name) for scrape in (first, last)
-             for name in ("vllm:iteration_tokens_total_count", "vllm:generation_tokens_total")]
+                                             f"{config} enable_prefix_caching")
+    steps_name, generated_name = series_name("steps"), series_name("generated_tokens")
+    steps = [metric_total(scrape, name) for scrape in (first, last) for name in (steps_name, generated_name)]
     if len(scrapes) > 1 and None not in steps and steps[2] > steps[0]:
         # NOTE: every sequence that decodes in a step samples one token, so tokens generated over
         # steps taken is the mean batch of decoding sequences (a prefill samples one too)
         readings["mean_batch"] = Reading((steps[3] - steps[1]) / (steps[2] - steps[0]),
-                                         "vllm:generation_tokens_total over vllm:iteration_tokens_total_count")
+                                         f"{generated_name} over {steps_name}")
+    busy_name = series_name("busy_slots", "llama.cpp")
     figures = [metric_total(scrape, name) for scrape in (first, last)
-               for name in ("llamacpp:n_decode_total", LLAMACPP_BUSY_SLOTS)]
+               for name in (series_name("decode_calls", "llama.cpp"), busy_name)]
     if len(scrapes) > 1 and None not in figures and figures[2] > figures[0]:
         decodes_before, busy_before, decodes_after, busy_after = figures
         readings["mean_batch"] = Reading((busy_after * decodes_after - busy_before * decodes_before)
                                          / (decodes_after - decodes_before),
-                                         f"{LLAMACPP_BUSY_SLOTS} over the window of decodes")
+                                         f"{busy_name} over the window of decodes")
     return readings
 
 
@@ -5864,29 +5976,27 @@ def prometheus_export(engine: dict, requests: Sequence[Request], token_log: Opti
     done = [r for r in requests if r.error is None and _token_span(r) is not None]
     latencies = run_latencies_s(done, token_log)
     lines = []
-    for name, kind, value in (
-            ("vllm:num_requests_running", "gauge", engine["max_batch_seqs"]),
-            ("vllm:num_requests_waiting", "gauge", engine["max_waiting"]),
-            ("vllm:kv_cache_usage_perc", "gauge", engine["kv_peak"]),
-            ("vllm:num_preemptions_total", "counter", engine["num_preemptions"]),
-            ("vllm:prefix_cache_queries_total", "counter", engine["prefix_query_tokens"] if prefix_caching else 0),
-            ("vllm:prefix_cache_hits_total", "counter", engine["prefix_hit_tokens"] if prefix_caching else 0),
-            ("vllm:prompt_tokens_total", "counter", sum(r.prompt_tokens for r in done)),
-            ("vllm:generation_tokens_total", "counter", sum(r.generated for r in done))):
-        lines += [f"# TYPE {name} {kind}", f"{name}{{{labels}}} {value!r}"]
-    for name, bounds, (values, weights) in (
-            ("vllm:time_to_first_token_seconds", VLLM_TTFT_BUCKETS_S, latencies["ttft"]),
-            ("vllm:inter_token_latency_seconds", VLLM_TOKEN_GAP_BUCKETS_S, latencies["itl"]),
-            ("vllm:request_time_per_output_token_seconds", VLLM_TOKEN_GAP_BUCKETS_S, latencies["tpot"]),
-            ("vllm:request_queue_time_seconds", VLLM_REQUEST_BUCKETS_S, latencies["queue"]),
-            ("vllm:e2e_request_latency_seconds", VLLM_REQUEST_BUCKETS_S, latencies["e2e"]),
-            ("vllm:request_prompt_tokens", VLLM_TOKEN_COUNT_BUCKETS, ([r.prompt_tokens for r in done], None))):
-        lines += _histogram_lines(name, labels, bounds, values, weights)
-    steps = engine["num_steps"]
-    lines += ["# TYPE vllm:iteration_tokens_total histogram",  # NOTE: only the total per step is kept: one bucket
-              f'vllm:iteration_tokens_total_bucket{{{labels},le="+Inf"}} {steps}',
-              f"vllm:iteration_tokens_total_sum{{{labels}}} {engine['mean_batch_tokens'] * steps!r}",
-              f"vllm:iteration_tokens_total_count{{{labels}}} {steps}"]
+    for figure, value in (
+            ("max_running", engine["max_batch_seqs"]), ("max_waiting", engine["max_waiting"]),
+            ("kv_usage_peak", engine["kv_peak"]), ("preemptions", engine["num_preemptions"]),
+            ("prefix_cache_queries", engine["prefix_query_tokens"] if prefix_caching else 0),
+            ("prefix_cache_hits", engine["prefix_hit_tokens"] if prefix_caching else 0),
+            ("prompt_tokens", sum(r.prompt_tokens for r in done)),
+            ("generated_tokens", sum(r.generated for r in done))):
+        name = series_name(figure)
+        lines += [f"# TYPE {name} {server_metric(figure).kind}", f"{name}{{{labels}}} {value!r}"]
+    for figure, bounds, (values, weights) in (
+            ("ttft_ms", VLLM_TTFT_BUCKETS_S, latencies["ttft"]),
+            ("itl_p99_ms", VLLM_TOKEN_GAP_BUCKETS_S, latencies["itl"]),
+            ("tpot_ms", VLLM_TOKEN_GAP_BUCKETS_S, latencies["tpot"]),
+            ("queue_ms", VLLM_REQUEST_BUCKETS_S, latencies["queue"]),
+            ("e2e_ms", VLLM_REQUEST_BUCKETS_S, latencies["e2e"]),
+            ("mean_prompt_tokens", VLLM_TOKEN_COUNT_BUCKETS, ([r.prompt_tokens for r in done], None))):
+        lines += _histogram_lines(series_name(figure), labels, bounds, values, weights)
+    steps, name = engine["num_steps"], series_name("tokens_per_step")
+    lines += [f"# TYPE {name} histogram",  # NOTE: only the total per step is kept: one bucket
+              f'{name}_bucket{{{labels},le="+Inf"}} {steps}',
+              f"{name}_sum{{{labels}}} {engine['mean_batch_tokens'] * steps!r}", f"{name}_count{{{labels}}} {steps}"]
     return "\n".join(lines) + "\n"
 
 
@@ -6191,14 +6301,6 @@ def request_to_dict(record: MeasuredRequest) -> dict:
     return {name: getattr(record, name) for name in REQUEST_FIELDS}
 
 
-def records_from_report(report: dict) -> List[MeasuredRequest]:
-    """The per-request records of a loadgen --json --json-requests report."""
-    if "requests" not in report:
-        raise UsageError("the report has no per-request records; run loadgen with --json-requests")
-    return [MeasuredRequest(**{name: entry.get(name) for name in REQUEST_FIELDS if name in entry})
-            for entry in report["requests"]]
-
-
 def timings_summary(records: Sequence[MeasuredRequest]) -> Optional[dict]:
     """llama.cpp's own view of each request (its timings), as distributions in ms."""
     timed = [r.timings for r in records if r.error is None and r.timings]
@@ -6283,7 +6385,8 @@ def _vllm_models(endpoint: Endpoint, headers: Dict[str, str], timeout_s: float) 
         status, body = endpoint.get("/metrics", timeout_s, headers)
     except BadResponse:
         status, body = 0, b""  # NOTE: what /v1/models told stands without the metrics
-    configs = parse_prometheus(body.decode("utf-8", "replace")).get("vllm:cache_config_info", []) if status == 200 else []
+    scrape = parse_prometheus(body.decode("utf-8", "replace")) if status == 200 else {}
+    configs = scrape.get(series_name("cache_config"), [])
     labels = configs[0][0] if configs else {}
     blocks, block_size = _label_count(labels, "num_gpu_blocks"), _label_count(labels, "block_size")
     if blocks and block_size and _positive_int(blocks * block_size):
@@ -6741,7 +6844,7 @@ def decoding_gaps_s(records: Sequence[MeasuredRequest]) -> List[float]:
 def point_summary(values_s: Sequence[float]) -> dict:
     """A measured point in ms: the median of its repeats, their range and each one."""
     values = sorted(value * 1000 for value in values_s)
-    return {"step_ms": statistics.median(values), "min_ms": values[0], "max_ms": values[-1], "repeats_ms": values}
+    return {"step_ms": median(values), "min_ms": values[0], "max_ms": values[-1], "repeats_ms": values}
 
 
 def _server_prompt_s(records: Sequence[MeasuredRequest]) -> List[float]:
@@ -6894,7 +6997,7 @@ class Profiler:
         # apart, so "together" is within a tenth of the TTFT and half the cheapest decode
         # step measured (a stall or a queue can stretch the TTFT past a step).
         firsts = [r.token_times[0] for r in records]
-        ttft_s = statistics.median(first - r.sent_s for first, r in zip(firsts, records))
+        ttft_s = median(first - r.sent_s for first, r in zip(firsts, records))
         steps_s = [step for step in (fastest_step_s, sample["gap_s"]) if step]
         if batch > 1 and max(firsts) - min(firsts) <= min([0.1 * ttft_s] + [0.5 * step for step in steps_s]):
             sample.update(ttft_s=ttft_s, server_s=_server_prompt_s(records))
@@ -6912,8 +7015,8 @@ class Profiler:
         context = statistics.mean(sample["context"] for sample in samples)
         point = dict(batch=batch, **point_summary(gaps_s), context_tokens=context,
                      prefill_tokens=round(batch * (samples[-1]["context"] - self.settings.output_tokens / 2)),
-                     prefill_ttft_ms=statistics.median(ttfts_s) * 1000 if ttfts_s else None,
-                     prefill_server_ms=statistics.median(server_s) * 1000 if server_s else None)
+                     prefill_ttft_ms=median(ttfts_s) * 1000 if ttfts_s else None,
+                     prefill_server_ms=median(server_s) * 1000 if server_s else None)
         if batch > 1 and not ttfts_s:
             self.notes.append(f"decode batch {batch}: its prompts were never prefilled in one step, so what "
                               f"{batch} prompts together cost was not measured")
@@ -6990,9 +7093,9 @@ class Profiler:
         ttfts = [ttft for _, ttft, _ in samples]
         server_s = [server for _, _, server in samples if server is not None]
         server_s = server_s if len(server_s) == len(samples) else []
-        point = dict(prompt_tokens=round(statistics.median(tokens for tokens, _, _ in samples)),
-                     ttft_ms=statistics.median(ttfts) * 1000,
-                     server_prompt_ms=statistics.median(server_s) * 1000 if server_s else None,
+        point = dict(prompt_tokens=round(median(tokens for tokens, _, _ in samples)),
+                     ttft_ms=median(ttfts) * 1000,
+                     server_prompt_ms=median(server_s) * 1000 if server_s else None,
                      **point_summary(server_s or ttfts))
         self.prefill.append(point)
         self.say(f"prefill {point['prompt_tokens']:,} tokens: TTFT {point['ttft_ms']:.2f} ms, "
@@ -7022,8 +7125,8 @@ class Profiler:
                     carrying = sum(gap > 1.25 * decode_ms / 1000 for gap in gaps)
                     per_decoder.append((sum(gaps) - len(gaps) * decode_ms / 1000, max(1, carrying)))
             if len(per_decoder) == num_decoding:
-                added_s.append(statistics.median(added for added, _ in per_decoder))
-                num_steps.append(statistics.median(count for _, count in per_decoder))
+                added_s.append(median(added for added, _ in per_decoder))
+                num_steps.append(median(count for _, count in per_decoder))
         if not added_s:
             self.notes.append(f"mixed step ({num_decoding} decoding + {prompt_tokens} prompt tokens): the decoders "
                               f"ended before the prefill did; not measured")
@@ -7031,7 +7134,7 @@ class Profiler:
         summary = point_summary(added_s)
         point = {"decode_batch": num_decoding, "prompt_tokens": records[-1].prompt_tokens,
                  "added_ms": summary["step_ms"], "min_ms": summary["min_ms"], "max_ms": summary["max_ms"],
-                 "repeats_ms": summary["repeats_ms"], "num_steps": statistics.median(num_steps)}
+                 "repeats_ms": summary["repeats_ms"], "num_steps": median(num_steps)}
         self.mixed.append(point)
         self.say(f"prefill of {point['prompt_tokens']:,} tokens beside {num_decoding} decoding: "
                  f"{point['added_ms']:.2f} ms added to their steps, over {point['num_steps']:g} steps")
@@ -7051,9 +7154,8 @@ class Profiler:
         finally:
             run.close()
             sampler.finish()
-        seen = [(metric_total(scrape, "vllm:num_requests_running") or metric_total(scrape, "sglang:num_running_reqs"),
-                 metric_total(scrape, "vllm:num_requests_waiting") or metric_total(scrape, "sglang:num_queue_reqs"))
-                for scrape in sampler.scrapes]
+        seen = [tuple(metric_total(scrape, series_name(name)) or metric_total(scrape, series_name(name, "sglang"))
+                      for name in ("max_running", "max_waiting")) for scrape in sampler.scrapes]
         crowded = [running for running, waiting in seen if running is not None and waiting]
         if crowded and max(crowded) < num_requests:
             self.max_num_seqs = int(max(crowded))
@@ -7114,7 +7216,7 @@ class Profiler:
             "machine": machine_description(), "settings": asdict(self.settings), "complete": complete,
             "request_overhead_ms": overhead_ms, "decode": self.decode, "prefill": self.prefill, "mixed": self.mixed,
             "decode_context_tokens": statistics.mean(p["context_tokens"] for p in self.decode) if self.decode else 0.0,
-            "mixed_overlap_ms": statistics.median(overlaps) if overlaps else 0.0, "prefill_batch_factors": factors,
+            "mixed_overlap_ms": median(overlaps) if overlaps else 0.0, "prefill_batch_factors": factors,
             "context": self.context, "context_ms_per_token": self.context_ms_per_token(),
             "notes": self.notes,
         }
@@ -7135,7 +7237,7 @@ class Profiler:
         if not self.prefill:
             return 0.0
         if all(point["server_prompt_ms"] is not None for point in self.prefill):
-            return max(0.0, statistics.median(p["ttft_ms"] - p["server_prompt_ms"] for p in self.prefill))
+            return max(0.0, median(p["ttft_ms"] - p["server_prompt_ms"] for p in self.prefill))
         if len({point["prompt_tokens"] for point in self.prefill}) < 2:
             self.notes.append("one prefill point: its TTFT is taken as the prefill step, with no front-end time")
             return 0.0
@@ -7945,14 +8047,13 @@ COMPARED = (  # (label, figure of a summary)
 def _spread(values: Sequence[Optional[float]]) -> Optional[float]:
     """(max - min) / median of repeated measurements; None for one run."""
     known = [value for value in values if value is not None]
-    if len(known) < 2 or not statistics.median(known):
+    if len(known) < 2 or not median(known):
         return None
-    return (max(known) - min(known)) / statistics.median(known)
+    return (max(known) - min(known)) / median(known)
 
 
 def _median_or_none(values: Sequence[Optional[float]]) -> Optional[float]:
-    known = [value for value in values if value is not None]
-    return statistics.median(known) if known else None
+    return median(value for value in values if value is not None)
 
 
 def measured_hit_rate(report: dict) -> Optional[float]:
@@ -8070,8 +8171,8 @@ def compare_totals(rows: Sequence[dict]) -> dict:
     for label, _ in COMPARED:
         errors = [abs(row["error"][label]) for row in rows if row["error"][label] is not None]
         spreads = [row["spread"][label] for row in rows if row["spread"][label] is not None]
-        totals[label] = {"median_abs_error": statistics.median(errors) if errors else None,
-                         "median_spread": statistics.median(spreads) if spreads else None}
+        totals[label] = {"median_abs_error": median(errors) if errors else None,
+                         "median_spread": median(spreads) if spreads else None}
     return totals
 
 
@@ -8422,13 +8523,12 @@ def evidence_from_scrapes(scrapes: Sequence[Dict[str, list]]) -> Evidence:
         evidence.put("prefill_share", prompt_s.value / max(prompt_s.value + decode_s.value, 1e-9),
                      f"{prompt_s.source.split()[0]} / (that + {decode_s.source.split()[0]})")
     if len(scrapes) > 1 and evidence.value("preemptions"):
-        evidence.put("preemptions_climbing", 1, "vllm:num_preemptions_total rose between scrapes")
-    queries = metric_total(scrapes[-1], "vllm:prefix_cache_queries_total")
-    if queries == 0 and metric_total(scrapes[-1], "vllm:prompt_tokens_total"):
+        evidence.put("preemptions_climbing", 1, f"{readings['preemptions'].source.split()[0]} rose between scrapes")
+    queries_name, prompts_name = series_name("prefix_cache_queries"), series_name("prompt_tokens")
+    if metric_total(scrapes[-1], queries_name) == 0 and metric_total(scrapes[-1], prompts_name):
         # NOTE: vLLM counts prefix-cache queries only when prefix caching is on, so a
         # server that has prefilled prompts and queried nothing has it off.
-        evidence.put("prefix_caching", 0, "prefix caching (vllm:prefix_cache_queries_total is 0 though "
-                                          "vllm:prompt_tokens_total is not)")
+        evidence.put("prefix_caching", 0, f"prefix caching ({queries_name} is 0 though {prompts_name} is not)")
     return evidence
 
 
@@ -10133,10 +10233,9 @@ def loadgen_charts(records: Sequence, scrapes: Sequence[Tuple[float, Dict[str, l
     in_flight = tuple(steps)
     server = [Series(name, tuple((t, metric_total(scrape, metric) or 0.0) for t, scrape in scrapes
                                  if metric_total(scrape, metric) is not None))
-              for name, metric in (("server running", "vllm:num_requests_running"),
-                                   ("server waiting", "vllm:num_requests_waiting"),
-                                   ("server running", "llamacpp:requests_processing"),
-                                   ("server waiting", "llamacpp:requests_deferred"))]
+              for server in ("vllm", "llama.cpp", "sglang")
+              for name, metric in (("server running", series_name("max_running", server)),
+                                   ("server waiting", series_name("max_waiting", server)))]
     lines = [Series("in flight (loadgen)", in_flight)] + [series for series in server if series.points]
     charts = [svg_chart("Requests over the run", "time since the first send (s)", "requests", lines)]
     latencies = run_latencies_ms(records)

@@ -9,6 +9,7 @@ import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import unittest
 
@@ -19,6 +20,38 @@ if CODE_DIR not in sys.path:
     sys.path.insert(0, CODE_DIR)
 
 import main  # noqa: E402  (the path above makes it importable)
+
+# NOTE: a test that runs past this fails instead of hanging the suite (a scheduler that never
+# admits its head loops for ever); the slowest test takes about a tenth of it.
+TEST_TIME_LIMIT_S = int(os.environ.get("SERVESIM_TEST_TIME_LIMIT_S", "120"))
+
+
+class TestTimeout(Exception):
+    """A test ran past TEST_TIME_LIMIT_S."""
+
+
+def _limited_run(run):
+    """TestCase.run, with SIGALRM raising TestTimeout in the test once the limit passes
+    (where there is SIGALRM and the test runs on the main thread)."""
+    def limited(self, result=None):
+        if not hasattr(signal, "SIGALRM") or threading.current_thread() is not threading.main_thread():
+            return run(self, result)
+
+        def expire(signum, frame):
+            raise TestTimeout(f"{self.id()} ran past {TEST_TIME_LIMIT_S} s")
+        previous = signal.signal(signal.SIGALRM, expire)
+        signal.alarm(TEST_TIME_LIMIT_S)
+        try:
+            return run(self, result)
+        finally:
+            signal.alarm(0)
+            signal.signal(signal.SIGALRM, previous)
+    limited.time_limited = True
+    return limited
+
+
+if not getattr(unittest.TestCase.run, "time_limited", False):
+    unittest.TestCase.run = _limited_run(unittest.TestCase.run)
 
 
 def kernel_stamps_here() -> bool:
@@ -65,6 +98,42 @@ def run_json(*argv):
     return json.loads(out)
 
 
+def new_scheduler(config, num_blocks):
+    """The scheduler a configuration asks for, over a BlockPool (as the step engine keeps it)."""
+    return main.configured_scheduler(config)(config, num_blocks)
+
+
+def synthetic_requests(num_requests, prompt_tokens, output_tokens, seed, rate=None, burstiness=1.0):
+    """A SyntheticWorkload's requests as a list."""
+    return list(main.SyntheticWorkload(num_requests, prompt_tokens, output_tokens, seed, rate, burstiness))
+
+
+def simulation_report(scheduler, hardware, model, requests, concurrency=None, slo=None, cost=None):
+    """Simulate requests on the step engine: what it saw, the summary and the rejections."""
+    return main.run_and_report(main.Engine(scheduler, hardware, model, cost), requests, concurrency, slo)
+
+
+def records_from_report(report):
+    """The per-request records of a loadgen --json --json-requests report."""
+    return [main.MeasuredRequest(**{name: entry.get(name) for name in main.REQUEST_FIELDS if name in entry})
+            for entry in report["requests"]]
+
+
+def free_blocks(pool):
+    """A BlockPool's free list, front (least recently released) first."""
+    return list(pool.free)
+
+
+def ref_counts(pool):
+    """The reference count of each block a BlockPool has in use."""
+    return {block: pool.shared.get(block, 1) for block in range(pool.num_blocks) if block not in pool.free}
+
+
+def keys_held(pool):
+    """The content key of each block of a BlockPool that carries one."""
+    return dict(pool.key_of)
+
+
 def make_request(request_id=0, prompt_tokens=8, max_tokens=4, arrival_s=0.0, prefix=None,
                  prefix_tokens=0):
     return main.Request(request_id, prompt_tokens, max_tokens, arrival_s, prefix, prefix_tokens)
@@ -78,7 +147,7 @@ def make_scheduler(num_blocks=11, block_size=4, max_num_seqs=256, max_num_batche
                    chunked_prefill=True, prefix_caching=False, max_model_len=None, max_tokens_in_flight=None):
     config = main.SchedulerConfig(max_num_seqs, max_num_batched_tokens, block_size,
                                   chunked_prefill, prefix_caching, max_model_len, max_tokens_in_flight)
-    return main.new_scheduler(config, num_blocks)
+    return new_scheduler(config, num_blocks)
 
 
 def step(scheduler, now_s=0.0):

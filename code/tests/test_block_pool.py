@@ -3,7 +3,7 @@
 import random
 import unittest
 
-from support import main, make_pool
+from support import free_blocks, keys_held, main, make_pool, ref_counts
 
 
 class ReferencePool:
@@ -77,7 +77,7 @@ class BlockPoolTest(unittest.TestCase):
         pool.release([c])
         pool.release([a])
         pool.release([d])
-        self.assertEqual(pool.free_blocks(), [2, 0, 3])
+        self.assertEqual(free_blocks(pool), [2, 0, 3])
         self.assertEqual(pool.allocate(2), [2, 0])
         self.assertEqual(pool.num_evictions, 2)
         self.assertEqual(pool.lookup(["key2"]), [])
@@ -86,7 +86,7 @@ class BlockPoolTest(unittest.TestCase):
     def test_release_walks_in_reverse_so_the_tail_is_evicted_before_the_head(self):
         pool, blocks = cached_pool(num_blocks=4, count=4)
         pool.release(blocks)
-        self.assertEqual(pool.free_blocks(), [3, 2, 1, 0])
+        self.assertEqual(free_blocks(pool), [3, 2, 1, 0])
         self.assertEqual(pool.allocate(1), [3])
         self.assertEqual(pool.lookup(["key0", "key1", "key2", "key3"]), [0, 1, 2])
 
@@ -108,19 +108,19 @@ class BlockPoolTest(unittest.TestCase):
         self.assertEqual(pool.free_among(hits), 2)
         pool.touch(hits)
         self.assertEqual(pool.free_count(), 9)
-        self.assertEqual(pool.ref_counts(), {0: 1, 1: 1})
-        self.assertNotIn(0, pool.free_blocks())
+        self.assertEqual(ref_counts(pool), {0: 1, 1: 1})
+        self.assertNotIn(0, free_blocks(pool))
         self.assertEqual(pool.allocate(1), [2])
 
     def test_shared_blocks_are_freed_only_when_the_last_reference_goes(self):
         pool, blocks = cached_pool(num_blocks=11, count=2)
         pool.touch(pool.lookup(["key0", "key1"]))
-        self.assertEqual(pool.ref_counts(), {0: 2, 1: 2})
+        self.assertEqual(ref_counts(pool), {0: 2, 1: 2})
         pool.release(blocks)
-        self.assertEqual(pool.ref_counts(), {0: 1, 1: 1})
+        self.assertEqual(ref_counts(pool), {0: 1, 1: 1})
         self.assertEqual(pool.free_count(), 9)
         pool.release(blocks)
-        self.assertEqual(pool.ref_counts(), {})
+        self.assertEqual(ref_counts(pool), {})
         self.assertEqual(pool.free_count(), 11)
 
     def test_lookup_returns_the_leading_run_and_stops_at_the_first_miss(self):
@@ -135,7 +135,7 @@ class BlockPoolTest(unittest.TestCase):
         pool.cache(first, "system-a")
         pool.cache(second, "system-a")
         self.assertEqual(pool.lookup(["system-a"]), [first])
-        self.assertEqual(pool.keys_held(), {first: "system-a"})
+        self.assertEqual(keys_held(pool), {first: "system-a"})
 
     def test_cache_allocated_refuses_a_block_that_already_names_content(self):
         pool = make_pool(num_blocks=11)
@@ -153,9 +153,9 @@ class BlockPoolTest(unittest.TestCase):
         pool, blocks = cached_pool(num_blocks=4, count=4)
         pool.release(blocks)
         pool.touch([1])
-        self.assertEqual((pool.free_blocks(), pool.free_count()), ([3, 2, 0], 3))
+        self.assertEqual((free_blocks(pool), pool.free_count()), ([3, 2, 0], 3))
         pool.release([1])
-        self.assertEqual(pool.free_blocks(), [3, 2, 0, 1])
+        self.assertEqual(free_blocks(pool), [3, 2, 0, 1])
         self.assertEqual(pool.allocate(3), [3, 2, 0])
         self.assertEqual(pool.lookup(["key0", "key1"]), [])
         self.assertEqual(pool.lookup(["key1"]), [1])
@@ -198,9 +198,9 @@ class BlockPoolTest(unittest.TestCase):
                     pool.touch(hits)
                     reference.touch(hits)
                     held.append(hits)
-                self.assertEqual(pool.free_blocks(), list(reference.free), f"seed {seed}")
+                self.assertEqual(free_blocks(pool), list(reference.free), f"seed {seed}")
                 self.assertEqual(pool.free_count(), len(reference.free))
-                self.assertEqual(pool.ref_counts(), reference.refs)
+                self.assertEqual(ref_counts(pool), reference.refs)
                 self.assertEqual((pool.cached, pool.num_evictions), (reference.cached, reference.num_evictions))
                 mark = rng.randint(0, reference.num_evictions)
                 expected = reference.evicted[mark:] if len(reference.evicted) - mark <= pool.EVICTION_WINDOW else None

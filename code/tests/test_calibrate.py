@@ -5,7 +5,7 @@ import os
 import tempfile
 import unittest
 
-from support import ScratchTest, main, run_cli
+from support import ScratchTest, main, run_cli, simulation_report, synthetic_requests
 
 KNOWN = main.Hardware("known", memory_gib=16, bandwidth_gbs=30, tflops=0.2, mfu=1.0, mbu=1.0,
                       step_overhead_ms=3.0, reserve_gib=0.5)
@@ -16,9 +16,9 @@ FLAGS = ("--model", "smollm2-135m-q8_0", "--kv-tokens", "4096", "--max-num-seqs"
 def simulated_report(concurrency, prompt_tokens=40, output_tokens=64, num_requests=8, hardware=KNOWN):
     """A loadgen-shaped report of a run the simulator made on known hardware."""
     plan = main.plan_capacity(hardware, MODEL, kv_tokens=4096)
-    requests = main.synthetic_requests(num_requests, (prompt_tokens,) * 2, (output_tokens,) * 2, seed=0)
+    requests = synthetic_requests(num_requests, (prompt_tokens,) * 2, (output_tokens,) * 2, seed=0)
     scheduler = main.Scheduler(main.SchedulerConfig(max_num_seqs=8), plan.num_blocks)
-    report = main.simulation_report(scheduler, hardware, MODEL, requests, concurrency)
+    report = simulation_report(scheduler, hardware, MODEL, requests, concurrency)
     settings = {"url": "simulated", "model": MODEL.name, "mode": "closed", "concurrency": concurrency, "rate": None,
                 "num_requests": num_requests, "max_tokens": output_tokens, "ignore_eos": True, "seed": 0}
     return {"settings": settings, "summary": report["summary"],

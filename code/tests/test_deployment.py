@@ -7,7 +7,7 @@ import json
 import os
 import unittest
 
-from support import FIXTURES_DIR, ScratchTest, main, run_cli, run_json
+from support import FIXTURES_DIR, ScratchTest, main, new_scheduler, run_cli, run_json
 
 # The H100's datasheet under the lesson's plain roofline (mfu 0.5, mbu 0.75, 1 ms a step, none of
 # the fitted overheads), so the figures below are the arithmetic of the terms they test alone.
@@ -191,7 +191,7 @@ class ReplicasTest(unittest.TestCase):
         self.assertEqual((spread["replicas"]["request_imbalance"], affine["replicas"]["request_imbalance"]), (1.0, 2.0))
 
     def test_least_loaded_uses_an_idle_fleet_in_turn(self):
-        router, schedulers = main.Router("least-loaded"), [main.new_scheduler(main.SchedulerConfig(), 64)
+        router, schedulers = main.Router("least-loaded"), [new_scheduler(main.SchedulerConfig(), 64)
                                                            for _ in range(3)]
         request = main.Request(0, 8, 4)
         self.assertEqual([router.choose(request, schedulers) for _ in range(4)], [0, 1, 2, 0])

@@ -15,10 +15,12 @@ import multiprocessing
 import os
 import random
 import unittest
+from unittest import mock
 
 from support import FIXTURES_DIR, main, run_cli
 
 NUM_WORKLOADS = 300
+L4_8B = (main.HARDWARE["l4-24gb"], main.MODELS["llama-3.1-8b"])
 PROFILE = os.path.join(FIXTURES_DIR, "llamacpp", "profile.json")
 TRACES = [os.path.join(FIXTURES_DIR, name) for name in ("burst.jsonl", "mixed.jsonl", "burst.jsonl", "mixed.jsonl",
                                                          "mooncake_conversation_first500.jsonl")]
@@ -117,24 +119,60 @@ def report(argv, engine):
     return code, (json.loads(out) if code == 0 else err)
 
 
-def compare_engines(seed):
-    """(the workload ran in both engines, what differs) for one seeded workload."""
+# The shortcuts a FastEngine and its scheduler take, each of which can be turned off alone
+SWITCHES = {"cohorts": (main.FastEngine, "COHORTS"), "decode runs": (main.FastEngine, "DECODE_RUNS"),
+            "remembered refusals": (main.Scheduler, "REMEMBER_REFUSALS"),
+            "resumed lookups": (main.BlockPool, "RESUME_LOOKUPS")}
+
+
+def compare_engines(seed, switched_off=None):
+    """(the workload ran in both engines, what differs) for one seeded workload, with one
+    of SWITCHES turned off in both engines when switched_off names it."""
     argv = workload(seed)
-    (code, reference), (fast_code, fast) = report(argv, "step"), report(argv, "fast")
+    owner, name = SWITCHES.get(switched_off, (None, None))
+    if owner is not None:
+        setattr(owner, name, False)
+    try:
+        (code, reference), (fast_code, fast) = report(argv, "step"), report(argv, "fast")
+    finally:
+        if owner is not None:
+            setattr(owner, name, True)
     if (code, fast_code) != (0, 0):
         return False, [f"{' '.join(argv)}: exit {code} and {fast_code}: {reference} {fast}"]
-    return True, [f"{' '.join(argv)}: {d}" for d in differences(reference, fast)[:3]]
+    label = f" ({switched_off} off)" if switched_off else ""
+    return True, [f"{' '.join(argv)}{label}: {d}" for d in differences(reference, fast)[:3]]
 
 
 class FastEngineTest(unittest.TestCase):
 
     def test_every_figure_of_the_fast_engine_is_the_step_engines(self):
+        """Every workload with every shortcut on, and a third of them with each one off."""
+        cases = [(seed, None) for seed in range(NUM_WORKLOADS)]
+        cases += [(seed, switch) for switch in SWITCHES for seed in range(0, NUM_WORKLOADS, 3)]
         # NOTE: the workloads are independent, so they run on every CPU (spawned: no fork of threads)
         with multiprocessing.get_context("spawn").Pool(min(4, os.cpu_count() or 1)) as pool:
-            outcomes = pool.map(compare_engines, range(NUM_WORKLOADS), chunksize=10)
+            outcomes = pool.starmap(compare_engines, cases, chunksize=10)
         failures = [failure for _, found in outcomes for failure in found]
         self.assertEqual(failures, [], "\n".join(failures[:10]))
-        self.assertEqual(sum(ran for ran, _ in outcomes), NUM_WORKLOADS)
+        self.assertEqual(sum(ran for ran, _ in outcomes), len(cases))
+
+    def test_each_switch_turns_its_shortcut_off(self):
+        def steps_taken(engine):
+            engine.scheduler.add(main.Request(0, 10, 40))
+            engine.scheduler.add(main.Request(1, 10, 40))
+            calls = 0
+            while engine.scheduler.has_work():
+                engine.advance()
+                calls += 1
+            return calls
+        config = main.SchedulerConfig(block_size=4)
+        self.assertEqual(steps_taken(main.FastEngine(main.Scheduler, config, 1000, *L4_8B)), 2)  # prefill, a run
+        for switch in ("COHORTS", "DECODE_RUNS"):
+            with mock.patch.object(main.FastEngine, switch, False):
+                self.assertEqual(steps_taken(main.FastEngine(main.Scheduler, config, 1000, *L4_8B)), 2, switch)
+        with mock.patch.object(main.FastEngine, "COHORTS", False), \
+                mock.patch.object(main.FastEngine, "DECODE_RUNS", False):
+            self.assertEqual(steps_taken(main.FastEngine(main.Scheduler, config, 1000, *L4_8B)), 40)
 
     def test_the_workloads_cover_every_mode(self):
         argvs = [" ".join(workload(seed)) for seed in range(NUM_WORKLOADS)]
@@ -147,10 +185,11 @@ class FastEngineTest(unittest.TestCase):
     def test_a_cohort_moves_its_decoding_requests_on_together_and_writes_them_back_exactly(self):
         def engine(fast, caching):
             config = main.SchedulerConfig(block_size=4, prefix_caching=caching)  # caching: a RunPool
-            scheduler = main.Scheduler(config, 1000, fast_pool=fast)
+            made = (main.FastEngine(main.Scheduler, config, 1000, *L4_8B) if fast
+                    else main.Engine(main.Scheduler(config, 1000), *L4_8B))
             for request_id in range(3):
-                scheduler.add(main.Request(request_id, 10, 20 + request_id))
-            return main.Engine(scheduler, main.HARDWARE["l4-24gb"], main.MODELS["llama-3.1-8b"], fast=fast)
+                made.scheduler.add(main.Request(request_id, 10, 20 + request_id))
+            return made
         for caching in (False, True):
             fast, reference = engine(True, caching), engine(False, caching)
             self.assertEqual(fast.advance(), [])  # the prefill: all three sample their first token
@@ -172,10 +211,9 @@ class FastEngineTest(unittest.TestCase):
 
     def test_a_cohort_decodes_on_past_finishes_when_they_send_nothing(self):
         def engine():
-            scheduler = main.Scheduler(main.SchedulerConfig(block_size=4), 1000, fast_pool=True)
+            fast = main.FastEngine(main.Scheduler, main.SchedulerConfig(block_size=4), 1000, *L4_8B)
             for request_id in range(3):
-                scheduler.add(main.Request(request_id, 10, 20 + request_id))
-            fast = main.Engine(scheduler, main.HARDWARE["l4-24gb"], main.MODELS["llama-3.1-8b"], fast=True)
+                fast.scheduler.add(main.Request(request_id, 10, 20 + request_id))
             self.assertEqual(fast.advance(), [])  # the prefill
             return fast
         each, together = engine(), engine()
@@ -188,11 +226,11 @@ class FastEngineTest(unittest.TestCase):
 
     def test_a_run_of_decode_steps_stops_before_the_step_whose_new_blocks_would_not_fit(self):
         # steps 1, 2, ... take 1, 0, 2, 0, 1, 0, 2 blocks (phase = step % 4): 6 fit in 5 free blocks
-        self.assertEqual(main.Engine._steps_within([0, 1, 0, 2], 1, 5, 100), 6)
-        self.assertEqual(main.Engine._steps_within([0, 1, 0, 2], 1, 5, 4), 4)
-        self.assertEqual(main.Engine._steps_within([0, 1, 0, 2], 1, 5, math.inf), 6)
-        self.assertEqual(main.Engine._steps_within([0, 1, 0, 2], 3, 1, 100), 0)  # step 3 takes 2
-        self.assertEqual(main.Engine._steps_within([0, 0, 0, 0], 3, 0, math.inf), math.inf)
+        self.assertEqual(main.FastEngine.steps_within([0, 1, 0, 2], 1, 5, 100), 6)
+        self.assertEqual(main.FastEngine.steps_within([0, 1, 0, 2], 1, 5, 4), 4)
+        self.assertEqual(main.FastEngine.steps_within([0, 1, 0, 2], 1, 5, math.inf), 6)
+        self.assertEqual(main.FastEngine.steps_within([0, 1, 0, 2], 3, 1, 100), 0)  # step 3 takes 2
+        self.assertEqual(main.FastEngine.steps_within([0, 0, 0, 0], 3, 0, math.inf), math.inf)
 
     def test_small_caches_do_preempt_in_both_engines(self):
         preempted = 0

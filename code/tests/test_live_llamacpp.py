@@ -24,7 +24,7 @@ import time
 import unittest
 import urllib.request
 
-from support import main, run_cli, run_json
+from support import main, new_scheduler, run_cli, run_json
 
 SERVER = os.environ.get("SERVESIM_LLAMA_SERVER")
 GGUF = os.environ.get("SERVESIM_GGUF")
@@ -141,7 +141,7 @@ class LiveLlamaCppTest(unittest.TestCase):
         self.assertEqual((fits.error, fits.finish_reason), (None, "length"))
         self.assertEqual(fits.prompt_tokens + fits.output_tokens, 1024)  # cut at the slot's end
         self.assertEqual((too_long.error_kind, too_long.status), ("http 400", 400))
-        scheduler = main.new_scheduler(main.SchedulerConfig(max_num_seqs=4, scheduler="llamacpp"), 4096 // 16)
+        scheduler = new_scheduler(main.SchedulerConfig(max_num_seqs=4, scheduler="llamacpp"), 4096 // 16)
         cut, refused = main.Request(0, fits.prompt_tokens, 50), main.Request(1, 1024, 50)
         self.assertTrue(scheduler.add(cut))
         self.assertEqual(cut.max_tokens, fits.output_tokens)

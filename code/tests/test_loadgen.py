@@ -15,7 +15,8 @@ from unittest import mock
 
 from fake_server import (FakeServer, chunk, counting_completion, error_response, reset_connection, sse, stall_for,
                          standard_stream, stream_of, text_chunk)
-from support import kernel_stamps_here, main, run_cli, start_interruptible, wait_until
+from support import (kernel_stamps_here, main, records_from_report, run_cli, start_interruptible,
+                     wait_until)
 
 LLAMA_400 = {"error": {"code": 400, "message": "request (1124 tokens) exceeds the available context size "
                                                "(1024 tokens), try increasing it",
@@ -681,7 +682,7 @@ class LoadgenCliTest(unittest.TestCase):
         with FakeServer(chat=script, per_request=True, metrics=[llama_metrics(1, 1, 0, 0, 0, 0)]) as server:
             code, out, _ = self.loadgen(server, "--requests", "4", "--json-requests", "--slo-ttft-ms", "1000")
         report = json.loads(out)
-        records = main.records_from_report(json.loads(json.dumps(report)))
+        records = records_from_report(json.loads(json.dumps(report)))
         self.assertEqual(main.summarize(records, main.Slo(ttft_ms=1000.0)), report["summary"])
         self.assertEqual([r["request_id"] for r in report["requests"]], [0, 1, 2, 3])
         self.assertEqual(report["requests"][0]["sent_s"] >= 0, True)

@@ -8,6 +8,7 @@ one must succeed. Commands that talk to a server (`--url http://...`) run agains
 stdlib fake server in its place, and `--requests` is cut to 4 for them.
 """
 
+import ast
 import contextlib
 import io
 import os
@@ -112,6 +113,44 @@ class ReadmeTest(unittest.TestCase):
             self.assertEqual(code, 0, err.getvalue())
         else:
             self.assertEqual(printed, expected)
+
+
+def banner_sections(path):
+    """(name, first line, last line) of each banner section of a source file: a name line
+    between two lines of '=' comments."""
+    with open(path, encoding="utf-8") as handle:
+        lines = handle.read().splitlines()
+    starts = [(lines[index][2:], index) for index in range(1, len(lines) - 1)
+              if lines[index - 1].startswith("# ====") and lines[index + 1].startswith("# ====")]
+    return [(name, start, (starts[number + 1][1] if number + 1 < len(starts) else len(lines)) - 1)
+            for number, (name, start) in enumerate(starts)]
+
+
+def layout_sections():
+    """The section names of the README's Layout table, in order."""
+    with open(README, encoding="utf-8") as handle:
+        layout = handle.read().split("\n## Layout\n", 1)[1].split("\n## ", 1)[0]
+    rows = re.findall(r"^\| (.+?) \| .+ \|$", layout, flags=re.M)
+    return [row for row in rows if row != "Section"]
+
+
+class LayoutTest(unittest.TestCase):
+    MAIN = os.path.join(REPO_DIR, "code", "main.py")
+
+    def test_the_layout_names_every_section_of_main_py_in_order(self):
+        self.assertEqual(layout_sections(), [name for name, _, _ in banner_sections(self.MAIN)])
+
+    def test_no_section_holds_more_than_a_sixth_of_main_py(self):
+        sections = banner_sections(self.MAIN)
+        total = sections[-1][2] + 1
+        self.assertEqual([name for name, first, last in sections if last - first + 1 > total / 6], [])
+
+    def test_no_function_of_main_py_is_over_60_lines(self):
+        with open(self.MAIN, encoding="utf-8") as handle:
+            tree = ast.parse(handle.read())
+        long = [f"{node.name} ({node.end_lineno - node.lineno + 1} lines)" for node in ast.walk(tree)
+                if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.end_lineno - node.lineno >= 60]
+        self.assertEqual(long, [])
 
 
 if __name__ == "__main__":

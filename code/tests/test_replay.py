@@ -6,7 +6,7 @@ import statistics
 import unittest
 
 from fake_server import FakeServer, counting_chat, counting_completion, word_tokens
-from support import ScratchTest, kernel_stamps_here, main, run_cli
+from support import ScratchTest, kernel_stamps_here, main, new_scheduler, run_cli
 
 
 def rows_text(rows):
@@ -182,7 +182,7 @@ class ConversationSimulationTest(ScratchTest):
                  "think_s": 1.5},
                 {"arrival_s": 0.0, "prompt_tokens": 40, "output_tokens": 3, "conversation": "c", "turn": 3}]
         requests = main.read_trace(self.write("c.jsonl", rows_text(rows)))
-        engine = main.simulate(main.new_scheduler(main.SchedulerConfig(prefix_caching=True), 1000),
+        engine = main.simulate(new_scheduler(main.SchedulerConfig(prefix_caching=True), 1000),
                                main.HARDWARE["h100-sxm-80gb"], main.MODELS["llama-3.1-8b"], requests)
         first, second, third = requests
         self.assertEqual([r.prompt_tokens for r in requests], [100, 100 + 3 + 50, 153 + 3 + 40])

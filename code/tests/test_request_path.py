@@ -7,7 +7,7 @@ makes the times literal.
 
 import unittest
 
-from support import main, run_cli, run_json
+from support import main, new_scheduler, run_cli, run_json
 
 SECOND = main.Hardware("one-second-steps", memory_gib=16, bandwidth_gbs=1e9, tflops=1e9, mfu=1.0, mbu=1.0,
                        step_overhead_ms=1000.0, reserve_gib=0.0)
@@ -16,7 +16,9 @@ TINY = main.ModelSpec("tiny", params=1, layers=1, kv_heads=1, head_dim=1, bytes_
 
 def engine(async_scheduling, fast=False, num_blocks=100):
     config = main.SchedulerConfig(block_size=4, async_scheduling=async_scheduling)
-    return main.Engine(main.new_scheduler(config, num_blocks, fast), SECOND, TINY, fast=fast)
+    if fast:
+        return main.FastEngine(main.Scheduler, config, num_blocks, SECOND, TINY)
+    return main.Engine(new_scheduler(config, num_blocks), SECOND, TINY)
 
 
 def first_token_s(request):

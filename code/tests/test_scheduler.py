@@ -5,7 +5,7 @@ Batches are written as (request_id, tokens) pairs; block_size is 4 throughout.
 
 import unittest
 
-from support import make_request, make_scheduler, step
+from support import main, make_request, make_scheduler, ref_counts, step
 
 
 class RequestTest(unittest.TestCase):
@@ -177,7 +177,7 @@ class SchedulerTest(unittest.TestCase):
         scheduler.add(second)
         self.assertEqual(step(scheduler), [(0, 1), (1, 4)])
         self.assertEqual(second.blocks, [0, 1, 3])
-        self.assertEqual(scheduler.pool.ref_counts()[0], 2)
+        self.assertEqual(ref_counts(scheduler.pool)[0], 2)
         self.assertEqual((scheduler.num_prefix_hit_tokens, scheduler.num_prefix_query_tokens), (8, 22))
 
     def test_prefix_caching_always_computes_the_last_prompt_token(self):
@@ -196,22 +196,27 @@ class SchedulerTest(unittest.TestCase):
                                        prefix_tokens=8))
         self.assertEqual(step(scheduler), [(0, 10), (1, 2)])
 
-    def test_the_queue_heads_lookup_is_reused_only_while_no_key_it_hit_is_evicted(self):
-        scheduler = make_scheduler(num_blocks=11, prefix_caching=True)
-        pool, looked_up = scheduler.pool, []
-        head = make_request(0, prompt_tokens=14, max_tokens=2, prefix="sys", prefix_tokens=12)
-        keys = scheduler._prefix_keys(head)
-        pool.cache_many(pool.allocate(3), keys)
-        pool.release([0, 1, 2])  # free list: 3 .. 10, then 2, 1, 0
-        lookup = pool.lookup
-        pool.lookup = lambda wanted: looked_up.append(len(wanted)) or lookup(wanted)
-        self.assertEqual(scheduler._lookup(head, keys), [0, 1, 2])
-        scheduler._lookup(head, keys).append(99)  # NOTE: the hits become the request's blocks, which grow
-        pool.allocate(8)  # blocks 3 .. 10, which hold no key
-        self.assertEqual(scheduler._lookup(head, keys), [0, 1, 2])
-        pool.allocate(1)  # block 2: evicts ("sys", 2)
-        self.assertEqual(scheduler._lookup(head, keys), [0, 1])
-        self.assertEqual(looked_up, [3, 0, 0, 3])  # whole, nothing new twice, whole again after the eviction
+    def test_a_lookup_resumes_past_the_last_ones_hits_only_while_none_of_them_is_evicted(self):
+        for resume, expected in ((True, [3, 0, 0, 3]), (False, [3, 3, 3, 3])):
+            pool, looked_up = main.BlockPool(11), []
+            pool.RESUME_LOOKUPS = resume
+            keys = [("sys", 0), ("sys", 1), ("sys", 2)]
+            pool.cache_many(pool.allocate(3), keys)
+            pool.release([0, 1, 2])  # free list: 3 .. 10, then 2, 1, 0
+            lookup = pool.lookup
+            pool.lookup = lambda wanted: looked_up.append(len(wanted)) or lookup(wanted)
+            hits, memo = pool.lookup_again(keys, None)
+            self.assertEqual(hits, [0, 1, 2])
+            hits.append(99)  # NOTE: the hits become the request's blocks, which grow
+            hits, memo = pool.lookup_again(keys, memo)
+            self.assertEqual(hits, [0, 1, 2])
+            pool.allocate(8)  # blocks 3 .. 10, which hold no key
+            hits, memo = pool.lookup_again(keys, memo)
+            self.assertEqual(hits, [0, 1, 2])
+            pool.allocate(1)  # block 2: evicts ("sys", 2)
+            self.assertEqual(pool.lookup_again(keys, memo)[0], [0, 1])
+            # whole, nothing new twice, whole again after the eviction (or whole every time)
+            self.assertEqual(looked_up, expected)
 
     def test_requests_with_different_prefix_names_share_nothing(self):
         scheduler = make_scheduler(num_blocks=11, prefix_caching=True)

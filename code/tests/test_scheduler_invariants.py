@@ -3,7 +3,7 @@
 import random
 import unittest
 
-from support import main, make_scheduler
+from support import free_blocks, keys_held, main, make_scheduler, ref_counts
 
 NUM_SEEDS = 2500
 
@@ -44,7 +44,7 @@ class SchedulerInvariantTest(unittest.TestCase):
 
     def check_pool(self, scheduler):
         pool = scheduler.pool
-        refs, free = pool.ref_counts(), pool.free_blocks()
+        refs, free = ref_counts(pool), free_blocks(pool)
         self.assertEqual(len(refs) + len(free), pool.num_blocks, "used + free = total")
         self.assertEqual(len(free), pool.free_count(), "the free count counts the free list")
         self.assertEqual(len(set(free)), len(free), "a block is on the free list once")
@@ -57,7 +57,7 @@ class SchedulerInvariantTest(unittest.TestCase):
         self.assertEqual(holders, refs, "reference counts equal the running requests holding a block")
         for request in scheduler.waiting:
             self.assertEqual((request.blocks, request.computed), ([], 0))
-        self.assertEqual(pool.keys_held(), {block: key for key, block in pool.cached.items()})
+        self.assertEqual(keys_held(pool), {block: key for key, block in pool.cached.items()})
 
     def run_case(self, seed):
         rng = random.Random(seed)

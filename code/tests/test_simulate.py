@@ -6,7 +6,8 @@ import subprocess
 import sys
 import unittest
 
-from support import CODE_DIR, FIXTURES_DIR, main, make_request, make_scheduler, run_cli, run_json
+from support import (CODE_DIR, FIXTURES_DIR, main, make_request, make_scheduler, run_cli, run_json,
+                     synthetic_requests)
 
 BURST = os.path.join(FIXTURES_DIR, "burst.jsonl")
 H100_SWEEP = ("sweep", "--requests", "256", "--concurrency", "1,8,32,128,256")
@@ -116,12 +117,12 @@ class SimulateTest(unittest.TestCase):
         self.assertNotEqual(first[1], other_seed[1])
 
     def test_poisson_arrivals_average_the_requested_rate(self):
-        requests = main.synthetic_requests(4000, (10, 10), (10, 10), seed=3, rate=50.0)
+        requests = synthetic_requests(4000, (10, 10), (10, 10), seed=3, rate=50.0)
         mean_gap = requests[-1].arrival_s / (len(requests) - 1)
         self.assertAlmostEqual(mean_gap, 1 / 50, delta=0.001)
 
     def test_range_lengths_are_uniform_within_bounds_and_fixed_lengths_are_fixed(self):
-        requests = main.synthetic_requests(500, (256, 1024), (64, 64), seed=0)
+        requests = synthetic_requests(500, (256, 1024), (64, 64), seed=0)
         prompts = [request.prompt_tokens for request in requests]
         self.assertEqual((min(prompts) >= 256, max(prompts) <= 1024), (True, True))
         self.assertGreater(max(prompts) - min(prompts), 600)

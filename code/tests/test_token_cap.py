@@ -4,7 +4,7 @@ import json
 import os
 import unittest
 
-from support import FIXTURES_DIR, main, make_request, make_scheduler, run_cli, step
+from support import FIXTURES_DIR, main, make_request, make_scheduler, new_scheduler, run_cli, step
 
 BURST = os.path.join(FIXTURES_DIR, "burst.jsonl")
 
@@ -17,7 +17,7 @@ def run(cap):
     config = main.SchedulerConfig(max_tokens_in_flight=cap)
     plan = main.plan_capacity(main.HARDWARE["l4-24gb"], main.MODELS["llama-3.1-8b"])
     requests = four_900_token_requests()
-    engine = main.simulate(main.new_scheduler(config, plan.num_blocks), plan.hardware, plan.model, requests)
+    engine = main.simulate(new_scheduler(config, plan.num_blocks), plan.hardware, plan.model, requests)
     return engine, requests
 
 
