@@ -7194,7 +7194,7 @@ class Profiler:
 
     def result(self, server: dict, complete: bool) -> dict:
         """The profile as profile --out writes it (read back by read_step_profile)."""
-        overhead_ms = self._settle_prefill()
+        overhead_ms = self.split_prefill_ttfts()
         prefill = prefill_table([(p["batch"], p["step_ms"]) for p in self.decode],
                                 [(p["prompt_tokens"], p["step_ms"]) for p in self.prefill])
         decode_ms = dict((p["batch"], p["step_ms"]) for p in self.decode)
@@ -7228,7 +7228,7 @@ class Profiler:
                               f"the decodes' own {decode_ms:.2f} ms step: taken as {capped_ms:.2f} ms")
         return capped_ms
 
-    def _settle_prefill(self) -> float:
+    def split_prefill_ttfts(self) -> float:
         """Split each prefill point's TTFT into the server's prefill step and the fixed
         front-end time around it (network, HTTP, tokenizing); return the latter in ms.
         With the server's own prompt time (llama.cpp's timings, vLLM's histograms) the
@@ -9188,7 +9188,8 @@ def plan_answer(header: dict, results: Sequence[dict]) -> dict:
             "pareto_front": front, "points": points}
 
 
-def _encode_rows(rows: List[list]) -> str:
+def encode_rows(rows: List[list]) -> str:
+    """A job's workload rows as its workload_zlib field: compact JSON, zlib, base64."""
     return base64.b64encode(zlib.compress(json.dumps(rows, separators=(",", ":")).encode(), 6)).decode("ascii")
 
 
@@ -9202,7 +9203,7 @@ def emit_plan(directory: str, header: dict, jobs: Sequence[dict]) -> None:
                 os.remove(os.path.join(directory, name))
     except OSError as error:
         raise UsageError(f"--emit {directory}: cannot make the folder or clear its old jobs ({error.strerror})")
-    encoded = _encode_rows(jobs[0]["workload"]) if jobs else ""
+    encoded = encode_rows(jobs[0]["workload"]) if jobs else ""
     for number, job in enumerate(jobs):
         on_disk = {key: value for key, value in job.items() if key != "workload"}
         write_json_file(os.path.join(directory, f"job-{number:04d}.json"), dict(on_disk, workload_zlib=encoded), "--emit")

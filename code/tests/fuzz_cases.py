@@ -429,7 +429,7 @@ def plan_job():
                                   "--slo-ttft-ms", "500"])
         _, jobs = main.plan_grid(args)
         job = dict(jobs[0])
-        job["workload_zlib"] = main._encode_rows(job.pop("workload"))
+        job["workload_zlib"] = main.encode_rows(job.pop("workload"))
         _PLAN_JOB.append(job)
     return _PLAN_JOB[0]
 

@@ -5,12 +5,13 @@
 
 Each mutant is one edit of code/main.py, made in a copy of code/ in a temporary folder;
 the scheduler, pool and fast-engine tests then run against the copy, each run limited in
-time (a mutant that never admits the queue's head would loop: the suite's own time limit
-turns that into a failure). A mutant is killed when the tests fail. It prints one line per
+time (a mutant that never admits the queue's head would loop: the suite's own time limit,
+set low here, turns that into a failure, and the first failure ends the run). A mutant is killed when the tests fail. It prints one line per
 mutant and exits 1 if any survived. Not part of the suite (its name is not test_*.py).
 """
 
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -20,6 +21,7 @@ import time
 CODE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TESTS = ["test_scheduler", "test_scheduler_invariants", "test_block_pool", "test_run_pool", "test_fast_engine"]
 RUN_LIMIT_S = 600
+TEST_LIMIT_S = "20"  # each test's own limit in the copy (the slowest takes about 2 s): a loop fails fast
 
 # name -> (the text in main.py, what the mutant has instead); each text occurs once
 REFUSAL = ("refused[0] is request\n                and refused[1] == self.pool.num_freed\n"
@@ -33,13 +35,18 @@ MUTANTS = {
     "always": (REFUSAL, "True)"),
     "resume-past-evictions": ("if evicted is not None and hit_keys.isdisjoint(evicted):",
                               "if evicted is not None:"),
+    "block-pool-freed-uncounted": ("        self.num_freed += len(backwards)\n", ""),
+    "block-pool-entered-uncounted": ("        self.num_entered += len(cached) - num_keys\n", ""),
+    "run-pool-freed-uncounted": ("            self.num_freed += count\n", ""),
+    "run-pool-entered-uncounted": ("        self.num_entered += hi - lo\n", ""),
+    "preempt-the-oldest": ("self._preempt(running.pop())", "self._preempt(running.pop(0))"),
     "release-head-first": ("shared, backwards = self.shared, list(reversed(blocks))",
                            "shared, backwards = self.shared, list(blocks)"),
 }
 
 
 def run_mutant(name: str, old: str, new: str) -> str:
-    """'killed', 'survived' or 'hung' for one mutant."""
+    """'killed by TEST', 'survived' or 'hung' for one mutant (old == new: the code as it is)."""
     with tempfile.TemporaryDirectory() as folder:
         copy = os.path.join(folder, "code")
         shutil.copytree(CODE_DIR, copy, ignore=shutil.ignore_patterns("__pycache__"))
@@ -51,11 +58,15 @@ def run_mutant(name: str, old: str, new: str) -> str:
         with open(path, "w", encoding="utf-8") as handle:
             handle.write(text.replace(old, new))
         try:
-            done = subprocess.run([sys.executable, "-m", "unittest", *TESTS], cwd=os.path.join(copy, "tests"),
-                                  capture_output=True, text=True, timeout=RUN_LIMIT_S)
+            done = subprocess.run([sys.executable, "-m", "unittest", "-f", *TESTS], cwd=os.path.join(copy, "tests"),
+                                  capture_output=True, text=True, timeout=RUN_LIMIT_S,
+                                  env=dict(os.environ, SERVESIM_TEST_TIME_LIMIT_S=TEST_LIMIT_S))
         except subprocess.TimeoutExpired:
             return "hung"
-        return "survived" if done.returncode == 0 else "killed"
+        if done.returncode == 0:
+            return "survived"
+        failed = re.search(r"^(?:FAIL|ERROR): (\w+)", done.stderr, re.MULTILINE)
+        return f"killed by {failed.group(1) if failed else 'an import error'}"
 
 
 def main(argv=None) -> int:
@@ -64,12 +75,15 @@ def main(argv=None) -> int:
     if unknown:
         print(f"mutate.py: unknown mutant {unknown[0]!r}; expected one of {', '.join(MUTANTS)}", file=sys.stderr)
         return 2
+    if run_mutant("none", REFUSAL, REFUSAL) != "survived":
+        print("mutate.py: the tests fail on main.py as it is; fix that first", file=sys.stderr)
+        return 1
     survived = 0
     for name in names:
         start_s = time.perf_counter()
         outcome = run_mutant(name, *MUTANTS[name])
-        survived += outcome != "killed"
-        print(f"{name:24} {outcome:9} {time.perf_counter() - start_s:6.1f} s", flush=True)
+        survived += not outcome.startswith("killed")
+        print(f"{name:30} {time.perf_counter() - start_s:5.1f} s  {outcome}", flush=True)
     print(f"{len(names) - survived} of {len(names)} killed")
     return 1 if survived else 0
 

@@ -98,9 +98,11 @@ def run_json(*argv):
     return json.loads(out)
 
 
-def new_scheduler(config, num_blocks):
-    """The scheduler a configuration asks for, over a BlockPool (as the step engine keeps it)."""
-    return main.configured_scheduler(config)(config, num_blocks)
+def new_scheduler(config, num_blocks, extend=None):
+    """The scheduler a configuration asks for, over a BlockPool (as the step engine keeps it);
+    extend(that class), when given, returns the subclass to build instead."""
+    scheduler_class = main.configured_scheduler(config)
+    return (extend(scheduler_class) if extend else scheduler_class)(config, num_blocks)
 
 
 def synthetic_requests(num_requests, prompt_tokens, output_tokens, seed, rate=None, burstiness=1.0):
@@ -144,10 +146,11 @@ def make_pool(num_blocks=11):
 
 
 def make_scheduler(num_blocks=11, block_size=4, max_num_seqs=256, max_num_batched_tokens=64,
-                   chunked_prefill=True, prefix_caching=False, max_model_len=None, max_tokens_in_flight=None):
+                   chunked_prefill=True, prefix_caching=False, max_model_len=None, max_tokens_in_flight=None,
+                   extend=None):
     config = main.SchedulerConfig(max_num_seqs, max_num_batched_tokens, block_size,
                                   chunked_prefill, prefix_caching, max_model_len, max_tokens_in_flight)
-    return new_scheduler(config, num_blocks)
+    return new_scheduler(config, num_blocks, extend)
 
 
 def step(scheduler, now_s=0.0):

@@ -132,18 +132,22 @@ class DecodeEngineRulesTest(unittest.TestCase):
         self.assertEqual(second.num_prefix_hit_tokens, 16)
 
     def test_a_preempted_request_recomputes_what_came_over_the_link_but_not_its_cached_prefix(self):
-        scheduler = self.decode_scheduler(prefix_caching=True)
+        config = main.SchedulerConfig(max_num_batched_tokens=64, block_size=4, prefix_caching=True)
+        scheduler = main.DecodeScheduler(config, 12)
         holder = main.Request(0, 20, 1, prefix="system", prefix_tokens=16)
         scheduler.add(holder)
         scheduler.update(scheduler.schedule(0.0), 1.0)  # the prefix blocks are cached
-        request = main.Request(1, 20, 5, prefix="system", prefix_tokens=16)
-        scheduler.add_with_kv(request)
-        scheduler.update(scheduler.schedule(1.0), 2.0)
-        scheduler.running.remove(request)
-        scheduler._preempt(request)
-        batch = scheduler.schedule(2.0)
-        # 21 tokens (20 prompt + 1 generated) less the 16 cached: the transferred KV is gone
-        self.assertEqual([(r.request_id, tokens) for r, tokens in batch], [(1, 5)])
+        scheduler.add(main.Request(2, 8, 24))  # grows until the newest running request must go
+        scheduler.add_with_kv(main.Request(1, 20, 12, prefix="system", prefix_tokens=16))
+        batches = []
+        for index in range(1, 40):
+            batch = scheduler.schedule(float(index))
+            batches.append([(r.request_id, tokens) for r, tokens in batch])
+            scheduler.update(batch, index + 1.0)
+        self.assertEqual(scheduler.num_preemptions, 1)
+        self.assertEqual(batches[8:10], [[(2, 1), (1, 1)], [(2, 1)]])  # 1 is preempted with 9 tokens out
+        # 29 tokens (20 prompt + 9 generated) less the 16 cached: the transferred KV is gone
+        self.assertEqual(batches[24], [(1, 13)])
 
 
 class SampledTokensPriceTheHeadTest(unittest.TestCase):

@@ -126,7 +126,7 @@ class PlanRunsAnywhereTest(ScratchTest):
         job["workload_zlib"] = "bm90IHpsaWI="  # base64 of "not zlib"
         broken = self.write("broken.json", job)
         self.assert_usage_error(("simulate", "--job", broken), f"--job {broken}: the workload is damaged")
-        job["workload_zlib"] = main._encode_rows([[0, 40, 8, 0.0, None, 0, [], 0, None, 0, 0.0]])
+        job["workload_zlib"] = main.encode_rows([[0, 40, 8, 0.0, None, 0, [], 0, None, 0, 0.0]])
         job["spec"]["scheduler"]["max_num_seqs"] = 0
         self.assert_usage_error(("simulate", "--job", self.write("zero.json", job)),
                                 "spec.scheduler.max_num_seqs must be a positive integer, got 0")

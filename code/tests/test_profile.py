@@ -204,7 +204,7 @@ def settle(points, timings):
     profiler.prefill = [dict(prompt_tokens=n, ttft_ms=ttft, server_prompt_ms=server if timings else None,
                              **main.point_summary([(server if timings else ttft) / 1000]))
                         for n, ttft, server in points]
-    return profiler._settle_prefill(), [point["step_ms"] for point in profiler.prefill]
+    return profiler.split_prefill_ttfts(), [point["step_ms"] for point in profiler.prefill]
 
 
 class PrefillSplitTest(unittest.TestCase):

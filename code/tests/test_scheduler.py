@@ -244,21 +244,76 @@ class SchedulerTest(unittest.TestCase):
         self.assertEqual((first.queue_s, second.queue_s), (0.0, 2.0))
 
 
+def recording_looks(scheduler_class):
+    """scheduler_class, recording the id of each waiting request admission looks at."""
+    class RecordingLooks(scheduler_class):
+        def __init__(self, *args):
+            super().__init__(*args)
+            self.looked_at = []
+
+        def _tokens_with_kv(self, request, num_hit_tokens):
+            if request.request_id not in self.looked_at:
+                self.looked_at.append(request.request_id)
+            return super()._tokens_with_kv(request, num_hit_tokens)
+    return RecordingLooks
+
+
+def ids(batch):
+    return [(request.request_id, num_tokens) for request, num_tokens in batch]
+
+
 class StandingRefusalTest(unittest.TestCase):
+    """A head refused for want of blocks is not looked at again until something that could
+    change the answer has changed: a block freed, a key entered, a smaller budget, another head."""
 
     def test_a_head_refused_for_blocks_is_looked_at_again_only_once_a_block_is_freed(self):
-        scheduler = make_scheduler(num_blocks=4, block_size=4, prefix_caching=True)
+        scheduler = make_scheduler(num_blocks=4, block_size=4, prefix_caching=True, extend=recording_looks)
         scheduler.add(make_request(0, prompt_tokens=8, max_tokens=8))
         scheduler.add(make_request(1, prompt_tokens=12, max_tokens=2, prefix="p", prefix_tokens=8))
-        looked_at, prefix_keys = [], scheduler._prefix_keys
-        scheduler._prefix_keys = lambda request: looked_at.append(request.request_id) or prefix_keys(request)
         steps = []
         for index in range(9):
-            num_looks = len(looked_at)
-            steps.append((step(scheduler, float(index)), looked_at[num_looks:]))
+            scheduler.looked_at = []
+            steps.append((step(scheduler, float(index)), scheduler.looked_at))
         self.assertEqual(steps, [([(0, 8)], [0, 1])]  # 1 needs 3 blocks, 2 are free
                          + [([(0, 1)], [])] * 7  # 0 decodes, taking blocks and freeing none
                          + [([(1, 12)], [1])])  # 0 ended and freed its 4 blocks
+
+    def test_a_refusal_stands_no_longer_once_a_key_of_the_heads_prefix_is_entered(self):
+        scheduler = make_scheduler(num_blocks=3, block_size=4, prefix_caching=True)
+        first = make_request(0, prompt_tokens=8, max_tokens=4, prefix="p", prefix_tokens=8)
+        second = make_request(1, prompt_tokens=10, max_tokens=2, prefix="p", prefix_tokens=8)
+        scheduler.add(first)
+        scheduler.add(second)
+        # a caller that splits each step's budget itself (as a fast engine or a subclass may)
+        batch, _ = scheduler.schedule_waiting(6, 0.0)  # 0 computes 6 tokens: 2 blocks, 1 of them full
+        scheduler.update(batch, 1.0)
+        batch, _, _ = scheduler.schedule_running(1)
+        admitted, _ = scheduler.schedule_waiting(8, 1.0)
+        self.assertEqual((ids(batch), ids(admitted)), ([(0, 1)], []))  # 1 hits 1 block and needs 2 more; 1 is free
+        scheduler.update(batch, 2.0)
+        batch, _, _ = scheduler.schedule_running(1)  # 0's second block is full: its key enters, no block is freed
+        admitted, _ = scheduler.schedule_waiting(8, 2.0)
+        self.assertEqual((ids(batch), ids(admitted)), ([(0, 1)], [(1, 2)]))  # 1 hits 2 blocks, needs 1
+
+    def test_a_refusal_stands_no_longer_once_the_budget_is_smaller(self):
+        scheduler = make_scheduler(num_blocks=5, block_size=4)
+        scheduler.add(make_request(0, prompt_tokens=8, max_tokens=8))
+        step(scheduler)  # 0 holds 2 of the 5 blocks
+        scheduler.add(make_request(1, prompt_tokens=16, max_tokens=2))
+        self.assertEqual(scheduler.schedule_waiting(16, 1.0), ([], 16))  # 16 tokens need 4 blocks
+        admitted, budget = scheduler.schedule_waiting(12, 1.0)  # a smaller chunk needs fewer
+        self.assertEqual((ids(admitted), budget), ([(1, 12)], 0))
+
+    def test_a_refusal_is_of_its_request_the_next_head_is_looked_at_once_it_is_aborted(self):
+        scheduler = make_scheduler(num_blocks=5, block_size=4)
+        scheduler.add(make_request(0, prompt_tokens=8, max_tokens=8))
+        step(scheduler, 0.0)
+        refused = make_request(1, prompt_tokens=16, max_tokens=2)
+        scheduler.add(refused)
+        scheduler.add(make_request(2, prompt_tokens=4, max_tokens=2))
+        self.assertEqual(step(scheduler, 1.0), [(0, 1)])  # 1 needs 4 blocks, 2 are free
+        scheduler.abort(refused)  # the client gave up: nothing is freed
+        self.assertEqual(step(scheduler, 2.0), [(0, 1), (2, 4)])
 
 
 if __name__ == "__main__":
