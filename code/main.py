@@ -586,6 +586,7 @@ class Hardware:
     moe_efficiency: float = 1.0     # grouped expert GEMMs' FLOP rate as a share of a dense GEMM's
     request_overhead_ms: float = 0.0  # ms a request spends outside the engine: HTTP, JSON, tokenising, IPC, streaming
     is_cpu: bool = False  # a CPU, served by vLLM's CPU platform (whose defaults differ: SCHEDULER_DEFAULTS)
+    host_link_gbs: float = 0.0  # GB/s each way between device and host memory (PCIe, datasheet): KV offloading's link
 
 
 @dataclass(frozen=True)
@@ -724,6 +725,9 @@ class ModelSpec:
 # 460, Liger-Kernel PR 1294). The other NVIDIA HBM presets carry FITTED_H100 (the same
 # serving stack; not fitted on those GPUs). Prices are on-demand USD per GPU-hour as one
 # public source listed them on the date given; they move, so --price-per-hour overrides.
+# host_link_gbs is the PCIe link to host memory, each way, from the PCI-SIG rates: 5.0 x16
+# 64 GB/s (H100 SXM, H200, B200 and MI300X datasheets: PCIe Gen5 x16), 4.0 x16 32 GB/s (A100,
+# L40S, L4); pinned copies reach about 80-90% of it, which --host-link-gbs can say.
 DATASHEET_GPU = dict(mfu=0.5, mbu=0.75, step_overhead_ms=1.0)
 FITTED_H100 = dict(mfu=0.545, mbu=0.818, step_overhead_ms=0.0, layer_overhead_us=30.6, allreduce_latency_us=7.3,
                    link_efficiency=0.239, request_overhead_ms=6.56, moe_efficiency=0.7)
@@ -733,35 +737,36 @@ HARDWARE: Dict[str, Hardware] = {
         # 1,978.9 FP8; NVLink 4, 900 GB/s both ways. Price: median of 37 providers,
         # aimultiple.com GPU index, 2026-05-20.
         Hardware("h100-sxm-80gb", memory_gib=79.6, bandwidth_gbs=3350, tflops=989.4, fp8_tflops=1978.9,
-                 interconnect_gbs=450, reserve_gib=2.0, price_per_hour=2.95, **FITTED_H100),
+                 interconnect_gbs=450, reserve_gib=2.0, price_per_hour=2.95, host_link_gbs=64, **FITTED_H100),
         # H200 SXM 141GB: nvidia-smi 143,771 MiB; HBM3e 4.8 TB/s; the H100's die (989.4 TFLOPS
         # dense BF16, 1,978.9 FP8, NVLink 4). Price: Spheron on-demand, 2026-03-17.
         Hardware("h200-sxm-141gb", 140.4, 4800, 989.4, fp8_tflops=1978.9, interconnect_gbs=450,
-                 reserve_gib=2.0, price_per_hour=4.54, **FITTED_H100),
+                 reserve_gib=2.0, price_per_hour=4.54, host_link_gbs=64, **FITTED_H100),
         # B200 (HGX B200) 180GB: nvidia-smi 183,359 MiB; HBM3e 8 TB/s; 2,250 TFLOPS dense
         # BF16, 4,500 FP8 (half the datasheet's sparse figures); NVLink 5, 1.8 TB/s both ways.
         # Price: Spheron on-demand, 2026-03-17.
         Hardware("b200-180gb", memory_gib=179.1, bandwidth_gbs=8000, tflops=2250, reserve_gib=2.0,
-                 fp8_tflops=4500, interconnect_gbs=900, price_per_hour=6.03, **FITTED_H100),
+                 fp8_tflops=4500, interconnect_gbs=900, price_per_hour=6.03, host_link_gbs=64, **FITTED_H100),
         # AMD MI300X 192GB: HBM3 5.3 TB/s; 1,307.4 TFLOPS dense BF16, 2,614.9 FP8; Infinity
         # Fabric, 7 links x 64 GB/s each way. Price: median listing, cliffcenter.com AMD
         # inference economics note, 2026-05-18.
         Hardware("mi300x-192gb", 191.5, 5300, 1307.4, reserve_gib=2.0, interconnect_gbs=448,
-                 fp8_tflops=2614.9, price_per_hour=1.99, **DATASHEET_GPU),
+                 fp8_tflops=2614.9, price_per_hour=1.99, host_link_gbs=64, **DATASHEET_GPU),
         # A100 SXM4 80GB: nvidia-smi 81,920 MiB; HBM2e 2,039 GB/s; 312 TFLOPS dense BF16; no FP8;
         # NVLink 3, 600 GB/s both ways. Price: middle of the $1.49-2.49 typical on-demand range,
         # pricegpu.pages.dev, early 2026.
         Hardware("a100-sxm-80gb", memory_gib=80.0, bandwidth_gbs=2039, tflops=312, reserve_gib=2.0,
-                 interconnect_gbs=300, price_per_hour=1.99, **FITTED_H100),
+                 interconnect_gbs=300, price_per_hour=1.99, host_link_gbs=32, **FITTED_H100),
         # L40S 48GB: nvidia-smi 46,068 MiB; GDDR6 864 GB/s; 362.05 TFLOPS dense BF16, 733 FP8;
         # no NVLink, PCIe 4.0 x16. Price: Lambda on-demand as gpuadvisor.com listed it, May 2026.
         Hardware("l40s-48gb", 45.0, 864, 362.05, fp8_tflops=733, interconnect_gbs=32, reserve_gib=1.5,
-                 price_per_hour=1.40, **DATASHEET_GPU),
+                 price_per_hour=1.40, host_link_gbs=32, **DATASHEET_GPU),
         # L4 24GB: nvidia-smi 23,034 MiB; GDDR6 300 GB/s; 121 TFLOPS dense BF16, 242.5 FP8; no
         # NVLink, PCIe 4.0 x16. Price: Google Cloud g2-standard-4 (one L4) on demand, us-central1,
         # 2025 price list.
         Hardware("l4-24gb", memory_gib=22.5, bandwidth_gbs=300, tflops=121, fp8_tflops=242.5,
-                 reserve_gib=1.5, interconnect_gbs=32, price_per_hour=0.71, **DATASHEET_GPU),
+                 reserve_gib=1.5, interconnect_gbs=32, price_per_hour=0.71, host_link_gbs=32,
+                 **DATASHEET_GPU),
         # A 4-vCPU machine running llama.cpp: effective figures, not datasheet peaks
         # (mfu = mbu = 1), meant to be calibrated against a real server.
         Hardware("cpu-4vcpu", memory_gib=16.0, bandwidth_gbs=20, tflops=0.1,
@@ -852,19 +857,21 @@ def hardware_from_json(data: JsonObject, default_name: str) -> Hardware:
     """A Hardware from a JSON object, every figure checked (in range, no zero divisor)."""
     figures = {name: float(data.number(name, 0) if name == "step_overhead_ms" else data.number(name, above=0))
                for name in HARDWARE_FIELDS}  # NOTE: a fitted step overhead may be 0 (async scheduling hides it)
-    for name in ("interconnect_gbs", "fp8_tflops", "price_per_hour", *OVERHEAD_FIELDS):  # optional: 0 is none
+    for name in ("interconnect_gbs", "fp8_tflops", "price_per_hour", "host_link_gbs", *OVERHEAD_FIELDS):  # 0: none
         figures[name] = float(data.number(name, 0, 0.0))
     for name in EFFICIENCY_FIELDS:  # optional: 1 is the datasheet's rate
         figures[name] = float(data.number(name, default=1.0, above=0))
     for name, most in (("memory_gib", 1e6), ("mfu", 1.0), ("mbu", 1.0), ("bandwidth_gbs", 1e9), ("tflops", 1e9),
                        ("step_overhead_ms", 1e9), ("reserve_gib", 1e6), ("interconnect_gbs", 1e9),
-                       ("fp8_tflops", 1e9), ("price_per_hour", 1e6), *((name, 1e6) for name in OVERHEAD_FIELDS),
+                       ("fp8_tflops", 1e9), ("price_per_hour", 1e6), ("host_link_gbs", 1e9),
+                       *((name, 1e6) for name in OVERHEAD_FIELDS),
                        *((name, 1.0) for name in EFFICIENCY_FIELDS)):
         if figures[name] > most:
             raise data.fail(name, f"at most {most:g}", figures[name])
-    for name in ("bandwidth_gbs", "tflops", "mfu", "mbu", "interconnect_gbs", "fp8_tflops", *EFFICIENCY_FIELDS):  # divisors
+    optional = ("interconnect_gbs", "fp8_tflops", "host_link_gbs")
+    for name in ("bandwidth_gbs", "tflops", "mfu", "mbu", *optional, *EFFICIENCY_FIELDS):  # divisors
         if 0 < figures[name] < 1e-6:
-            raise data.fail(name, f"at least 1e-6{' (or 0: none)' if name in ('interconnect_gbs', 'fp8_tflops') else ''}",
+            raise data.fail(name, f"at least 1e-6{' (or 0: none)' if name in optional else ''}",
                             figures[name])
     name = data.string("name", "") or default_name
     return Hardware(name, **figures, is_cpu=data.boolean("is_cpu", name.startswith("cpu")))
@@ -1258,6 +1265,7 @@ class CapacityPlan:
     num_blocks: int
     kv_tokens_fixed: bool     # True when --kv-tokens set the size (llama.cpp --ctx-size)
     window_bytes: float = 0.0  # what the sliding-window layers hold for every sequence at once
+    drafter: Optional[ModelSpec] = None  # a speculative decoder's drafting model (one device's shard), if any
 
     @property
     def num_kv_tokens(self) -> int:
@@ -1303,6 +1311,8 @@ class CapacityPlan:
             "max_model_len": self.max_model_len,
             "max_concurrency": self.max_concurrency,
             "usd_per_hour": self.hardware.price_per_hour * self.tensor_parallel_size,
+            **({"drafter": self.drafter.name, "draft_weight_bytes": self.drafter.weight_bytes,
+                "draft_kv_bytes_per_token": self.drafter.kv_bytes_per_token} if self.drafter is not None else {}),
         }
 
 
@@ -1325,7 +1335,8 @@ def _weights_do_not_fit(hardware: Hardware, model: ModelSpec, budget: float, res
 
 def plan_capacity(hardware: Hardware, model: ModelSpec, gpu_memory_utilization: float = 0.9,
                   block_size: int = 16, kv_tokens: Optional[int] = None,
-                  max_model_len: int = 4096, tensor_parallel_size: int = 1, max_num_seqs: int = 256) -> CapacityPlan:
+                  max_model_len: int = 4096, tensor_parallel_size: int = 1, max_num_seqs: int = 256,
+                  drafter: Optional[ModelSpec] = None) -> CapacityPlan:
     """Size the KV cache the way vLLM does at start-up, with a fixed activation reserve.
 
     The budget is the device memory times gpu_memory_utilization; the weights and the
@@ -1334,17 +1345,20 @@ def plan_capacity(hardware: Hardware, model: ModelSpec, gpu_memory_utilization: 
     overstates it for short ones; vLLM frees blocks that slid out of the window). The
     rest becomes whole blocks. kv_tokens fixes the cache instead (llama.cpp's
     --ctx-size), which must still fit. With tensor parallelism every figure is per
-    device, for the shard each device holds (the plan's model).
+    device, for the shard each device holds (the plan's model). A speculative decoder's
+    drafter (one device's shard of it) takes its weights off the budget and its KV per
+    token onto every block, as vLLM keeps the drafter's layers in the same blocks.
     Raises CapacityError when the weights do not fit, naming the ways out.
     """
     budget = hardware.memory_gib * GIB * gpu_memory_utilization
     reserve = hardware.reserve_gib * GIB
     model = model.sharded(tensor_parallel_size)
     window_bytes = max_num_seqs * min(model.sliding_window, max_model_len) * model.sliding_kv_bytes_per_token
-    free = budget - model.weight_bytes - reserve - window_bytes
-    if budget - model.weight_bytes - reserve <= 0:
-        raise _weights_do_not_fit(hardware, model, budget, reserve, gpu_memory_utilization)
-    block_bytes = block_size * model.kv_bytes_per_token
+    draft_bytes = drafter.weight_bytes if drafter is not None else 0.0
+    free = budget - model.weight_bytes - draft_bytes - reserve - window_bytes
+    if budget - model.weight_bytes - draft_bytes - reserve <= 0:
+        raise _weights_do_not_fit(hardware, model, budget, reserve + draft_bytes, gpu_memory_utilization)
+    block_bytes = block_size * (model.kv_bytes_per_token + (drafter.kv_bytes_per_token if drafter is not None else 0))
     if kv_tokens is not None:
         num_blocks = -(-kv_tokens // block_size)
         if num_blocks * block_bytes > free:
@@ -1361,7 +1375,7 @@ def plan_capacity(hardware: Hardware, model: ModelSpec, gpu_memory_utilization: 
         raise UsageError(f"a cache of {num_blocks:,} blocks of {block_size} tokens: servesim keeps at most "
                          f"{MAX_NUM_BLOCKS:,}; raise --block-size or set --kv-tokens")
     return CapacityPlan(hardware, model, gpu_memory_utilization, block_size, max_model_len,
-                        budget, num_blocks * block_bytes, num_blocks, kv_tokens is not None, window_bytes)
+                        budget, num_blocks * block_bytes, num_blocks, kv_tokens is not None, window_bytes, drafter)
 
 
 # =============================================================================
@@ -1809,12 +1823,22 @@ class KVPool(abc.ABC):
       request's list. A lookup's hits are good only until the pool next changes.
     - num_evictions, num_freed (blocks put on the free list) and num_entered (keys
       cached) only grow; free_count() + used_count() == num_blocks.
+    - evict_to, when a caller sets it, hears every key allocate() evicts, in the order
+      evicted (a host-memory tier keeps them: HostTier).
+    - release_tail(blocks, keep) gives back the blocks of a request's list past its first
+      keep, which only it holds and which name no content (a rejected draft's), and cuts
+      the list to keep.
     """
 
     num_blocks: int
     num_evictions: int
     num_freed: int
     num_entered: int
+    evict_to: Optional[Callable[[List[Hashable]], None]] = None
+
+    def release_tail(self, blocks: list, keep: int) -> None:
+        self.release(blocks[keep:])
+        del blocks[keep:]
 
     @abc.abstractmethod
     def free_count(self) -> int: ...
@@ -1902,6 +1926,8 @@ class BlockPool(KVPool):
             _drain(map(self.cached.__delitem__, evicted))
             self.num_evictions += len(evicted)
             self.recent_evictions.extend(evicted)
+            if self.evict_to is not None and evicted:
+                self.evict_to(evicted)
         return blocks
 
     def release(self, blocks: Sequence[int]) -> None:
@@ -2151,6 +2177,8 @@ class RunPool(KVPool):
                 empty = not node.count
             else:  # NOTE: a free run gives its top blocks first, evicting their keys
                 taken = min(node.hi - node.lo, left)
+                if self.evict_to is not None:
+                    self.evict_to(list(reversed(node.keys[node.hi - taken:node.hi])))
                 node.hi -= taken
                 self.num_evictions += taken
                 empty = node.hi == node.lo
@@ -2321,6 +2349,50 @@ class RunPool(KVPool):
 
 
 # =============================================================================
+# KV cache extension: a tier in host memory
+# =============================================================================
+
+class HostTier:
+    """KV blocks evicted from device memory, kept in host memory by content key, least
+    recently stored first out (vLLM's --kv-offloading-size).
+
+    Contract: a key is in the device's cache or here, never both: store() takes what the
+    device evicted, and the scheduler takes a key out (take) when it loads it back, or
+    drops it (discard) when the device computes it again. lookup(keys) counts the
+    leading keys held here. num_removed (keys gone by eviction, take or discard) only
+    grows: a scheduler's standing refusal must be looked at again when it moved.
+    """
+
+    def __init__(self, num_blocks: int):
+        self.num_blocks = num_blocks
+        self.keys: Dict[Hashable, None] = {}  # in store order: the front goes first
+        self.num_stored = self.num_evicted = self.num_loaded = self.num_removed = 0
+
+    def store(self, keys: Sequence[Hashable]) -> None:
+        self.keys.update(zip(keys, itertools.repeat(None)))
+        self.num_stored += len(keys)
+        excess = len(self.keys) - self.num_blocks
+        if excess > 0:
+            _drain(map(self.keys.__delitem__, list(itertools.islice(self.keys, excess))))
+            self.num_evicted += excess
+            self.num_removed += excess
+
+    def lookup(self, keys: Sequence[Hashable]) -> int:
+        held = self.keys
+        return next((index for index, key in enumerate(keys) if key not in held), len(keys))
+
+    def take(self, keys: Sequence[Hashable]) -> None:
+        _drain(map(self.keys.__delitem__, keys))
+        self.num_loaded += len(keys)
+        self.num_removed += len(keys)
+
+    def discard(self, keys: Sequence[Hashable]) -> None:
+        before = len(self.keys)
+        _drain(map(self.keys.pop, keys, itertools.repeat(None)))
+        self.num_removed += before - len(self.keys)
+
+
+# =============================================================================
 # Requests
 # =============================================================================
 
@@ -2447,6 +2519,121 @@ def prefix_block_keys(request: Request, block_size: int) -> List[Hashable]:
     return list(zip(spans, range(num_blocks)))
 
 
+def tokens_between(earlier_s: float, at_s: float, count: int) -> List[float]:
+    """The times of count tokens that arrived together at at_s, the last token before them
+    having come at earlier_s, spread as a measured stream's are: the gap counts as count
+    gaps of gap / count, the last token at at_s."""
+    gap = (at_s - earlier_s) / count
+    return [earlier_s + gap * index for index in range(1, count)] + [at_s]
+
+
+# =============================================================================
+# Speculative decoding: tokens drafted cheaply, verified k + 1 at a time
+# =============================================================================
+
+# The acceptance rate per drafted token when --acceptance-rate is not given: the chance that
+# the target model accepts a drafted token once it accepted the one before, fitted to a
+# published mean acceptance length L at k drafted tokens by (1 - P^(k+1)) / (1 - P) = L.
+# Each depends on the model pair and the text; measure it (vLLM's spec_decode counters,
+# which explain reads) and give it.
+SPECULATIVE_METHODS: Dict[str, Tuple[float, str]] = {
+    "eagle": (0.68, "vLLM PR 24344: EAGLE on Llama-3.1-8B-Instruct, MT-Bench, k = 3, mean acceptance "
+                    "length 2.46"),
+    "eagle3": (0.74, "vLLM issue 26191: EAGLE-3 on Llama-3.1-8B-Instruct, MT-Bench, k = 7, mean "
+                     "acceptance length 3.53"),
+    "mtp": (0.85, "DeepSeek-V3 technical report, section 5.4.3: the second token predicted is "
+                  "accepted 85-90% of the time"),
+    "ngram": (0.8, "vLLM PR 24344: prompt lookup (k = 5) on an editing dataset whose outputs copy "
+                   "their prompts, 81% at the first position; on chat it drafts far less"),
+    "draft_model": (0.6, "vllm-project/speculators issue 1135: a separately trained draft model on "
+                         "chat text (writing, questions) accepts 62-63% at the first position"),
+}
+DRAFTS_WITH_HEAD = ("eagle", "eagle3", "mtp")  # methods whose drafter is one layer on the target's features
+
+
+def tokens_per_verify_step(acceptance_rate: float, num_speculative_tokens: int) -> float:
+    """Expected tokens a sequence gains from one verify step of k drafted tokens: the
+    accepted run of drafts plus the token the target samples after it, (1 - P^(k+1)) / (1 - P)."""
+    p, k = acceptance_rate, num_speculative_tokens
+    return k + 1.0 if p >= 1 else (1 - p ** (k + 1)) / (1 - p)
+
+
+class DraftVerifier:
+    """How many of a sequence's drafted tokens each verify step accepts, drawn from a
+    seeded random source (one draw per sequence per step, in batch order: a run is
+    reproducible and every engine draws alike), counted as vLLM's spec_decode metrics
+    count them.
+
+    The accepted run is geometric: every drafted token is accepted with probability
+    acceptance_rate once the one before it was, so at least i of them are with
+    probability P^i, and the run stops at the drafts the step carried.
+    """
+
+    def __init__(self, num_speculative_tokens: int, acceptance_rate: float, seed: int):
+        self.num_speculative_tokens, self.acceptance_rate = num_speculative_tokens, acceptance_rate
+        self.random = random.Random(seed)
+        self.log_rate = math.log(acceptance_rate) if 0 < acceptance_rate < 1 else None
+        self.num_drafts = 0           # verify steps of a sequence with drafts (vllm:spec_decode_num_drafts)
+        self.num_draft_tokens = 0     # tokens drafted (vllm:spec_decode_num_draft_tokens)
+        self.num_accepted_tokens = 0  # of them accepted (vllm:spec_decode_num_accepted_tokens)
+        self.accepted_per_position = [0] * num_speculative_tokens  # accepted at draft position i
+
+    def num_to_draft(self, request: Request) -> int:
+        """Drafts for request's next step: k, fewer near its end (a token past the last is never drafted)."""
+        return min(self.num_speculative_tokens, request.max_tokens - request.generated - 1)
+
+    def accept(self, num_drafted: int) -> int:
+        """The drafted tokens the target accepts of num_drafted (a draw), counted."""
+        draw = 1.0 - self.random.random()  # in (0, 1]: at least i accepted when draw <= P^i
+        if self.log_rate is None:
+            num_accepted = num_drafted if self.acceptance_rate >= 1 else 0
+        else:
+            num_accepted = min(num_drafted, int(math.log(draw) / self.log_rate))
+        self.num_drafts += 1
+        self.num_draft_tokens += num_drafted
+        self.num_accepted_tokens += num_accepted
+        for position in range(num_accepted):
+            self.accepted_per_position[position] += 1
+        return num_accepted
+
+    def report(self) -> dict:
+        drafted, drafts = self.num_draft_tokens, self.num_drafts
+        return {"num_speculative_tokens": self.num_speculative_tokens, "acceptance_rate": self.acceptance_rate,
+                "num_drafts": drafts, "num_draft_tokens": drafted, "num_accepted_tokens": self.num_accepted_tokens,
+                "accepted_per_position": list(self.accepted_per_position),
+                "measured_acceptance": self.num_accepted_tokens / drafted if drafted else None,
+                "tokens_per_verify_step": 1 + self.num_accepted_tokens / drafts if drafts else None}
+
+
+def drafter_model(target: ModelSpec, method: str, draft: Optional[ModelSpec] = None) -> Optional[ModelSpec]:
+    """The model whose passes draft the tokens, as the roofline prices it: none for n-gram
+    (prompt lookup, on the CPU); for EAGLE, EAGLE-3 and MTP one decoder layer of the
+    target (a layer's share of its parameters, its KV per layer) that reads the target's
+    features; for a draft model, that model, sharded as the target is (vLLM runs the
+    drafter with the target's tensor parallelism)."""
+    if method == "ngram":
+        return None
+    if method in DRAFTS_WITH_HEAD:
+        return dataclasses.replace(target, name=f"{method} head of {target.name}", params=target.params / target.layers,
+                                   layers=1, head_params=0, embedding_params=0,
+                                   num_moe_layers=min(1, target.num_moe_layers), num_sliding_layers=0)
+    return draft.sharded(target.tensor_parallel_size)
+
+
+def draft_seconds(hardware: Hardware, drafter: ModelSpec, num_seqs: int, num_context_tokens: int,
+                  num_passes: int) -> float:
+    """What drafting costs a step: num_passes forward passes of the drafter over num_seqs
+    sequences (one per drafted token, each needing the one before), each its layers' kernel
+    floor, the slower of its bytes and its arithmetic, and its all-reduces; the step's own
+    overhead is the target's, paid once."""
+    compute_s = compute_seconds(hardware, drafter, num_seqs, num_seqs)
+    memory_s = (drafter.step_weight_bytes(num_seqs) + kv_read_bytes(drafter, num_context_tokens, num_seqs)) / \
+        memory_rate(hardware)
+    one_pass_s = (drafter.layers * hardware.layer_overhead_us / 1e6 + max(compute_s, memory_s)
+                  + allreduce_seconds(hardware, drafter, num_seqs))
+    return num_passes * one_pass_s
+
+
 # =============================================================================
 # Scheduler: continuous batching over a paged KV cache
 # =============================================================================
@@ -2464,6 +2651,11 @@ class SchedulerConfig:
     max_tokens_in_flight: Optional[int] = None  # --max-tokens-in-flight (see TokenCapScheduler)
     scheduler: str = "vllm"              # --scheduler: vllm (paged KV) or llamacpp (slots, see SlotScheduler)
     async_scheduling: bool = False       # --async-scheduling: the next step is scheduled while this one runs
+    speculative_method: Optional[str] = None  # --speculative-config's method (None: no speculative decoding)
+    num_speculative_tokens: int = 0      # --speculative-config's num_speculative_tokens: drafts per step, k
+    acceptance_rate: float = 0.0         # --acceptance-rate: chance a drafted token is accepted after the one before
+    speculative_seed: int = 0            # seed of the acceptance draws (--seed)
+    kv_offloading_blocks: int = 0        # blocks of the host tier (--kv-offloading-size GiB; 0: none)
 
 
 Batch = List[Tuple[Request, int]]
@@ -2507,6 +2699,12 @@ class Scheduler:
         self._refused: Optional[tuple] = None  # (request, pool's freed and entered counts, budget): see _still_refused
         self.received_by_s = math.inf  # admit only requests that reached the engine by then (see Engine.advance)
         self.token_log = None  # an engine's TokenLog, when it keeps token times without a list per token
+        self.drafts = (DraftVerifier(config.num_speculative_tokens, config.acceptance_rate, config.speculative_seed)
+                       if config.num_speculative_tokens else None)
+        self.host = HostTier(config.kv_offloading_blocks) if config.kv_offloading_blocks else None
+        if self.host is not None:
+            self.pool.evict_to = self.host.store
+        self.num_blocks_to_load = 0  # host-tier blocks admitted since the engine last priced their load
 
     def blocks_for(self, num_tokens: int) -> int:
         return -(-num_tokens // self.config.block_size)
@@ -2569,11 +2767,13 @@ class Scheduler:
         index = 0
         running, pool, block_size = self.running if requests is None else list(requests), self.pool, \
             self.config.block_size
-        caching = self.config.prefix_caching
+        caching, drafts = self.config.prefix_caching, self.drafts
         while index < len(running) and budget > 0:
             request = running[index]
             # NOTE: remaining and blocks_for written out: this line runs for every sequence of every step
             remaining = request.prompt_tokens + request.generated - request.computed
+            if drafts is not None and remaining == 1 and request.generated:  # a decode: drafts verified with it
+                remaining += drafts.num_to_draft(request)
             num_tokens = remaining if remaining < budget else budget
             num_new_blocks = -(-(request.computed + num_tokens) // block_size) - len(request.blocks)
             # NOTE: preempt from the tail (the newest); the requester itself may go.
@@ -2618,9 +2818,10 @@ class Scheduler:
             return False
         return self._admission(self.waiting[0], budget) is not None
 
-    def _admission(self, request: Request, budget: int) -> Optional[Tuple[List[int], int, int, int]]:
-        """What admitting request this step takes: (prefix-cache hits, tokens with KV,
-        tokens to compute, new blocks); None when it cannot be admitted now."""
+    def _admission(self, request: Request, budget: int) -> Optional[Tuple[List[int], int, int, int, int]]:
+        """What admitting request this step takes: (prefix-cache hits, hits in the host tier
+        that follow them, tokens with KV, tokens to compute, new blocks); None when it cannot
+        be admitted now. A host hit needs a new block, into which it is loaded."""
         if self._still_refused(request, budget):
             return None
         keys = self._prefix_keys(request)
@@ -2631,7 +2832,8 @@ class Scheduler:
         if self.blocks_for(min(request.length - best_cached, budget)) > self.pool.free_count():
             return self._refuse(request, budget)
         hits = self._lookup(request, keys)
-        num_cached = self._tokens_with_kv(request, len(hits) * self.config.block_size)
+        num_host_hits = self.host.lookup(keys[len(hits):]) if self.host is not None and len(hits) < len(keys) else 0
+        num_cached = self._tokens_with_kv(request, (len(hits) + num_host_hits) * self.config.block_size)
         num_tokens = min(request.length - num_cached, budget)
         if not self.config.chunked_prefill and num_tokens < request.length - num_cached:
             return None
@@ -2644,12 +2846,15 @@ class Scheduler:
         num_free = self.pool.free_count()
         if num_new_blocks > num_free - len(hits) and num_new_blocks > num_free - self.pool.free_among(hits):
             return self._refuse(request, budget)
-        return hits, num_cached, num_tokens, num_new_blocks
+        return hits, num_host_hits, num_cached, num_tokens, num_new_blocks
 
     def _refuse(self, request: Request, budget: int) -> None:
         """Refuse request for want of blocks, remembering when (see _still_refused)."""
-        self._refused = (request, self.pool.num_freed, self.pool.num_entered, budget)
+        self._refused = (request, self.pool.num_freed, self.pool.num_entered, budget, self._host_removed())
         return None
+
+    def _host_removed(self) -> int:
+        return self.host.num_removed if self.host is not None else 0
 
     def _still_refused(self, request: Request, budget: int) -> bool:
         """Whether request's last refusal for want of blocks must stand now, unexamined.
@@ -2660,11 +2865,14 @@ class Scheduler:
         no fewer new blocks, and neither does a bigger budget. It spares the head of a full
         cache a lookup and a count of its free hits at every decode step. Nothing clears the
         memo: the counts only grow, and a request admitted since comes back to the queue only
-        by preemption, which frees its blocks."""
+        by preemption, which frees its blocks. With a host tier, no key may have left it
+        either: a host hit lost shortens what a budget-bound admission computes, and so the
+        blocks it needs; keys it gains follow hits the device lost, which need no fewer."""
         refused = self._refused
         return (self.REMEMBER_REFUSALS and refused is not None and refused[0] is request
                 and refused[1] == self.pool.num_freed
-                and refused[2] == self.pool.num_entered and budget >= refused[3])
+                and refused[2] == self.pool.num_entered and budget >= refused[3]
+                and refused[4] == self._host_removed())
 
     def _lookup(self, request: Request, keys: List[Hashable]) -> list:
         """The pool's lookup of keys, given its memo of the last lookup when that was of the
@@ -2677,12 +2885,17 @@ class Scheduler:
         self._last_lookup = (request, memo)
         return hits
 
-    def _admit(self, request: Request, hits: List[int], num_cached: int, num_tokens: int,
+    def _admit(self, request: Request, hits: List[int], num_host_hits: int, num_cached: int, num_tokens: int,
                num_new_blocks: int, now_s: float) -> int:
-        """Move request to running with its hits and new blocks; return its tokens."""
-        num_hit_tokens = len(hits) * self.config.block_size
+        """Move request to running with its hits and new blocks; return its tokens. Host hits
+        leave the host tier before any block is allocated (an allocation's evictions go there
+        and could push them out), and are entered in the device's cache with the rest."""
+        num_hit_tokens = (len(hits) + num_host_hits) * self.config.block_size
         if hits:
             self.pool.touch(hits, self._all_prefix_keys(request))
+        if num_host_hits:
+            self.host.take(self._all_prefix_keys(request)[len(hits):len(hits) + num_host_hits])
+            self.num_blocks_to_load += num_host_hits
         request.blocks = hits
         request.computed = num_cached
         request.num_cached_blocks = len(hits)
@@ -2718,11 +2931,16 @@ class Scheduler:
         if num_new_blocks > 0:
             request.blocks.extend(self.pool.allocate(num_new_blocks))
         if self.config.prefix_caching and request.shares_prefix:
-            num_full = min(request.prefix_tokens, request.computed + num_tokens) // self.config.block_size
+            # NOTE: drafted tokens past the request's length may be rejected: only tokens it has are entered
+            num_full = min(request.prefix_tokens, request.computed + num_tokens,
+                           request.prompt_tokens + request.generated) // self.config.block_size
             first = request.num_cached_blocks
             if num_full > first:  # one call for all the prefix blocks this step completed
-                self.pool.cache_range(request.blocks, self._all_prefix_keys(request), first, num_full)
+                keys = self._all_prefix_keys(request)
+                self.pool.cache_range(request.blocks, keys, first, num_full)
                 request.num_cached_blocks = num_full
+                if self.host is not None:  # computed again: the device holds it now
+                    self.host.discard(keys[first:num_full])
 
     def _prefix_keys(self, request: Request) -> List[Tuple[str, int]]:
         """Content keys of the request's full prefix blocks that a lookup may hit."""
@@ -2746,7 +2964,11 @@ class Scheduler:
         log = self.token_log
         for request, num_tokens in batch:
             computed = request.computed = request.computed + num_tokens
-            if computed == request.prompt_tokens + request.generated:  # the request's length: it samples
+            if computed > request.prompt_tokens + request.generated:  # past its length: drafts verified
+                self._verify(request, computed - request.prompt_tokens - request.generated, now_s)
+                if request.generated == request.max_tokens:
+                    finished.append(request)
+            elif computed == request.prompt_tokens + request.generated:  # the request's length: it samples
                 request.generated += 1
                 if log is None:
                     request.token_times.append(now_s)
@@ -2757,6 +2979,23 @@ class Scheduler:
         if finished:
             self.retire(finished)
         return finished
+
+    def _verify(self, request: Request, num_drafted: int, now_s: float) -> None:
+        """A verify step's outcome for request: the drafts accepted and the token sampled
+        after them arrive together (their times spread over the gap, as a measured stream's
+        are); the KV of the rejected drafts is dropped, and the blocks that held only them."""
+        num_new, log = self.drafts.accept(num_drafted) + 1, self.token_log
+        if log is None:
+            request.token_times += tokens_between(request.token_times[-1], now_s, num_new)
+        elif num_new == 1:
+            log.token(request, now_s)
+        else:
+            log.tokens(request, tokens_between(request.last_token_s, now_s, num_new))
+        request.generated += num_new
+        request.computed = request.prompt_tokens + request.generated - 1
+        keep = self.blocks_for(request.computed)
+        if len(request.blocks) > keep:
+            self.pool.release_tail(request.blocks, keep)
 
     def abort(self, request: Request) -> None:
         """Drop a request that is waiting or running, its blocks freed (what it computed into
@@ -2858,11 +3097,18 @@ class Engine:
     scheduler may hold any KVPool; build engines with EngineSpec.engine or simulate().
     """
 
-    def __init__(self, scheduler: Scheduler, hardware: Hardware, model: ModelSpec, cost=None):
+    def __init__(self, scheduler: Scheduler, hardware: Hardware, model: ModelSpec, cost=None,
+                 drafter: Optional[ModelSpec] = None):
         self.scheduler = scheduler
         self.hardware = hardware
         self.model = model
         self.cost = cost or RooflineCost(hardware, model)
+        self.drafter = drafter  # the model whose passes draft tokens (speculative decoding; None: free or none)
+        self.draft_s = 0.0      # virtual seconds spent drafting
+        # a host-tier block's load over the host link (per device: each loads its own shard)
+        self.load_s_per_block = (scheduler.config.block_size * model.kv_bytes_per_token / (hardware.host_link_gbs * GB)
+                                 if scheduler.host is not None else 0.0)
+        self.load_s = 0.0       # virtual seconds spent loading host-tier blocks
         self.token_log: Optional["TokenLog"] = None  # a FastEngine's token times (a step engine: each request's list)
         self.clock_s = 0.0
         self.step_start_s = self.step_end_s = -math.inf  # when the last step started and ended
@@ -2895,18 +3141,33 @@ class Engine:
         scheduler = self.scheduler
         num_tokens = num_sampled = num_decodes = num_members
         num_context_tokens = decode_context_tokens = member_context_tokens
+        num_drafting = drafting_context_tokens = 0
         for request, tokens in batch:
             num_tokens += tokens
             context = request.computed + tokens
             num_context_tokens += context
-            if context == request.prompt_tokens + request.generated:  # it samples (request.length, written out)
-                num_sampled += 1
-                if tokens == 1:  # a decode: the token sampled last step
+            beyond = context - request.prompt_tokens - request.generated  # drafted tokens past its length
+            if beyond >= 0:  # it samples (each drafted token too, to be verified)
+                num_sampled += beyond + 1
+                if tokens == beyond + 1:  # a decode: the token sampled last step, and its drafts
                     num_decodes += 1
                     decode_context_tokens += context
+                    if beyond:
+                        num_drafting += 1
+                        drafting_context_tokens += context
         num_seqs = len(batch) + num_members
         duration_s = self.cost.step_s(num_tokens, num_context_tokens, num_sampled, num_decodes,
                                       decode_context_tokens, num_seqs)
+        if num_drafting and self.drafter is not None:
+            draft_s = draft_seconds(self.hardware, self.drafter, num_drafting, drafting_context_tokens,
+                                    scheduler.config.num_speculative_tokens)
+            self.draft_s += draft_s
+            duration_s += draft_s
+        if scheduler.num_blocks_to_load:  # NOTE: the step waits for the loads of the requests it admitted
+            load_s = scheduler.num_blocks_to_load * self.load_s_per_block
+            scheduler.num_blocks_to_load = 0
+            self.load_s += load_s
+            duration_s += load_s
         used = scheduler.pool.used_count()
         self.max_waiting = max(self.max_waiting, len(scheduler.waiting))
         self.num_steps += 1
@@ -2983,9 +3244,25 @@ class Engine:
             "prefix_hit_rate": (scheduler.num_prefix_hit_tokens / scheduler.num_prefix_query_tokens
                                 if scheduler.num_prefix_query_tokens else 0.0),
             "num_cut_requests": getattr(scheduler, "num_cut", 0),
+            **({"speculative": dict(scheduler.drafts.report(), method=scheduler.config.speculative_method,
+                                    draft_s=self.draft_s)} if scheduler.drafts is not None else {}),
+            **({"kv_offloading": self.offloading_report()} if scheduler.host is not None else {}),
             "cost_model": self.cost.describe(),
             **({"timeline": self.timeline[::max(1, len(self.timeline) // 600)]} if self.timeline else {}),
         }
+
+
+    def offloading_report(self) -> dict:
+        """The host tier's figures: its size, what it stored, evicted and gave back, the
+        bytes moved back over the host link and the time the steps spent on them."""
+        host, block_tokens = self.scheduler.host, self.scheduler.config.block_size
+        block_bytes = block_tokens * self.model.kv_bytes_per_token
+        return {"host_blocks": host.num_blocks, "host_bytes": host.num_blocks * block_bytes,
+                "blocks_stored": host.num_stored, "blocks_evicted": host.num_evicted,
+                "blocks_loaded": host.num_loaded, "host_hit_tokens": host.num_loaded * block_tokens,
+                "device_hit_tokens": self.scheduler.num_prefix_hit_tokens - host.num_loaded * block_tokens,
+                "bytes_loaded": host.num_loaded * block_bytes, "load_s": self.load_s,
+                "host_link_gbs": self.hardware.host_link_gbs}
 
 
 # =============================================================================
@@ -3029,20 +3306,29 @@ class FastEngine(Engine):
     fails: a step that might preempt or run short of token budget (the cohort writes every
     member back first), a head of the queue that could be admitted, a prefix longer than
     the prompt still being entered in the cache, and (for the cohort) a scheduler whose
-    admission reads the running requests (DecodeCohort.applies). Switches, for tests that
-    check each shortcut on its own: COHORTS and DECODE_RUNS here, and the memos
-    Scheduler.REMEMBER_REFUSALS and BlockPool.RESUME_LOOKUPS.
+    admission reads the running requests (DecodeCohort.applies). Two features rule the
+    shortcuts out for a whole run: speculative decoding (a step gives each sequence a
+    drawn number of tokens and takes and frees blocks by the draw: no cohort, no runs),
+    and a host tier (a decode step's evictions go to it and may push out a head's host
+    hits, so a refused head might be admitted before anyone finishes: no runs; the
+    cohort's single steps stay). Switches, for tests that check each shortcut on its
+    own: COHORTS and DECODE_RUNS here, and the memos Scheduler.REMEMBER_REFUSALS and
+    BlockPool.RESUME_LOOKUPS.
     """
 
     COHORTS = True      # keep the decoding requests as a DecodeCohort where it applies
     DECODE_RUNS = True  # take runs of decode-only steps at once
 
     def __init__(self, scheduler_class: Type[Scheduler], config: SchedulerConfig, num_blocks: int,
-                 hardware: Hardware, model: ModelSpec, cost=None):
+                 hardware: Hardware, model: ModelSpec, cost=None, drafter: Optional[ModelSpec] = None):
         scheduler = scheduler_class(config, num_blocks, fast_pool_class(config))
-        super().__init__(scheduler, hardware, model, cost)
+        super().__init__(scheduler, hardware, model, cost, drafter)
         self.token_log = scheduler.token_log = TokenLog()
-        self.cohort = DecodeCohort(config.block_size) if self.COHORTS and DecodeCohort.applies(scheduler) else None
+        speculating = scheduler.drafts is not None
+        self.runs_allowed = not speculating and scheduler.host is None  # runs of decode steps, a cohort's too
+        self.decode_runs = self.DECODE_RUNS and self.runs_allowed
+        self.cohort = (DecodeCohort(config.block_size) if self.COHORTS and not speculating
+                       and DecodeCohort.applies(scheduler) else None)
 
     def take_step(self, batch: Batch, num_members: int = 0, member_context_tokens: int = 0) -> None:
         super().take_step(batch, num_members, member_context_tokens)
@@ -3140,7 +3426,7 @@ class FastEngine(Engine):
                 finished += more or []
             if finished is not None:
                 return finished
-        run = DecodeRun.plan(self, horizon_s) if self.DECODE_RUNS else None
+        run = DecodeRun.plan(self, horizon_s) if self.decode_runs else None
         if run is not None:
             return run.apply(self, horizon_s)
         return super().advance(horizon_s, finishes_send)
@@ -3191,6 +3477,12 @@ class TokenLog:
         else:
             self.other_gaps.append(now_s - request.last_token_s)
         request.last_token_s, request.last_token_step = now_s, self.step
+
+    def tokens(self, request: Request, times: Sequence[float]) -> None:
+        """Several tokens one step gave request (a verify step's), at times: each gap kept
+        alone, the very subtraction a list of token times would make."""
+        self.other_gaps.extend(map(operator.sub, times, [request.last_token_s, *times[:-1]]))
+        request.last_token_s, request.last_token_step = times[-1], self.step
 
     def gaps(self) -> Tuple[Sequence[float], Sequence[int]]:
         """Every gap between two tokens of a request, as (values, weights), in arrays."""
@@ -3352,7 +3644,8 @@ class DecodeCohort:
         if not self._fits(scheduler, step):
             self.materialize(engine.token_log)
             return None
-        if len(self.members) == len(scheduler.running) and not scheduler.head_could_be_admitted():
+        if (engine.runs_allowed and len(self.members) == len(scheduler.running)
+                and not scheduler.head_could_be_admitted()):
             finished = self._decode_steps(engine, horizon_s)
             if finished is not None:
                 return finished
@@ -3363,8 +3656,8 @@ class DecodeCohort:
         with no other work to look at: every running request a member, none waiting, the
         step fitting. None, with nothing done, when it might not."""
         scheduler = engine.scheduler
-        if (not self.members or len(self.members) != len(scheduler.running) or scheduler.waiting
-                or not self._fits(scheduler, engine.token_log.step + 1)):
+        if (not engine.runs_allowed or not self.members or len(self.members) != len(scheduler.running)
+                or scheduler.waiting or not self._fits(scheduler, engine.token_log.step + 1)):
             return None
         return self._decode_steps(engine, horizon_s)
 
@@ -3695,8 +3988,9 @@ class EngineSpec:
         scheduler_class overrides the configured scheduler (a disaggregated engine's)."""
         chosen, plan = scheduler_class or configured_scheduler(self.config), self.plan
         if self.fast:
-            return FastEngine(chosen, self.config, plan.num_blocks, plan.hardware, plan.model, self.cost())
-        return Engine(chosen(self.config, plan.num_blocks), plan.hardware, plan.model, self.cost())
+            return FastEngine(chosen, self.config, plan.num_blocks, plan.hardware, plan.model, self.cost(),
+                              plan.drafter)
+        return Engine(chosen(self.config, plan.num_blocks), plan.hardware, plan.model, self.cost(), plan.drafter)
 
     def slower_by(self, factor: float) -> "EngineSpec":
         """This spec with every step factor times as long (the roofline's hardware, or the
@@ -4811,9 +5105,9 @@ def spread_token_times(chunk_times: Sequence[float], counts: Sequence[int]) -> L
     times = [chunk_times[0]] * counts[0]
     for earlier, at, count in zip(chunk_times, chunk_times[1:], counts[1:]):
         if count > 1:
-            gap = (at - earlier) / count
-            times.extend(earlier + gap * index for index in range(1, count))
-        times.append(at)
+            times += tokens_between(earlier, at, count)
+        else:
+            times.append(at)
     return times
 
 
@@ -7313,13 +7607,75 @@ def lacks_link(hardware: Hardware, tensor_parallel_size: int) -> bool:
 def _device_overrides(args, hardware: Hardware) -> Hardware:
     """The hardware with the flags that restate its figures (link, price) applied."""
     changes = {field: getattr(args, flag) for field, flag in (("interconnect_gbs", "interconnect_gbs"),
-                                                             ("price_per_hour", "price_per_hour"))
+                                                             ("price_per_hour", "price_per_hour"),
+                                                             ("host_link_gbs", "host_link_gbs"))
                if getattr(args, flag, None) is not None}
     return dataclasses.replace(hardware, **changes) if changes else hardware
 
 
+def speculative_settings(args, model: ModelSpec) -> Tuple[dict, Optional[ModelSpec]]:
+    """The SchedulerConfig fields --speculative-config and --acceptance-rate ask for, and
+    the drafter (of model, one device's shard), or ({}, None) without them; UsageError
+    naming the field that is wrong."""
+    text, rate = getattr(args, "speculative_config", None), getattr(args, "acceptance_rate", None)
+    if text is None:
+        if rate is not None:
+            raise UsageError("--acceptance-rate: give --speculative-config too (what drafts the tokens)")
+        return {}, None
+    try:
+        value = json.loads(text)
+    except ValueError as error:
+        raise UsageError(f"--speculative-config: expected a JSON object, got {text!r} ({error})") from None
+    if not isinstance(value, dict):
+        raise UsageError(f"--speculative-config: expected a JSON object, got {text!r}")
+    unknown = sorted(set(value) - SPECULATIVE_CONFIG_KEYS)
+    if unknown:
+        raise UsageError(f"--speculative-config: {unknown[0]!r} is not modelled; expected only "
+                         f"{', '.join(sorted(SPECULATIVE_CONFIG_KEYS))}")
+    data = JsonObject(value, "--speculative-config")
+    method = data.string("method")
+    if method not in SPECULATIVE_METHODS:
+        raise data.fail("method", f"one of {', '.join(SPECULATIVE_METHODS)}", method)
+    k = data.integer("num_speculative_tokens", 1)
+    if k > MAX_SPECULATIVE_TOKENS:
+        raise data.fail("num_speculative_tokens", f"at most {MAX_SPECULATIVE_TOKENS}", k)
+    draft = None
+    if method == "draft_model":
+        name = data.string("model")
+        draft = model_from_file(name) if os.path.exists(name) else get_preset(MODELS, name, "--speculative-config model")
+    settings = {"speculative_method": method, "num_speculative_tokens": k, "speculative_seed": args.seed,
+                "acceptance_rate": SPECULATIVE_METHODS[method][0] if rate is None else rate}
+    return settings, drafter_model(model, method, draft)
+
+
+SPECULATIVE_CONFIG_KEYS = {"method", "num_speculative_tokens", "model", "prompt_lookup_max", "prompt_lookup_min"}
+MAX_SPECULATIVE_TOKENS = 32
+
+
+def offloading_blocks(args, plan: CapacityPlan, prefix_caching: bool) -> int:
+    """Host-tier blocks --kv-offloading-size holds (GiB over all devices, each keeping its
+    shard of every block), 0 without it; UsageError when it cannot be modelled."""
+    size_gib = getattr(args, "kv_offloading_size", None)
+    if size_gib is None:
+        if getattr(args, "host_link_gbs", None) is not None:
+            raise UsageError("--host-link-gbs: give --kv-offloading-size too (nothing else uses the host link)")
+        return 0
+    if not prefix_caching:
+        raise UsageError("--kv-offloading-size: the host tier keeps blocks by their prefix-cache keys; add "
+                         "--prefix-caching")
+    if not plan.hardware.host_link_gbs:
+        raise UsageError(f"--kv-offloading-size: {plan.hardware.name} names no host link; give --host-link-gbs")
+    block_bytes = plan.block_size * plan.model.kv_bytes_per_token * plan.tensor_parallel_size
+    num_blocks = int(size_gib * GIB // block_bytes)
+    if not 1 <= num_blocks <= MAX_NUM_BLOCKS:
+        raise UsageError(f"--kv-offloading-size {size_gib:g}: expected room for 1 to {MAX_NUM_BLOCKS:,} blocks of "
+                         f"{block_bytes / 2**20:.2f} MiB, got {num_blocks:,}")
+    return num_blocks
+
+
 def build_plan(args, hardware: Optional[Hardware] = None, kv_tokens: Optional[int] = None,
-               max_num_seqs: Optional[int] = None, block_size: Optional[int] = None) -> CapacityPlan:
+               max_num_seqs: Optional[int] = None, block_size: Optional[int] = None,
+               drafter: Optional[ModelSpec] = None) -> CapacityPlan:
     """The memory plan the flags ask for; hardware stands in for --hardware (a
     disaggregated engine's own device), with every other flag applied to it alike;
     kv_tokens is the cache size when --kv-tokens leaves it unsaid; max_num_seqs the
@@ -7335,7 +7691,7 @@ def build_plan(args, hardware: Optional[Hardware] = None, kv_tokens: Optional[in
     block_size = getattr(args, "block_size", None) or block_size or 16
     return plan_capacity(hardware, model, args.gpu_memory_utilization, block_size, args.kv_tokens or kv_tokens,
                          getattr(args, "max_model_len", None) or 4096, getattr(args, "tensor_parallel_size", 1),
-                         max_num_seqs or getattr(args, "max_num_seqs", None) or 256)
+                         max_num_seqs or getattr(args, "max_num_seqs", None) or 256, drafter)
 
 
 SCHEDULER_DEFAULTS = {  # what each server does when its flags are left out
@@ -7370,7 +7726,9 @@ def _server_defaults(args, server: dict, hardware: Hardware) -> Tuple[str, int, 
         for flag, on in (("--prefix-caching", args.prefix_caching),
                          ("--async-scheduling", getattr(args, "async_scheduling", None)),
                          ("--max-tokens-in-flight", getattr(args, "max_tokens_in_flight", None)),
-                         ("--disaggregate", getattr(args, "disaggregate", False))):
+                         ("--disaggregate", getattr(args, "disaggregate", False)),
+                         ("--speculative-config", getattr(args, "speculative_config", None)),
+                         ("--kv-offloading-size", getattr(args, "kv_offloading_size", None))):
             if on:
                 raise UsageError(f"{flag} with --scheduler llamacpp: llama.cpp has no such mode (its slots "
                                  f"reuse only the prompt each held last)")
@@ -7407,9 +7765,12 @@ def build_engine_spec(args, hardware: Optional[Hardware] = None, server: Optiona
                              args.max_model_len or server.get("max_model_len"),
                              None if isinstance(cap, list) else cap, scheduler,  # sweep: one run per cap
                              defaults["async_scheduling"] if asynchronous is None else asynchronous)
-    config = dataclasses.replace(config, **config_changes)
-    return EngineSpec(build_plan(args, device, kv_tokens, config.max_num_seqs, config.block_size), config,
-                      profile, args.ubatch_size or defaults["ubatch_tokens"], args.engine == "fast")
+    target = build_plan(args, device, kv_tokens, config.max_num_seqs, config.block_size).model
+    speculative, drafter = speculative_settings(args, target)
+    plan = build_plan(args, device, kv_tokens, config.max_num_seqs, config.block_size, drafter)
+    config = dataclasses.replace(config, **speculative, **config_changes,
+                                 kv_offloading_blocks=offloading_blocks(args, plan, config.prefix_caching))
+    return EngineSpec(plan, config, profile, args.ubatch_size or defaults["ubatch_tokens"], args.engine == "fast")
 
 
 def _workload(args, rate: Optional[float] = None, streamed: bool = False) -> Sequence[Request]:
@@ -10307,6 +10668,10 @@ def cmd_simulate(args) -> int:
     args.show_progress = _shows_progress(args)
     if args.replicas > 1 and (args.disaggregate or args.find_kv_link_crossover):
         raise UsageError("--replicas with --disaggregate: servesim runs one prefill and one decode engine")
+    for flag in ("speculative_config", "kv_offloading_size"):
+        if getattr(args, flag) is not None and (args.disaggregate or args.find_kv_link_crossover):
+            raise UsageError(f"--{flag.replace('_', '-')} with --disaggregate: not modelled (the KV link moves "
+                             f"a prompt's blocks, not drafts or a host tier)")
     args.chart_run = bool(args.html or args.svg)
     spec = build_engine_spec(args)
     report = run_simulation(args, spec, args.concurrency, args.rate)
@@ -10907,6 +11272,7 @@ positive_float = _flag_type("positive_float", float, lambda v: v >= 1e-9 and mat
 thread_count = _flag_type("thread_count", int, lambda v: v > 0, "a positive integer", 4096)
 replica_count = _flag_type("replica_count", int, lambda v: v > 0, "a positive integer", MAX_REPLICAS)
 fraction = _flag_type("fraction", float, lambda v: 0 < v <= 1, "a number in (0, 1]")
+unit_interval = _flag_type("unit_interval", float, lambda v: 0 <= v <= 1, "a number from 0 to 1")
 non_negative_float = _flag_type("non_negative_float", float, lambda v: v >= 0 and math.isfinite(v),
                                 "a number >= 0", 1e9)
 # NOTE: a name or a path given as '' would read as "not given" and fall back to a default
@@ -11071,6 +11437,19 @@ def _add_scheduler_flags(parser: argparse.ArgumentParser, of_server: bool = Fals
     parser.add_argument("--prefix-caching", "--enable-prefix-caching", action=argparse.BooleanOptionalAction,
                         help="reuse full KV blocks of prompts that share a prefix (default: what the measured "
                              "server said, else off)")
+    parser.add_argument("--speculative-config", type=name_text, metavar="JSON",
+                        help="speculative decoding as vLLM's flag takes it: {\"method\": \"eagle\"|\"eagle3\"|\"mtp\"|"
+                             "\"ngram\"|\"draft_model\", \"num_speculative_tokens\": k, \"model\": a preset or a "
+                             "config.json/GGUF file for draft_model}")
+    parser.add_argument("--acceptance-rate", type=unit_interval, metavar="P",
+                        help="chance that a drafted token is accepted once the one before was (default: the "
+                             "method's published figure; see the README's speculative decoding section)")
+    parser.add_argument("--kv-offloading-size", type=positive_float, metavar="GIB",
+                        help="GiB of host memory (all devices together) that keep KV blocks evicted from the "
+                             "device, as vLLM's flag; a prefix hit there is loaded back over the host link "
+                             "(needs --prefix-caching)")
+    parser.add_argument("--host-link-gbs", type=positive_float,
+                        help="GB/s each way between device and host memory (default: the hardware's PCIe link)")
     parser.add_argument("--async-scheduling", action=argparse.BooleanOptionalAction,
                         help="schedule each step while the one before runs, as vLLM does by default since v0.12: "
                              "a request that arrives during a step waits for the step after the next (default: "

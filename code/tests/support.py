@@ -147,9 +147,11 @@ def make_pool(num_blocks=11):
 
 def make_scheduler(num_blocks=11, block_size=4, max_num_seqs=256, max_num_batched_tokens=64,
                    chunked_prefill=True, prefix_caching=False, max_model_len=None, max_tokens_in_flight=None,
-                   extend=None):
+                   extend=None, **features):
+    """A scheduler over a BlockPool; features: SchedulerConfig's speculative decoding and
+    host-tier fields (num_speculative_tokens, acceptance_rate, kv_offloading_blocks, ...)."""
     config = main.SchedulerConfig(max_num_seqs, max_num_batched_tokens, block_size,
-                                  chunked_prefill, prefix_caching, max_model_len, max_tokens_in_flight)
+                                  chunked_prefill, prefix_caching, max_model_len, max_tokens_in_flight, **features)
     return new_scheduler(config, num_blocks, extend)
 
 

@@ -47,7 +47,7 @@ def loaded_workload(rng, seed):
         argv += ["--replicas", "2"]
     if rng.random() < 0.2:
         argv += ["--request-timeout", rng.choice(("1", "5"))]
-    return argv
+    return with_server_features(rng, argv)
 
 
 def workload(seed):
@@ -96,6 +96,27 @@ def workload(seed):
         argv.append("--no-async-scheduling")
     if "--disaggregate" not in argv and rng.random() < 0.2:  # clients that give up mid-run
         argv += ["--request-timeout", rng.choice(("0.5", "3"))]
+    return argv if "--disaggregate" in argv else with_server_features(rng, argv)
+
+
+def with_server_features(rng, argv):
+    """argv with speculative decoding and a host tier for the KV cache, each in some runs
+    (a drafter's KV shares the blocks: a cache fixed at 30,000 tokens becomes 12,000)."""
+    argv = argv + server_features(rng, "--prefix-caching" in argv)
+    if "--speculative-config" in argv and "30000" in argv:
+        argv[argv.index("30000")] = "12000"
+    return argv
+
+
+def server_features(rng, prefix_caching):
+    argv = []
+    if rng.random() < 0.15:
+        method = rng.choice(("eagle", "ngram", "draft_model", "draft_model"))
+        model = ', "model": "smollm2-135m-q8_0"' if method == "draft_model" else ""
+        argv += ["--speculative-config", f'{{"method": "{method}", "num_speculative_tokens": {rng.randint(1, 5)}{model}}}',
+                 "--acceptance-rate", rng.choice(("0", "0.5", "0.8", "1"))]
+    if prefix_caching and rng.random() < 0.3:
+        argv += ["--kv-offloading-size", rng.choice(("0.01", "0.1", "1")), "--host-link-gbs", "32"]
     return argv
 
 
@@ -178,7 +199,8 @@ class FastEngineTest(unittest.TestCase):
         argvs = [" ".join(workload(seed)) for seed in range(NUM_WORKLOADS)]
         for mode in ("--prefix-caching", "--no-chunked-prefill", "--max-tokens-in-flight", "--disaggregate",
                      "--tensor-parallel-size", "--trace", "--rate", "--concurrency", "--step-profile", "--kv-tokens 512",
-                     "--replicas", "prefix-affinity", "--request-timeout", "--no-async-scheduling"):
+                     "--replicas", "prefix-affinity", "--request-timeout", "--no-async-scheduling",
+                     "--speculative-config", "draft_model", "--acceptance-rate 1", "--kv-offloading-size"):
             self.assertGreaterEqual(sum(mode in argv for argv in argvs), 10, mode)
         self.assertEqual(sum(int(argv.split()[2]) >= 30 for argv in argvs), 30)  # the loaded ones
 

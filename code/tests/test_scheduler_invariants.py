@@ -1,5 +1,6 @@
 """Randomised invariants: thousands of tiny engines with mixed flags, checked after every step."""
 
+import dataclasses
 import random
 import unittest
 
@@ -10,11 +11,12 @@ NUM_SEEDS = 2500
 
 def random_case(rng, extend=None):
     block_size = rng.choice((1, 2, 4))
+    caching = rng.random() < 0.5
     scheduler = make_scheduler(extend=extend,
         num_blocks=rng.randint(4, 24), block_size=block_size, max_num_seqs=rng.randint(1, 6),
         max_num_batched_tokens=rng.randint(2, 32), chunked_prefill=rng.random() < 0.7,
-        prefix_caching=rng.random() < 0.5, max_model_len=rng.choice((None, None, 32)),
-        max_tokens_in_flight=rng.choice((None, None, rng.randint(4, 40))))
+        prefix_caching=caching, max_model_len=rng.choice((None, None, 32)),
+        max_tokens_in_flight=rng.choice((None, None, rng.randint(4, 40))), **server_features(rng, caching))
     requests = []
     for request_id in range(rng.randint(1, 10)):
         prompt = rng.randint(1, 16)
@@ -22,6 +24,17 @@ def random_case(rng, extend=None):
         requests.append(main.Request(request_id, prompt, rng.randint(1, 12), rng.randint(0, 12),
                                      prefix, rng.randint(0, prompt) if prefix else 0))
     return scheduler, requests
+
+
+def server_features(rng, caching):
+    """Speculative decoding in a third of the cases, a host tier in a third of those that cache."""
+    features = {}
+    if rng.random() < 0.33:
+        features.update(speculative_method="ngram", num_speculative_tokens=rng.randint(1, 4),
+                        acceptance_rate=rng.choice((0.0, 0.5, 0.9, 1.0)), speculative_seed=rng.randint(0, 99))
+    if caching and rng.random() < 0.33:
+        features.update(kv_offloading_blocks=rng.randint(1, 12))
+    return features
 
 
 def counting_looks(scheduler_class):
@@ -69,6 +82,9 @@ class SchedulerInvariantTest(unittest.TestCase):
         for request in scheduler.waiting:
             self.assertEqual((request.blocks, request.computed), ([], 0))
         self.assertEqual(keys_held(pool), {block: key for key, block in pool.cached.items()})
+        if scheduler.host is not None:
+            self.assertFalse(set(scheduler.host.keys) & set(pool.cached), "a key in both tiers")
+            self.assertLessEqual(len(scheduler.host.keys), scheduler.host.num_blocks)
 
     def run_case(self, seed):
         rng = random.Random(seed)
@@ -80,7 +96,8 @@ class SchedulerInvariantTest(unittest.TestCase):
             self.assertLessEqual(len(scheduler.running), config.max_num_seqs)
             self.assertEqual(len({id(request) for request, _ in batch}), len(batch))
             for request, tokens in batch:
-                self.assertTrue(0 < tokens <= request.remaining)
+                drafts = scheduler.drafts.num_to_draft(request) if scheduler.drafts and request.remaining == 1 else 0
+                self.assertTrue(0 < tokens <= request.remaining + drafts)
         ended = run_to_end(scheduler, requests, check_batch, lambda: self.check_pool(scheduler))
         self.assertTrue(ended, "the run did not terminate")
         for request in requests:
@@ -119,17 +136,23 @@ class SchedulerInvariantTest(unittest.TestCase):
 
     def test_the_random_cases_exercise_every_rule(self):
         """Guard against a generator that never preempts, rejects or hits the cache."""
-        preemptions = rejections = hits = 0
+        preemptions = rejections = hits = host_hits = accepted = rejected = 0
         for seed in range(300):
             rng = random.Random(seed)
             scheduler, requests = random_case(rng)
-            main.simulate(scheduler, main.HARDWARE["l4-24gb"], main.MODELS["llama-3.1-8b"], requests)
+            hardware = dataclasses.replace(main.HARDWARE["l4-24gb"], host_link_gbs=32)
+            main.simulate(scheduler, hardware, main.MODELS["llama-3.1-8b"], requests)
             preemptions += scheduler.num_preemptions
             hits += scheduler.num_prefix_hit_tokens
             rejections += sum(request.error is not None for request in requests)
-        self.assertGreater(preemptions, 0)
-        self.assertGreater(rejections, 0)
-        self.assertGreater(hits, 0)
+            host_hits += scheduler.host.num_loaded if scheduler.host else 0
+            if scheduler.drafts:
+                accepted += scheduler.drafts.num_accepted_tokens
+                rejected += scheduler.drafts.num_draft_tokens - scheduler.drafts.num_accepted_tokens
+        for name, count in (("preemptions", preemptions), ("rejections", rejections), ("prefix hits", hits),
+                            ("host-tier hits", host_hits), ("accepted drafts", accepted),
+                            ("rejected drafts", rejected)):
+            self.assertGreater(count, 0, name)
 
 
 if __name__ == "__main__":
