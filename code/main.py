@@ -173,6 +173,7 @@ import os
 import platform
 import random
 import re
+import shlex
 import selectors
 import socket
 import ssl
@@ -4674,6 +4675,27 @@ def merge_engine_reports(reports: Sequence[dict]) -> dict:
                   kv_peak=max(report["kv_peak"] for report in reports), kv_mean=weighted("kv_mean", "busy_s"),
                   prefix_hit_rate=(merged["prefix_hit_tokens"] / merged["prefix_query_tokens"]
                                    if merged["prefix_query_tokens"] else 0.0))
+    if "speculative" in merged:
+        drafts = _summed([report["speculative"] for report in reports], ("acceptance_rate", "num_speculative_tokens"))
+        merged["speculative"] = dict(drafts, measured_acceptance=(
+            drafts["num_accepted_tokens"] / drafts["num_draft_tokens"] if drafts["num_draft_tokens"] else None),
+            tokens_per_verify_step=1 + drafts["num_accepted_tokens"] / drafts["num_drafts"] if drafts["num_drafts"] else None)
+    if "kv_offloading" in merged:
+        merged["kv_offloading"] = _summed([report["kv_offloading"] for report in reports], ("host_link_gbs",))
+    return merged
+
+
+def _summed(parts: Sequence[dict], alike: Sequence[str]) -> dict:
+    """Replicas' figures of one kind added up: numbers summed, lists of counts position by
+    position; the alike fields (the same on every replica) and text kept from the first."""
+    merged = dict(parts[0])
+    for key, value in parts[0].items():
+        if key in alike or isinstance(value, (str, bool)) or value is None:
+            continue
+        if isinstance(value, list):
+            merged[key] = [sum(column) for column in zip(*(part[key] for part in parts))]
+        else:
+            merged[key] = sum(part[key] for part in parts)
     return merged
 
 
@@ -4940,6 +4962,9 @@ def arrival_offsets(num_requests: int, rate: float, burstiness: float, rng: rand
     return list(iter_arrival_offsets(num_requests, rate, burstiness, rng))
 
 
+SHARED_PREFIX = "shared system prompt"  # the prefix name of --shared-prefix-tokens' leading tokens
+
+
 class SyntheticWorkload:
     """Seeded requests with uniform lengths; open-loop arrivals at rate, else all at 0.
 
@@ -4951,7 +4976,8 @@ class SyntheticWorkload:
     """
 
     def __init__(self, num_requests: int, prompt_tokens: Tuple[int, int], output_tokens: Tuple[int, int],
-                 seed: int, rate: Optional[float] = None, burstiness: float = 1.0):
+                 seed: int, rate: Optional[float] = None, burstiness: float = 1.0, shared_prefix_tokens: int = 0):
+        self.shared_prefix_tokens = shared_prefix_tokens  # leading tokens every prompt shares (a system prompt)
         rng = random.Random(seed)
         self.prompt_tokens, self.output_tokens = array.array("q"), array.array("q")
         for _ in range(num_requests):
@@ -4968,8 +4994,12 @@ class SyntheticWorkload:
         rng.setstate(self.arrivals_state)
         offsets = (iter_arrival_offsets(len(self), self.rate, self.burstiness, rng) if self.rate is not None
                    else itertools.repeat(0.0))
+        shared = self.shared_prefix_tokens
         for index, prompt, output, arrival_s in zip(itertools.count(), self.prompt_tokens, self.output_tokens, offsets):
-            yield Request(index, prompt, output, arrival_s)
+            if shared:
+                yield Request(index, prompt, output, arrival_s, SHARED_PREFIX, min(shared, prompt))
+            else:
+                yield Request(index, prompt, output, arrival_s)
 
 
 ROW_FIELDS = ("id", "prompt", "output", "arrival", "prefix", "prefix tokens", "blocks", "block tokens",
@@ -6042,6 +6072,11 @@ SERVER_METRICS = (
     ServerMetric("tokens_per_step", "histogram", ("vllm:iteration_tokens_total",)),
     ServerMetric("mean_prompt_tokens", "histogram", ("vllm:request_prompt_tokens",)),
     ServerMetric("mean_output_tokens", "histogram", ("vllm:request_generation_tokens",)),
+    ServerMetric("spec_drafts", "counter", ("vllm:spec_decode_num_drafts_total",)),  # verify steps with drafts
+    ServerMetric("spec_draft_tokens", "counter", ("vllm:spec_decode_num_draft_tokens_total",)),
+    ServerMetric("spec_accepted_tokens", "counter", ("vllm:spec_decode_num_accepted_tokens_total",)),
+    ServerMetric("spec_accepted_per_position", "derived",  # its label position: the draft's place, from 0
+                 ("vllm:spec_decode_num_accepted_tokens_per_pos_total",)),
     ServerMetric("cache_config", "derived", ("vllm:cache_config_info",)),  # its labels: block size, blocks, ...
     ServerMetric("steps", "derived", ("vllm:iteration_tokens_total_count",)),  # engine steps since start
     ServerMetric("busy_slots", "derived", ("llamacpp:n_busy_slots_per_decode",)),  # a running average since start
@@ -6287,11 +6322,28 @@ def prometheus_export(engine: dict, requests: Sequence[Request], token_log: Opti
             ("e2e_ms", VLLM_REQUEST_BUCKETS_S, latencies["e2e"]),
             ("mean_prompt_tokens", VLLM_TOKEN_COUNT_BUCKETS, ([r.prompt_tokens for r in done], None))):
         lines += _histogram_lines(series_name(figure), labels, bounds, values, weights)
+    lines += _speculation_lines(engine.get("speculative"), labels)
     steps, name = engine["num_steps"], series_name("tokens_per_step")
     lines += [f"# TYPE {name} histogram",  # NOTE: only the total per step is kept: one bucket
               f'{name}_bucket{{{labels},le="+Inf"}} {steps}',
               f"{name}_sum{{{labels}}} {engine['mean_batch_tokens'] * steps!r}", f"{name}_count{{{labels}}} {steps}"]
     return "\n".join(lines) + "\n"
+
+
+def _speculation_lines(figures: Optional[dict], labels: str) -> List[str]:
+    """vLLM's speculative decoding counters for a run that drafted (none for one that did not,
+    as vLLM exports them only with a --speculative-config)."""
+    if figures is None:
+        return []
+    lines = []
+    for figure, key in (("spec_drafts", "num_drafts"), ("spec_draft_tokens", "num_draft_tokens"),
+                        ("spec_accepted_tokens", "num_accepted_tokens")):
+        name = series_name(figure)
+        lines += [f"# TYPE {name} counter", f"{name}{{{labels}}} {figures[key]}"]
+    name = series_name("spec_accepted_per_position")
+    lines.append(f"# TYPE {name} counter")
+    return lines + [f'{name}{{{labels},position="{position}"}} {count}'
+                    for position, count in enumerate(figures["accepted_per_position"])]
 
 
 # =============================================================================
@@ -7779,7 +7831,7 @@ def _workload(args, rate: Optional[float] = None, streamed: bool = False) -> Seq
     if getattr(args, "trace", None):
         return read_trace(args.trace, args.trace_format, args.time_scale, args.start, args.limit)
     workload = SyntheticWorkload(args.requests, args.prompt_tokens, args.output_tokens, args.seed, rate,
-                                 getattr(args, "burstiness", 1.0))
+                                 getattr(args, "burstiness", 1.0), getattr(args, "shared_prefix_tokens", 0))
     return workload if streamed else list(workload)
 
 
@@ -7851,7 +7903,7 @@ def run_simulation(args, spec: EngineSpec, concurrency: Optional[int], rate: Opt
                 "scheduler": asdict(spec.config), "request_timeout_s": timeout_s}
     if arrivals["mode"] != "trace":
         settings.update(prompt_tokens=list(args.prompt_tokens), output_tokens=list(args.output_tokens),
-                        seed=args.seed)
+                        seed=args.seed, shared_prefix_tokens=args.shared_prefix_tokens)
     report = dict(settings=settings, capacity=plan.to_dict(), **report)
     report["step_cost"] = mean_step_cost(spec, report["engine"])
     if getattr(args, "sensitivity", False):
@@ -8961,7 +9013,8 @@ def evidence_from_report(report: dict, path: str) -> Tuple[Evidence, dict]:
         evidence.put("max_num_batched_tokens", scheduler["max_num_batched_tokens"], "the run's --max-num-batched-tokens")
         evidence.put("prefix_caching", 1 if scheduler["prefix_caching"] else 0, "the run's --prefix-caching")
         evidence_from_summary(evidence, report["summary"], "simulated")
-        settings = {"hardware": report["settings"]["hardware"], "model": report["settings"]["model"]}
+        settings = {"hardware": report["settings"]["hardware"], "model": report["settings"]["model"],
+                    "load": _load_of(report["settings"].get("arrivals") or {})}
     elif "summary" in report and isinstance(report.get("settings"), dict) and "url" in report["settings"]:
         check_shape(JsonObject(report, path), {"settings": {"shared_prefix_tokens": "int?"},
                                                "summary": LENIENT_SUMMARY_SHAPE, "server?": WINDOW_SHAPE})
@@ -8974,9 +9027,18 @@ def evidence_from_report(report: dict, path: str) -> Tuple[Evidence, dict]:
                      "loadgen --shared-prefix-tokens")
         check_shape(JsonObject(report["settings"], path), {"server_info?": SERVER_INFO_SHAPE})
         evidence_from_server(evidence, report["settings"].get("server_info") or {}, "the server's own")
+        settings = {"load": _load_of(report["settings"])}
     else:
         raise UsageError(f"{path}: not a loadgen, simulate or sweep --json report")
     return evidence, settings
+
+
+def _load_of(settings: dict) -> Optional[Tuple[str, float]]:
+    """("--concurrency", N) or ("--rate", R) of a report's arrivals or loadgen settings, when it says."""
+    if settings.get("mode") == "closed" and isinstance(settings.get("concurrency"), int) and settings["concurrency"] > 0:
+        return "--concurrency", settings["concurrency"]
+    rate = settings.get("rate")
+    return ("--rate", float(rate)) if _is_number(rate) and rate > 0 else None
 
 
 @dataclass(frozen=True)
@@ -9226,7 +9288,43 @@ def diagnose(evidence: Evidence, plan: Optional[CapacityPlan]) -> dict:
                    "not_helpful": [evidence.render(template) for template in binding.not_helpful]}
     return {"phase": {"dominant": phase, "lines": phase_lines}, "binding": verdict, "undecided": undecided,
             "capacity": capacity, "step_cost": observed_step_cost(evidence, plan),
+            "speculation": speculation_verdict(evidence, plan),
             "evidence": {name: asdict(fact) for name, fact in evidence.items()}}
+
+
+def speculation_verdict(evidence: Evidence, plan: Optional[CapacityPlan]) -> Optional[dict]:
+    """Whether speculative decoding pays at the batch the input shows, from vLLM's
+    spec_decode counters (None when it shows no drafts): a verify step of k drafts costs
+    a step of k + 1 tokens per sequence, and gives 1 + accepted / drafts tokens. Below the
+    compute knee that step costs about a decode step; past it the arithmetic grows with
+    the tokens, and the gain, tokens per step x (decode step / verify step), falls below 1."""
+    drafts, drafted, accepted = (evidence.value(name) for name in ("spec_drafts", "spec_draft_tokens",
+                                                                    "spec_accepted_tokens"))
+    if not drafts or drafted is None or accepted is None:
+        return None
+    k, per_step = drafted / drafts, 1 + accepted / drafts
+    lines = [f"{per_step:.2f} tokens per verify step of about {k:.1f} drafts ({accepted / max(drafted, 1):.0%} of "
+             f"drafted tokens accepted: {evidence.cite('spec_accepted_tokens')} of {evidence.cite('spec_draft_tokens')})"]
+    batch = evidence.value("max_running") or (evidence.value("mean_batch") or 0) / per_step
+    if plan is None or not batch:
+        return {"pays": None, "gain": None, "lines": lines + ["cannot tell whether it pays: name the --hardware and "
+                                                             "--model, and give a scrape with the running gauge"]}
+    seqs, context = max(1, round(batch)), int((evidence.value("mean_prompt_tokens") or 0) + 1)
+    plain_s = step_seconds(plan.hardware, plan.model, seqs, seqs * context, seqs, 1, seqs)
+    verify_s = step_seconds(plan.hardware, plan.model, round(seqs * (k + 1)), seqs * context, round(seqs * (k + 1)),
+                            1, seqs)
+    gain = per_step * plain_s / verify_s
+    knee = critical_batch(plan.hardware, plan.model)
+    if gain < 1:
+        lines.append(f"no longer pays: {seqs} sequences verify {seqs * (k + 1):,.0f} tokens a step, past the "
+                     f"{knee_text(knee)}-token compute knee; the step costs {verify_s / plain_s:.1f}x a decode step "
+                     f"for {per_step:.2f}x the tokens (a {gain:.2f}x gain); turn speculation off at this load, or "
+                     f"draft fewer tokens (num_speculative_tokens)")
+    else:
+        lines.append(f"pays: {seqs} sequences verify {seqs * (k + 1):,.0f} tokens a step against a "
+                     f"{knee_text(knee)}-token compute knee; the step costs {verify_s / plain_s:.2f}x a decode step for "
+                     f"{per_step:.2f}x the tokens (a {gain:.2f}x gain in TPOT)")
+    return {"pays": gain >= 1, "gain": gain, "lines": lines}
 
 
 def observed_step_cost(evidence: Evidence, plan: Optional[CapacityPlan]) -> Optional[dict]:
@@ -9239,6 +9337,163 @@ def observed_step_cost(evidence: Evidence, plan: Optional[CapacityPlan]) -> Opti
         return None  # a scrape's gauges may say anything: a step of more than MAX_COUNT tokens is none
     seqs = max(1, round(batch))
     return step_cost_terms(plan.hardware, plan.model, seqs, seqs, round(seqs * max(context, 1)))
+
+
+# =============================================================================
+# Explain extension: the advice simulated before it is given
+# =============================================================================
+
+@dataclass(frozen=True)
+class Trial:
+    """A change explain names, as simulate flags: changes are (flag, value) pairs, a value
+    "" for a flag that takes none and None to drop the flag; unsupported says why the
+    simulation cannot try it (then it is reported so, never given as a result)."""
+
+    knob: str
+    changes: Tuple[Tuple[str, Optional[str]], ...] = ()
+    unsupported: Optional[str] = None
+
+
+MORE_MEMORY = Trial("raise --gpu-memory-utilization to 0.95", (("--gpu-memory-utilization", "0.95"),))
+FP8_KV = Trial("store the KV cache in FP8", (("--kv-cache-dtype", "fp8"),))
+TP2 = Trial("shard over two devices", (("--tensor-parallel-size", "2"),))
+
+
+def _doubled(evidence: Evidence, name: str, flag: str, verb: str = "raise") -> Trial:
+    value = int(evidence.value(name) or 0)
+    return Trial(f"{verb} {flag} to {2 * value:,}", ((flag, str(2 * value)),))
+
+
+def rule_trials(budget: str, evidence: Evidence) -> List[Trial]:
+    """The changes a binding budget's advice names, the first one recommended: the knob,
+    then each alternative the diagnosis lists (what will not help included)."""
+    seqs = lambda: _doubled(evidence, "max_num_seqs", "--max-num-seqs")
+    tokens = lambda: _doubled(evidence, "max_num_batched_tokens", "--max-num-batched-tokens")
+    if budget.startswith("KV cache"):
+        first = ([Trial("turn on prefix caching", (("--prefix-caching", ""),))]
+                 if (evidence.value("shared_prefix_tokens") or 0) >= 16 and not evidence.value("prefix_caching") else [])
+        return first + [MORE_MEMORY, FP8_KV, Trial("raise --max-num-seqs to 512", (("--max-num-seqs", "512"),)),
+                        tokens(), Trial("a second GPU because utilisation reads 100%",
+                                        unsupported="a reading of utilisation, not a change to the server")]
+    if budget.startswith("sequences"):
+        fits = int(evidence.value("kv_fits_requests") or 2 * (evidence.value("max_num_seqs") or 1))
+        return [Trial(f"raise --max-num-seqs to {fits:,}", (("--max-num-seqs", str(max(fits, 1))),)), MORE_MEMORY,
+                tokens()]
+    if budget.startswith("tokens"):
+        return [tokens(), seqs(), MORE_MEMORY]
+    if budget == "compute":
+        return [Trial("add a replica", (("--replicas", "2"),)), TP2, seqs(), MORE_MEMORY]
+    if budget.startswith("memory bandwidth"):
+        return [TP2, Trial("store the weights in FP8", (("--quantization", "fp8"),)),
+                Trial("lower --max-num-seqs to 1", (("--max-num-seqs", "1"),))]
+    if budget.startswith("prefill chunks"):
+        half = max(1, int(evidence.value("max_num_batched_tokens") or 2) // 2)
+        return [Trial(f"lower --max-num-batched-tokens to {half:,}", (("--max-num-batched-tokens", str(half)),)),
+                Trial("move prefill to its own engine", unsupported="simulate --disaggregate compares the two itself"),
+                tokens()]
+    return []
+
+
+WHAT_IF_MAX_REQUESTS = 480  # requests a what-if run simulates: a few times the load, to reach its steady state
+
+
+def what_if_base(evidence: Evidence, args, load: Optional[Tuple[str, float]]) -> Tuple[Optional[List[str]], str]:
+    """The simulate flags of the server as the input shows it, and what its workload is;
+    (None, why) when no workload can be built from the input (no request lengths, no load).
+    The load is the report's own, else as many clients as the server held at its busiest
+    (running + waiting)."""
+    prompt, output = evidence.value("mean_prompt_tokens"), evidence.value("mean_output_tokens")
+    if prompt is None or output is None:
+        return None, "no request lengths (give --prompt-tokens and --output-tokens)"
+    if load is None:
+        clients = (evidence.value("max_running") or 0) + (evidence.value("max_waiting") or 0)
+        if clients < 1:
+            return None, "no load (the input shows neither running nor waiting requests)"
+        load = ("--concurrency", int(round(clients)))
+    flag, amount = load
+    num_requests = int(min(WHAT_IF_MAX_REQUESTS, max(64, 4 * amount if flag == "--concurrency" else 60 * amount)))
+    flags = [*(["--hardware-file", args.hardware_file] if args.hardware_file else ["--hardware", args.hardware]),
+             *(["--model-file", args.model_file] if args.model_file else ["--model", args.model]),
+             "--gpu-memory-utilization", str(args.gpu_memory_utilization), "--dtype", args.dtype,
+             "--kv-cache-dtype", args.kv_cache_dtype, "--prompt-tokens", str(max(1, round(prompt))),
+             "--output-tokens", str(max(1, round(output))), flag, f"{amount:g}", "--requests", str(num_requests),
+             "--no-sensitivity"]
+    if evidence.value("shared_prefix_tokens"):
+        flags += ["--shared-prefix-tokens", str(int(evidence.value("shared_prefix_tokens")))]
+    for name, option in (("max_num_seqs", "--max-num-seqs"), ("max_num_batched_tokens", "--max-num-batched-tokens")):
+        if name in evidence:
+            flags += [option, str(int(evidence.value(name)))]
+    for option, value in (("--block-size", args.block_size), ("--kv-tokens", args.kv_tokens),
+                          ("--quantization", args.quantization), ("--speculative-config", args.speculative_config),
+                          ("--acceptance-rate", args.acceptance_rate)):
+        if value is not None:
+            flags += [option, str(value)]
+    if evidence.value("prefix_caching"):
+        flags.append("--prefix-caching")
+    what = (f"{flag[2:]} {amount:g}, {num_requests} requests of {prompt:,.0f} + {output:,.0f} tokens"
+            + (f", {evidence.value('shared_prefix_tokens'):,.0f} of them shared" if evidence.value("shared_prefix_tokens")
+               else ""))
+    return flags, what
+
+
+def with_changes(flags: Sequence[str], changes: Sequence[Tuple[str, Optional[str]]]) -> List[str]:
+    """flags with each change made: the flag (and its value) dropped, then given anew."""
+    result = list(flags)
+    for flag, value in changes:
+        if flag in result:
+            index = result.index(flag)
+            takes_value = index + 1 < len(result) and not result[index + 1].startswith("--")
+            del result[index:index + (2 if takes_value else 1)]
+        if value is not None:
+            result += [flag] + ([value] if value else [])
+    return result
+
+
+def shown_changes(changes: Sequence[Tuple[str, Optional[str]]]) -> List[str]:
+    """A trial's changes as the flags a user adds to simulate (a drop as "no FLAG")."""
+    return [part for flag, value in changes
+            for part in (["no " + flag] if value is None else [flag] + ([value] if value else []))]
+
+
+def what_if(evidence: Evidence, args, load: Optional[Tuple[str, float]], verdict: dict, plan: Optional[CapacityPlan],
+            simulate_args: Callable[[List[str]], argparse.Namespace]) -> dict:
+    """The server as it is, simulated, beside each change the advice names (simulate_args
+    parses simulate flags: every run comes from the one builder from flags to an engine).
+    Each entry: the knob, its flags, the before and after summaries (simulate's) and the
+    preemptions of both; a change the simulation cannot make is listed as unsupported."""
+    if plan is not None:  # the knobs the input leaves unsaid are the simulation's defaults: vLLM's
+        for name, value in scheduler_defaults("vllm", plan.hardware).items():
+            if name in ("max_num_seqs", "max_num_batched_tokens") and name not in evidence:
+                evidence.put(name, value, f"vLLM's default {name}")
+    trials = rule_trials(verdict["budget"], evidence)
+    if "spec_drafts" in evidence:
+        trials.append(Trial("turn speculative decoding off", (("--speculative-config", None), ("--acceptance-rate", None)))
+                      if args.speculative_config else
+                      Trial("turn speculative decoding off", unsupported="give explain the server's --speculative-config"))
+    base, what = what_if_base(evidence, args, load) if plan is not None else (
+        None, "no --hardware and --model that fit to simulate")
+    unsupported = [{"knob": trial.knob, "why": trial.unsupported} for trial in trials if trial.unsupported]
+    if base is None or not trials:
+        return {"workload": what, "base_flags": base, "entries": [], "unsupported": unsupported,
+                "not_simulated": what if base is None else None}
+    before = _what_if_run(simulate_args(base))
+    entries = []
+    for trial in (trial for trial in trials if not trial.unsupported):
+        try:
+            after = _what_if_run(simulate_args(with_changes(base, trial.changes)))
+        except CapacityError as error:
+            unsupported.append({"knob": trial.knob, "why": f"does not fit: {error}"})
+            continue
+        entries.append({"knob": trial.knob, "flags": shown_changes(trial.changes), "before": before["summary"],
+                        "after": after["summary"], "preemptions": {"before": before["engine"]["num_preemptions"],
+                                                                   "after": after["engine"]["num_preemptions"]}})
+    return {"workload": what, "base_flags": base, "entries": entries, "unsupported": unsupported,
+            "not_simulated": None}
+
+
+def _what_if_run(args: argparse.Namespace) -> dict:
+    """One simulate run of a what-if, its report."""
+    return run_simulation(args, build_engine_spec(args), args.concurrency, args.rate)
 
 
 # =============================================================================
@@ -9392,7 +9647,8 @@ def spec_to_dict(spec: EngineSpec) -> dict:
     return {"hardware": asdict(plan.hardware), "model": asdict(plan.model),
             "gpu_memory_utilization": plan.gpu_memory_utilization,
             "kv_tokens": plan.num_kv_tokens if plan.kv_tokens_fixed else None, "max_model_len": plan.max_model_len,
-            "scheduler": asdict(spec.config), "ubatch_tokens": spec.ubatch_tokens, "fast": spec.fast}
+            "scheduler": asdict(spec.config), "ubatch_tokens": spec.ubatch_tokens, "fast": spec.fast,
+            "drafter": asdict(plan.drafter) if plan.drafter is not None else None}
 
 
 MODEL_LEAST = {"params": 1, "layers": 1, "kv_heads": 1, "head_dim": 1, "bytes_per_param": 0.01,
@@ -9409,9 +9665,20 @@ def spec_from_dict(data: JsonObject) -> EngineSpec:
                                  {"max_num_seqs": 1, "max_num_batched_tokens": 1, "block_size": 1}, MAX_COUNT)
     if config.scheduler not in SCHEDULERS:
         raise data.fail("scheduler.scheduler", f"one of {', '.join(SCHEDULERS)}", config.scheduler)
-    plan = plan_capacity(hardware_from_json(data.object("hardware"), "hardware"), model,
+    drafter = data.object("drafter", None)
+    if config.speculative_method not in (None, *SPECULATIVE_METHODS) or config.acceptance_rate > 1 or (
+            drafter is None) != (config.speculative_method in (None, "ngram")):
+        raise data.fail("scheduler.speculative_method", f"none or one of {', '.join(SPECULATIVE_METHODS)}, an "
+                        f"acceptance rate within [0, 1], and a drafter exactly when the method drafts with a model",
+                        config.speculative_method)
+    hardware = hardware_from_json(data.object("hardware"), "hardware")
+    if config.kv_offloading_blocks and not (config.prefix_caching and hardware.host_link_gbs):
+        raise data.fail("scheduler.kv_offloading_blocks", "0 without prefix caching and a host link",
+                        config.kv_offloading_blocks)
+    plan = plan_capacity(hardware, model,
                          data.number("gpu_memory_utilization", above=0), config.block_size,
-                         data.integer("kv_tokens", 1, None), data.integer("max_model_len", 1), 1, config.max_num_seqs)
+                         data.integer("kv_tokens", 1, None), data.integer("max_model_len", 1), 1, config.max_num_seqs,
+                         dataclass_from_json(ModelSpec, drafter, MODEL_LEAST) if drafter is not None else None)
     return EngineSpec(plan, config, None, data.integer("ubatch_tokens", 1, None), data.boolean("fast"))
 
 
@@ -9818,6 +10085,8 @@ def format_simulation(report: dict) -> List[str]:
         f"preemptions {engine['num_preemptions']:,} evictions {engine['num_evictions']:,} "
         f"prefix hits {engine['prefix_hit_rate']:.1%}",
     ]
+    lines += [speculation_line(engine["speculative"])] if "speculative" in engine else []
+    lines += [offloading_line(engine["kv_offloading"])] if "kv_offloading" in engine else []
     lines += format_summary(report["summary"])
     lines += failed_share_line(report["summary"]) + _format_rejected(report["rejected"])
     if "replicas" in report:
@@ -9825,6 +10094,24 @@ def format_simulation(report: dict) -> List[str]:
     lines += [step_cost_line(report["step_cost"])] if report.get("step_cost") else []
     lines += sensitivity_lines(report["sensitivity"]) if report.get("sensitivity") else []
     return lines + [engine["cost_model"]["text"]]
+
+
+def speculation_line(figures: dict) -> str:
+    """Speculative decoding as a run did it: tokens a verify step gave, drafts accepted."""
+    per_step, accepted = figures["tokens_per_verify_step"], figures["measured_acceptance"]
+    if per_step is None:
+        return f"speculative decoding {figures['method']} k={figures['num_speculative_tokens']}: no step verified drafts"
+    return (f"speculative decoding {figures['method']} k={figures['num_speculative_tokens']} at acceptance "
+            f"{figures['acceptance_rate']:g}: {per_step:.2f} tokens per verify step, {accepted:.0%} of "
+            f"{figures['num_draft_tokens']:,} drafted tokens accepted, drafting {figures['draft_s'] * 1000:,.0f} ms")
+
+
+def offloading_line(figures: dict) -> str:
+    """The host tier as a run used it: hits per tier, bytes moved back, the time it took."""
+    return (f"kv offloading {figures['host_bytes'] / GIB:,.1f} GiB host tier ({figures['host_blocks']:,} blocks): "
+            f"prefix hits {figures['device_hit_tokens']:,} tokens on the device, {figures['host_hit_tokens']:,} from "
+            f"host; {figures['bytes_loaded'] / GB:,.2f} GB loaded over {figures['host_link_gbs']:g} GB/s in "
+            f"{figures['load_s'] * 1000:,.0f} ms; {figures['blocks_evicted']:,} blocks evicted from host")
 
 
 def step_cost_line(terms: dict, what: str = "mean step") -> str:
@@ -10322,7 +10609,34 @@ def format_explain(result: dict, plan: Optional[CapacityPlan]) -> List[str]:
     lines += ["   - " + line for line in binding["not_helpful"]]
     if result.get("step_cost"):
         lines.append(step_cost_line(result["step_cost"], "6. why: a decode step"))
+    number = 7
+    if result.get("speculation"):
+        lines.append(f"{number}. speculative decoding: " + result["speculation"]["lines"][0])
+        lines += ["   " + line for line in result["speculation"]["lines"][1:]]
+        number += 1
+    return lines + what_if_lines(result["what_if"], result["what_if_run"], number)
+
+
+def what_if_lines(entries: List[dict], run: dict, number: int) -> List[str]:
+    """explain's what-if (answer number): the server as it is beside each change, simulated."""
+    if run["not_simulated"] is not None:
+        return [f"{number}. what if: not simulated: {run['not_simulated']}"]
+    if not entries and not run["unsupported"]:
+        return []
+    lines = [f"{number}. what if (simulated, {run['workload']}):", f"   {'':40} {'ttft p50':>10} {'tpot p50':>9} "
+             f"{'out tok/s':>10} {'preempted':>10}  flags"]
+    rows = [("as it is", entries[0]["before"], entries[0]["preemptions"]["before"], [])] if entries else []
+    rows += [(entry["knob"], entry["after"], entry["preemptions"]["after"], entry["flags"]) for entry in entries]
+    for label, summary, preempted, flags in rows:
+        ttft, tpot = (summary[name]["p50"] for name in ("ttft_ms", "tpot_ms"))
+        lines.append(f"   {label:40} {_ms(ttft):>10} {_ms(tpot):>9} {summary['output_tok_per_s']:>10,.1f} "
+                     f"{preempted:>10,}  {' '.join(flags)}".rstrip())
+    lines += [f"   not simulated: {item['knob']}: {item['why']}" for item in run["unsupported"]]
+    if run["base_flags"]:
+        lines.append("   as it is: servesim simulate " + " ".join(shlex.quote(flag) for flag in run["base_flags"]))
     return lines
+
+
 
 
 # =============================================================================
@@ -11219,6 +11533,9 @@ def cmd_explain(args) -> int:
             evidence.put("does_not_fit", 1, str(error))
     result = diagnose(evidence, plan)
     result["input"] = what
+    trials = what_if(evidence, args, settings.get("load"), result["binding"], plan, args.simulate_args)
+    result["what_if"] = trials.pop("entries")
+    result["what_if_run"] = trials
     if args.json:
         _print_json(result)
     else:
@@ -11487,6 +11804,9 @@ def _add_workload_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--seed", type=int, default=0, help="seed for lengths and arrivals (default 0)")
     parser.add_argument("--burstiness", type=positive_float, default=1.0,
                         help="with --rate: gamma shape of the gaps, 1 Poisson, < 1 burstier (default 1)")
+    parser.add_argument("--shared-prefix-tokens", type=non_negative_int, default=0,
+                        help="without --trace: every prompt starts with the same N tokens, a system prompt that "
+                             "prefix caching stores once (default 0; loadgen's flag of the same name)")
     _add_trace_flags(parser)
 
 
@@ -11667,7 +11987,11 @@ def _explain_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--output-tokens", type=positive_float, help="mean output tokens per request")
     parser.add_argument("--shared-prefix-tokens", type=non_negative_int,
                         help="leading prompt tokens every request shares (a system prompt)")
-    _add_output_flags(parser, "the diagnosis")
+    parser.add_argument("--speculative-config", type=name_text, metavar="JSON",
+                        help="the server's --speculative-config, for the what-if without it")
+    parser.add_argument("--acceptance-rate", type=unit_interval, metavar="P",
+                        help="the drafts' acceptance (see simulate --help; default: the method's published one)")
+    _add_output_flags(parser, "the diagnosis and its what-if runs")
 
 
 def _compare_flags(parser: argparse.ArgumentParser) -> None:
@@ -11906,6 +12230,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         known = {name for name, *_ in SUBCOMMANDS}
         args = build_parser(argv[0] if argv and argv[0] in known else None).parse_args(argv)
         _refuse_flags_beside(args, args.command)
+        if args.command == "explain":  # its what-if runs simulate command lines (the one builder from flags)
+            args.simulate_args = lambda flags: build_parser("simulate").parse_args(["simulate", *flags])
         return args.run(args)
     except ServesimError as error:
         prefix = "servesim: error: " if isinstance(error, UsageError) else "servesim: "
