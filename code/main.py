@@ -6320,7 +6320,8 @@ def prometheus_export(engine: dict, requests: Sequence[Request], token_log: Opti
             ("tpot_ms", VLLM_TOKEN_GAP_BUCKETS_S, latencies["tpot"]),
             ("queue_ms", VLLM_REQUEST_BUCKETS_S, latencies["queue"]),
             ("e2e_ms", VLLM_REQUEST_BUCKETS_S, latencies["e2e"]),
-            ("mean_prompt_tokens", VLLM_TOKEN_COUNT_BUCKETS, ([r.prompt_tokens for r in done], None))):
+            ("mean_prompt_tokens", VLLM_TOKEN_COUNT_BUCKETS, ([r.prompt_tokens for r in done], None)),
+            ("mean_output_tokens", VLLM_TOKEN_COUNT_BUCKETS, ([r.generated for r in done], None))):
         lines += _histogram_lines(series_name(figure), labels, bounds, values, weights)
     lines += _speculation_lines(engine.get("speculative"), labels)
     steps, name = engine["num_steps"], series_name("tokens_per_step")
@@ -9304,7 +9305,8 @@ def speculation_verdict(evidence: Evidence, plan: Optional[CapacityPlan]) -> Opt
         return None
     k, per_step = drafted / drafts, 1 + accepted / drafts
     lines = [f"{per_step:.2f} tokens per verify step of about {k:.1f} drafts ({accepted / max(drafted, 1):.0%} of "
-             f"drafted tokens accepted: {evidence.cite('spec_accepted_tokens')} of {evidence.cite('spec_draft_tokens')})"]
+             f"drafted tokens accepted: {evidence.cite('spec_accepted_tokens')} of {evidence.cite('spec_draft_tokens')}); "
+             f"the roofline's verdict below leaves the drafter's own passes out"]
     batch = evidence.value("max_running") or (evidence.value("mean_batch") or 0) / per_step
     if plan is None or not batch:
         return {"pays": None, "gain": None, "lines": lines + ["cannot tell whether it pays: name the --hardware and "

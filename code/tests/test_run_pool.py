@@ -6,7 +6,7 @@ blocks are entered (racing requests of the same prefix lose blocks to the first 
 preemptions and finishes that release; and lives of one prefix computed a block or two
 at a time, where requests race to enter the same blocks. After every operation every
 figure must agree: free and used blocks, evictions, keys entered, blocks freed, each
-lookup's length and the free blocks among its hits.
+lookup's length and the free blocks among its hits, and the keys each eviction names, in order.
 """
 
 import random
@@ -39,6 +39,9 @@ class Life:
         self.test, self.rng = test, random.Random(seed)
         num_blocks = self.rng.choice((6, 20, 64, 200))
         self.pools = (main.BlockPool(num_blocks), main.RunPool(num_blocks))
+        self.evicted = ([], [])  # every key each pool told evict_to of, in order (a host tier's stores)
+        for pool, heard in zip(self.pools, self.evicted):
+            pool.evict_to = heard.extend
         self.chains = Chains(self.rng, 1 if racing else self.rng.choice((1, 2, 3)))
         self.longest, self.most_grown = (24, 2) if racing else (12, 5)
         self.running = []  # [keys, number of blocks wanted, blocks cached so far, a list per pool]
@@ -51,6 +54,8 @@ class Life:
     def counts(self):
         self.same(lambda pool: (pool.free_count(), pool.used_count(), pool.num_evictions, pool.num_entered,
                                 pool.num_freed))
+        self.test.assertEqual(*self.evicted)
+        self.test.assertEqual(len(self.evicted[0]), self.pools[0].num_evictions)
 
     def admit(self):
         keys = self.chains.chain(self.rng.randint(0, self.longest))

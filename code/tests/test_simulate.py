@@ -179,7 +179,7 @@ class FixtureTest(unittest.TestCase):
 
     def test_the_committed_traces_are_what_their_generators_write(self):
         for generator, trace in (("make_burst.py", "burst.jsonl"), ("make_mixed.py", "mixed.jsonl"),
-                                 ("make_two_prefixes.py", "two_prefixes.jsonl")):
+                                 ("make_two_prefixes.py", "two_prefixes.jsonl"), ("make_documents.py", "documents.jsonl")):
             generated = subprocess.run([sys.executable, os.path.join(FIXTURES_DIR, generator)],
                                        capture_output=True, text=True, check=True).stdout
             with open(os.path.join(FIXTURES_DIR, trace), encoding="utf-8") as handle:
