@@ -43,8 +43,11 @@ Examples:
     # an inference-perf run of vLLM on GPUs, stage by stage; a campaign of several models fitted
     python3 code/main.py compare RUN_DIR --model-file config.json --tensor-parallel-size 2 --max-num-seqs 128
     python3 code/main.py calibrate RUN_DIR... --model-dir MODELS_DIR --hardware h100-sxm-80gb --out my-h100.json
-    # which budget binds, from two /metrics scrapes and the server's flags
+    # which budget binds, from two /metrics scrapes and the server's flags, and each change simulated
     python3 code/main.py explain before.prom after.prom --hardware l4-24gb --max-num-seqs 256
+    # speculative decoding, and a host tier for the KV cache
+    python3 code/main.py simulate --concurrency 1 --speculative-config '{"method": "eagle", "num_speculative_tokens": 3}'
+    python3 code/main.py simulate --trace code/fixtures/documents.jsonl --prefix-caching --kv-offloading-size 40
     # the most load one L4 takes within an SLO
     python3 code/main.py search --hardware l4-24gb --slo-ttft-ms 1500 --slo-tpot-ms 110
     # a mixture of experts, 70B in FP8 with an FP8 KV cache, four replicas behind a router
@@ -89,12 +92,19 @@ Scheduler options (simulate, sweep, search, compare, calibrate):
                                  figure is the same
     --jobs N                     sweep, search, calibrate: points, probes or evaluations
                                  in N processes (the CPUs it may use); the same results for any N
+    --speculative-config JSON    speculative decoding, as vLLM's flag: {"method": "eagle"|"eagle3"|
+                                 "mtp"|"ngram"|"draft_model", "num_speculative_tokens": k, "model": M}
+    --acceptance-rate P          chance a draft is accepted after the one before (default: the
+                                 method's published figure)
+    --kv-offloading-size GIB     keep blocks the device evicts in host memory; a hit there is
+                                 loaded back over --host-link-gbs (default: the hardware's PCIe)
 
 Workload options (simulate, sweep, search):
     --requests N                 requests to generate (256)
     --prompt-tokens N|LO-HI      prompt length, fixed or uniform in a range (256-1024)
     --output-tokens N|LO-HI      output length, fixed or uniform in a range (64-256)
-    --seed N                     seed for lengths and arrivals (0)
+    --seed N                     seed for lengths, arrivals and speculative draws (0)
+    --shared-prefix-tokens N     every prompt opens with the same N tokens (a system prompt)
     --burstiness K               with --rate: gamma-shaped gaps, 1 Poisson, < 1 burstier
     --trace-format F, --time-scale X, --start S, --limit N   for --trace (below)
     --slo-ttft-ms, --slo-tpot-ms objectives: goodput counts the requests meeting both;
@@ -10103,9 +10113,10 @@ def speculation_line(figures: dict) -> str:
     per_step, accepted = figures["tokens_per_verify_step"], figures["measured_acceptance"]
     if per_step is None:
         return f"speculative decoding {figures['method']} k={figures['num_speculative_tokens']}: no step verified drafts"
-    return (f"speculative decoding {figures['method']} k={figures['num_speculative_tokens']} at acceptance "
-            f"{figures['acceptance_rate']:g}: {per_step:.2f} tokens per verify step, {accepted:.0%} of "
-            f"{figures['num_draft_tokens']:,} drafted tokens accepted, drafting {figures['draft_s'] * 1000:,.0f} ms")
+    return (f"speculative decoding {figures['method']} k={figures['num_speculative_tokens']}, each draft accepted "
+            f"{figures['acceptance_rate']:g} of the time after the one before: {per_step:.2f} tokens per verify step, "
+            f"{accepted:.0%} of {figures['num_draft_tokens']:,} drafted tokens accepted, drafting "
+            f"{figures['draft_s'] * 1000:,.0f} ms")
 
 
 def offloading_line(figures: dict) -> str:
