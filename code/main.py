@@ -11767,13 +11767,7 @@ def _add_scheduler_flags(parser: argparse.ArgumentParser, of_server: bool = Fals
     parser.add_argument("--prefix-caching", "--enable-prefix-caching", action=argparse.BooleanOptionalAction,
                         help="reuse full KV blocks of prompts that share a prefix (default: what the measured "
                              "server said, else off)")
-    parser.add_argument("--speculative-config", type=name_text, metavar="JSON",
-                        help="speculative decoding as vLLM's flag takes it: {\"method\": \"eagle\"|\"eagle3\"|\"mtp\"|"
-                             "\"ngram\"|\"draft_model\", \"num_speculative_tokens\": k, \"model\": a preset or a "
-                             "config.json/GGUF file for draft_model}")
-    parser.add_argument("--acceptance-rate", type=unit_interval, metavar="P",
-                        help="chance that a drafted token is accepted once the one before was (default: the "
-                             "method's published figure; see the README's speculative decoding section)")
+    _add_speculative_flags(parser)
     parser.add_argument("--kv-offloading-size", type=positive_float, metavar="GIB",
                         help="GiB of host memory (all devices together) that keep KV blocks evicted from the "
                              "device, as vLLM's flag; a prefix hit there is loaded back over the host link "
@@ -11785,6 +11779,18 @@ def _add_scheduler_flags(parser: argparse.ArgumentParser, of_server: bool = Fals
                              "a request that arrives during a step waits for the step after the next (default: "
                              "on with --scheduler vllm, off on a CPU preset as vLLM's CPU platform; llama.cpp has no "
                              "such mode)")
+
+
+def _add_speculative_flags(parser: argparse.ArgumentParser, of_server: bool = False) -> None:
+    """Speculative decoding under vLLM's flag; of_server: the server's, for explain's what-if."""
+    whose = "the server's " if of_server else ""
+    parser.add_argument("--speculative-config", type=name_text, metavar="JSON",
+                        help=f"{whose}speculative decoding as vLLM's flag takes it: {{\"method\": \"eagle\"|"
+                             "\"eagle3\"|\"mtp\"|\"ngram\"|\"draft_model\", \"num_speculative_tokens\": k, \"model\": a "
+                             "preset or a config.json/GGUF file for draft_model}")
+    parser.add_argument("--acceptance-rate", type=unit_interval, metavar="P",
+                        help="chance that a drafted token is accepted once the one before was (default: the "
+                             "method's published figure; see the README's speculative decoding section)")
 
 
 def _add_replica_flags(parser: argparse.ArgumentParser) -> None:
@@ -12000,10 +12006,7 @@ def _explain_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--output-tokens", type=positive_float, help="mean output tokens per request")
     parser.add_argument("--shared-prefix-tokens", type=non_negative_int,
                         help="leading prompt tokens every request shares (a system prompt)")
-    parser.add_argument("--speculative-config", type=name_text, metavar="JSON",
-                        help="the server's --speculative-config, for the what-if without it")
-    parser.add_argument("--acceptance-rate", type=unit_interval, metavar="P",
-                        help="the drafts' acceptance (see simulate --help; default: the method's published one)")
+    _add_speculative_flags(parser, of_server=True)
     _add_output_flags(parser, "the diagnosis and its what-if runs")
 
 

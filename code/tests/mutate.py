@@ -25,13 +25,15 @@ TEST_LIMIT_S = "20"  # each test's own limit in the copy (the slowest takes abou
 
 # name -> (the text in main.py, what the mutant has instead); each text occurs once
 REFUSAL = ("refused[0] is request\n                and refused[1] == self.pool.num_freed\n"
-           "                and refused[2] == self.pool.num_entered and budget >= refused[3])")
+           "                and refused[2] == self.pool.num_entered and budget >= refused[3]\n"
+           "                and refused[4] == self._host_removed())")
 MUTANTS = {
     "request": (REFUSAL, REFUSAL.replace("refused[0] is request", "True")),
     "freed": (REFUSAL, REFUSAL.replace("refused[1] == self.pool.num_freed", "True")),
     "keys": (REFUSAL, REFUSAL.replace("refused[2] == self.pool.num_entered", "True")),
     "budget": (REFUSAL, REFUSAL.replace("budget >= refused[3]", "True")),
     "budget-reversed": (REFUSAL, REFUSAL.replace("budget >= refused[3]", "budget <= refused[3]")),
+    "host-removals": (REFUSAL, REFUSAL.replace("refused[4] == self._host_removed()", "True")),
     "always": (REFUSAL, "True)"),
     "resume-past-evictions": ("if evicted is not None and hit_keys.isdisjoint(evicted):",
                               "if evicted is not None:"),

@@ -295,6 +295,19 @@ class StandingRefusalTest(unittest.TestCase):
         admitted, _ = scheduler.schedule_waiting(8, 2.0)
         self.assertEqual((ids(batch), ids(admitted)), ([(0, 1)], [(1, 2)]))  # 1 hits 2 blocks, needs 1
 
+    def test_a_refusal_stands_no_longer_once_a_key_leaves_the_host_tier(self):
+        scheduler = make_scheduler(num_blocks=6, block_size=4, max_num_batched_tokens=4, prefix_caching=True,
+                                   kv_offloading_blocks=6)
+        scheduler.host.store([("doc", index) for index in range(4)])  # evicted earlier: 16 tokens of "doc"
+        scheduler.add(make_request(0, prompt_tokens=4, max_tokens=8))
+        self.assertEqual(step(scheduler), [(0, 4)])
+        scheduler.add(make_request(1, prompt_tokens=20, max_tokens=2, prefix="doc", prefix_tokens=20))
+        # 1 has 16 tokens in host and 3 of budget: blocks for 19 tokens, 5, where 4 are free
+        self.assertEqual(step(scheduler, 1.0), [(0, 1)])
+        scheduler.host.discard([("doc", 0)])  # as a host eviction would: no block freed, no key entered
+        # without a host hit it computes 3 tokens from the start: 1 block
+        self.assertEqual(step(scheduler, 2.0), [(0, 1), (1, 3)])
+
     def test_a_refusal_stands_no_longer_once_the_budget_is_smaller(self):
         scheduler = make_scheduler(num_blocks=5, block_size=4)
         scheduler.add(make_request(0, prompt_tokens=8, max_tokens=8))
