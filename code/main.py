@@ -2975,16 +2975,16 @@ class Scheduler:
         log = self.token_log
         for request, num_tokens in batch:
             computed = request.computed = request.computed + num_tokens
-            if computed > request.prompt_tokens + request.generated:  # past its length: drafts verified
-                self._verify(request, computed - request.prompt_tokens - request.generated, now_s)
-                if request.generated == request.max_tokens:
-                    finished.append(request)
-            elif computed == request.prompt_tokens + request.generated:  # the request's length: it samples
+            if computed == request.prompt_tokens + request.generated:  # the request's length: it samples
                 request.generated += 1
                 if log is None:
                     request.token_times.append(now_s)
                 else:
                     log.token(request, now_s)
+                if request.generated == request.max_tokens:
+                    finished.append(request)
+            elif computed > request.prompt_tokens + request.generated:  # past its length: drafts verified
+                self._verify(request, computed - request.prompt_tokens - request.generated, now_s)
                 if request.generated == request.max_tokens:
                     finished.append(request)
         if finished:
@@ -3157,15 +3157,17 @@ class Engine:
             num_tokens += tokens
             context = request.computed + tokens
             num_context_tokens += context
-            beyond = context - request.prompt_tokens - request.generated  # drafted tokens past its length
-            if beyond >= 0:  # it samples (each drafted token too, to be verified)
-                num_sampled += beyond + 1
-                if tokens == beyond + 1:  # a decode: the token sampled last step, and its drafts
+            if context == request.prompt_tokens + request.generated:  # it samples (request.length, written out)
+                num_sampled += 1
+                if tokens == 1:  # a decode: the token sampled last step
                     num_decodes += 1
                     decode_context_tokens += context
-                    if beyond:
-                        num_drafting += 1
-                        drafting_context_tokens += context
+            elif context > request.prompt_tokens + request.generated:  # a decode with drafts, each sampled
+                num_sampled += tokens
+                num_decodes += 1
+                decode_context_tokens += context
+                num_drafting += 1
+                drafting_context_tokens += context
         num_seqs = len(batch) + num_members
         duration_s = self.cost.step_s(num_tokens, num_context_tokens, num_sampled, num_decodes,
                                       decode_context_tokens, num_seqs)
@@ -9024,6 +9026,8 @@ def evidence_from_report(report: dict, path: str) -> Tuple[Evidence, dict]:
         evidence.put("max_num_batched_tokens", scheduler["max_num_batched_tokens"], "the run's --max-num-batched-tokens")
         evidence.put("prefix_caching", 1 if scheduler["prefix_caching"] else 0, "the run's --prefix-caching")
         evidence_from_summary(evidence, report["summary"], "simulated")
+        evidence.put("shared_prefix_tokens", report["settings"].get("shared_prefix_tokens") or None,
+                     "the run's --shared-prefix-tokens")
         settings = {"hardware": report["settings"]["hardware"], "model": report["settings"]["model"],
                     "load": _load_of(report["settings"].get("arrivals") or {})}
     elif "summary" in report and isinstance(report.get("settings"), dict) and "url" in report["settings"]:

@@ -208,5 +208,59 @@ class ExplainTest(ScratchTest):
             self.assertIn(fragment, err)
 
 
+class WhatIfTest(ScratchTest):
+    """explain simulates the server as it is and with each change its advice names."""
+
+    MONDAY = [os.path.join(main.__file__.rsplit(os.sep, 1)[0], "fixtures", "monday", name)
+              for name in ("before.prom", "after.prom")]
+    FLAGS = ["--hardware", "l4-24gb", "--model", "llama-3.1-8b", "--max-num-seqs", "256",
+             "--shared-prefix-tokens", "1000"]
+
+    def test_the_monday_what_ifs_carry_before_and_after_and_they_differ(self):
+        result = run_json("explain", *self.MONDAY, *self.FLAGS)
+        entries = result["what_if"]
+        self.assertEqual([(entry["knob"], entry["flags"]) for entry in entries][:3],
+                         [("turn on prefix caching", ["--prefix-caching"]),
+                          ("raise --gpu-memory-utilization to 0.95", ["--gpu-memory-utilization", "0.95"]),
+                          ("store the KV cache in FP8", ["--kv-cache-dtype", "fp8"])])
+        for entry in entries:
+            self.assertEqual(set(entry), {"knob", "flags", "before", "after", "preemptions"})
+            self.assertEqual(set(entry["after"]), set(entry["before"]))  # simulate's summary object
+        first = entries[0]
+        self.assertLess(first["after"]["ttft_ms"]["p50"], first["before"]["ttft_ms"]["p50"] / 5)
+        self.assertLess(first["preemptions"]["after"], first["preemptions"]["before"])
+        self.assertEqual(result["what_if_run"]["unsupported"],
+                         [{"knob": "a second GPU because utilisation reads 100%",
+                           "why": "a reading of utilisation, not a change to the server"}])
+
+    def test_the_as_it_is_row_is_what_simulate_prints_for_the_base_flags(self):
+        result = run_json("explain", *self.MONDAY, *self.FLAGS)
+        base = result["what_if_run"]["base_flags"]
+        self.assertIn("--concurrency", base)
+        self.assertEqual(base[base.index("--concurrency") + 1], "60")  # 20 running + 40 waiting at the busiest
+        self.assertEqual(run_json("simulate", *base)["summary"], result["what_if"][0]["before"])
+        changed = main.with_changes(base, [("--prefix-caching", "")])
+        self.assertEqual(run_json("simulate", *changed)["summary"], result["what_if"][0]["after"])
+
+    def test_without_a_model_to_simulate_nothing_is_simulated_and_it_says_why(self):
+        result = run_json("explain", *self.MONDAY, "--max-num-seqs", "256")
+        self.assertEqual(result["what_if"], [])
+        self.assertEqual(result["what_if_run"]["not_simulated"], "no --hardware and --model that fit to simulate")
+
+    def test_a_change_is_made_by_dropping_the_flag_and_giving_it_anew(self):
+        flags = ["--a", "1", "--prefix-caching", "--b", "2"]
+        self.assertEqual(main.with_changes(flags, [("--a", "3"), ("--prefix-caching", None), ("--c", "")]),
+                         ["--b", "2", "--a", "3", "--c"])
+        self.assertEqual(main.shown_changes([("--speculative-config", None), ("--a", "3")]),
+                         ["no --speculative-config", "--a", "3"])
+
+    def test_a_simulate_report_is_explained_at_its_own_load(self):
+        report = run_json("simulate", "--hardware", "l4-24gb", "--rate", "3", "--requests", "100",
+                          "--prompt-tokens", "1200", "--output-tokens", "200", "--shared-prefix-tokens", "800")
+        path = self.write("run.json", json.dumps(report))
+        run = run_json("explain", path)["what_if_run"]
+        self.assertEqual(run["workload"], "rate 3, 180 requests of 1,200 + 200 tokens, 800 of them shared")
+
+
 if __name__ == "__main__":
     unittest.main()
