@@ -598,6 +598,8 @@ class Hardware:
     request_overhead_ms: float = 0.0  # ms a request spends outside the engine: HTTP, JSON, tokenising, IPC, streaming
     is_cpu: bool = False  # a CPU, served by vLLM's CPU platform (whose defaults differ: SCHEDULER_DEFAULTS)
     host_link_gbs: float = 0.0  # GB/s each way between device and host memory (PCIe, datasheet): KV offloading's link
+    devices_per_node: int = 1   # devices one server holds on interconnect_gbs (an HGX board: 8)
+    network_gbs: float = 0.0    # GB/s each way from one device to another server (its NIC; 0: none)
 
 
 @dataclass(frozen=True)
@@ -630,6 +632,9 @@ class ModelSpec:
     embedding_params: float = 0  # input embedding table when separate from the head: a lookup
     hidden_size: int = 0         # activation width (config.json hidden_size): what TP all-reduces
     tensor_parallel_size: int = 1  # > 1: this spec is one device's shard (see sharded())
+    pipeline_parallel_size: int = 1  # > 1: this spec is one stage's shard, its layers a share of the model's
+    expert_parallel_size: int = 1    # > 1: devices the routed experts are spread over whole (TP x DP)
+    num_expert_batches: int = 1      # data-parallel ranks whose tokens each device's experts run (EP)
     # Mixture of experts (0: a dense model):
     num_experts: int = 0         # routed experts per MoE layer (num_experts, num_local_experts, n_routed_experts)
     num_experts_per_tok: int = 0  # routed experts each token runs (num_experts_per_tok)
@@ -674,23 +679,49 @@ class ModelSpec:
 
     def step_weight_bytes(self, num_tokens: int) -> float:
         """Bytes of weights one forward pass over num_tokens tokens reads: every dense weight
-        and, of a mixture of experts, the experts those tokens were routed to."""
+        and, of a mixture of experts, the experts those tokens (and with expert parallelism,
+        those of every data-parallel rank, each taken to run a batch like this one) were
+        routed to."""
         if not self.num_experts:
             return self.weight_bytes
-        touched = self.distinct_experts(num_tokens) * self.expert_params * self.num_moe_layers
+        touched = self.distinct_experts(num_tokens * self.num_expert_batches) * self.expert_params * self.num_moe_layers
         return (self.params - self.routed_params + touched) * self.bytes_per_param
 
-    def sharded(self, tensor_parallel_size: int) -> "ModelSpec":
-        """What one of tensor_parallel_size devices holds and computes: 1/N of the weights
-        (every expert too) and of the KV heads (a head is replicated when there are fewer
-        heads than devices, as vLLM does; a latent-attention cache is replicated whole),
-        and two all-reduces of the activations per layer per step."""
-        if tensor_parallel_size == 1:
+    def sharded(self, tensor_parallel_size: int, pipeline_parallel_size: int = 1,
+                expert_parallel_size: int = 1) -> "ModelSpec":
+        """What one device holds and computes.
+
+        Tensor parallelism over N devices: 1/N of the weights (every expert too) and of the
+        KV heads (a head is replicated when there are fewer heads than devices, as vLLM does;
+        a latent-attention cache is replicated whole), and two all-reduces of the
+        activations per layer per step. Pipeline parallelism over P stages: a device holds
+        one stage's layers (the largest stage: ceil(layers / P); the embedding and the head
+        counted as if spread evenly) and their KV; a step runs through the stages one after
+        another. Expert parallelism over E devices (vLLM's --enable-expert-parallel, E = TP x
+        DP): each holds 1/E of the routed experts whole, in place of 1/N of every expert,
+        and runs the tokens of all E / N data-parallel ranks routed to them."""
+        n, stages = tensor_parallel_size, pipeline_parallel_size
+        if n == 1 and stages == 1 and expert_parallel_size == 1:
             return self
-        n = tensor_parallel_size
-        return dataclasses.replace(self, params=self.params / n, kv_heads=-(-self.kv_heads // n),
-                                   head_params=self.head_params / n, embedding_params=self.embedding_params / n,
-                                   expert_params=self.expert_params / n, tensor_parallel_size=n)
+        spec = self if stages == 1 else self._stage(stages)
+        routed = spec.routed_params
+        expert_devices = expert_parallel_size if expert_parallel_size > 1 else n
+        return dataclasses.replace(spec, params=(spec.params - routed) / n + routed / expert_devices,
+                                   kv_heads=-(-spec.kv_heads // n), head_params=spec.head_params / n,
+                                   embedding_params=spec.embedding_params / n,
+                                   expert_params=spec.expert_params / expert_devices, tensor_parallel_size=n,
+                                   pipeline_parallel_size=stages, expert_parallel_size=expert_parallel_size,
+                                   num_expert_batches=max(1, expert_parallel_size // n))
+
+    def _stage(self, stages: int) -> "ModelSpec":
+        """The largest of stages pipeline stages, whole (before tensor parallelism)."""
+        stage_layers = -(-self.layers // stages)
+        share = stage_layers / self.layers
+        return dataclasses.replace(
+            self, layers=stage_layers, params=self.params * share, head_params=self.head_params * share,
+            embedding_params=self.embedding_params * share,
+            num_moe_layers=min(stage_layers, -(-self.num_moe_layers // stages)),
+            num_sliding_layers=min(stage_layers, -(-self.num_sliding_layers // stages)))
 
     @property
     def layer_kv_elements(self) -> int:
@@ -742,42 +773,51 @@ class ModelSpec:
 DATASHEET_GPU = dict(mfu=0.5, mbu=0.75, step_overhead_ms=1.0)
 FITTED_H100 = dict(mfu=0.545, mbu=0.818, step_overhead_ms=0.0, layer_overhead_us=30.6, allreduce_latency_us=7.3,
                    link_efficiency=0.239, request_overhead_ms=6.56, moe_efficiency=0.7)
+# Servers of eight GPUs: HGX H100/H200/B200 and MI300X platforms hold 8 devices on one
+# NVLink/Infinity Fabric; DGX H100, DGX B200 and MI300X nodes give each GPU a 400 Gb/s NIC
+# (ConnectX-7 or Pollara: 50 GB/s each way). A100 (DGX A100: 200 Gb/s HDR per GPU, 25 GB/s),
+# L40S (8-GPU PCIe servers, 200 Gb/s) and L4 (Google Cloud g2-standard-96: 8 L4, 100 Gb/s
+# for the VM, 12.5 GB/s) carry theirs in place.
+HGX_NODE = dict(devices_per_node=8, network_gbs=50)
 HARDWARE: Dict[str, Hardware] = {
     hw.name: hw for hw in (
         # H100 SXM5 80GB: nvidia-smi 81,559 MiB; HBM3 3.35 TB/s; 989.4 TFLOPS dense BF16,
         # 1,978.9 FP8; NVLink 4, 900 GB/s both ways. Price: median of 37 providers,
         # aimultiple.com GPU index, 2026-05-20.
         Hardware("h100-sxm-80gb", memory_gib=79.6, bandwidth_gbs=3350, tflops=989.4, fp8_tflops=1978.9,
-                 interconnect_gbs=450, reserve_gib=2.0, price_per_hour=2.95, host_link_gbs=64, **FITTED_H100),
+                 interconnect_gbs=450, reserve_gib=2.0, price_per_hour=2.95, host_link_gbs=64, **HGX_NODE,
+                 **FITTED_H100),
         # H200 SXM 141GB: nvidia-smi 143,771 MiB; HBM3e 4.8 TB/s; the H100's die (989.4 TFLOPS
         # dense BF16, 1,978.9 FP8, NVLink 4). Price: Spheron on-demand, 2026-03-17.
         Hardware("h200-sxm-141gb", 140.4, 4800, 989.4, fp8_tflops=1978.9, interconnect_gbs=450,
-                 reserve_gib=2.0, price_per_hour=4.54, host_link_gbs=64, **FITTED_H100),
+                 reserve_gib=2.0, price_per_hour=4.54, host_link_gbs=64, **HGX_NODE, **FITTED_H100),
         # B200 (HGX B200) 180GB: nvidia-smi 183,359 MiB; HBM3e 8 TB/s; 2,250 TFLOPS dense
         # BF16, 4,500 FP8 (half the datasheet's sparse figures); NVLink 5, 1.8 TB/s both ways.
         # Price: Spheron on-demand, 2026-03-17.
         Hardware("b200-180gb", memory_gib=179.1, bandwidth_gbs=8000, tflops=2250, reserve_gib=2.0,
-                 fp8_tflops=4500, interconnect_gbs=900, price_per_hour=6.03, host_link_gbs=64, **FITTED_H100),
+                 fp8_tflops=4500, interconnect_gbs=900, price_per_hour=6.03, host_link_gbs=64, **HGX_NODE,
+                 **FITTED_H100),
         # AMD MI300X 192GB: HBM3 5.3 TB/s; 1,307.4 TFLOPS dense BF16, 2,614.9 FP8; Infinity
         # Fabric, 7 links x 64 GB/s each way. Price: median listing, cliffcenter.com AMD
         # inference economics note, 2026-05-18.
         Hardware("mi300x-192gb", 191.5, 5300, 1307.4, reserve_gib=2.0, interconnect_gbs=448,
-                 fp8_tflops=2614.9, price_per_hour=1.99, host_link_gbs=64, **DATASHEET_GPU),
+                 fp8_tflops=2614.9, price_per_hour=1.99, host_link_gbs=64, **HGX_NODE, **DATASHEET_GPU),
         # A100 SXM4 80GB: nvidia-smi 81,920 MiB; HBM2e 2,039 GB/s; 312 TFLOPS dense BF16; no FP8;
         # NVLink 3, 600 GB/s both ways. Price: middle of the $1.49-2.49 typical on-demand range,
         # pricegpu.pages.dev, early 2026.
         Hardware("a100-sxm-80gb", memory_gib=80.0, bandwidth_gbs=2039, tflops=312, reserve_gib=2.0,
-                 interconnect_gbs=300, price_per_hour=1.99, host_link_gbs=32, **FITTED_H100),
+                 interconnect_gbs=300, price_per_hour=1.99, host_link_gbs=32, devices_per_node=8,
+                 network_gbs=25, **FITTED_H100),
         # L40S 48GB: nvidia-smi 46,068 MiB; GDDR6 864 GB/s; 362.05 TFLOPS dense BF16, 733 FP8;
         # no NVLink, PCIe 4.0 x16. Price: Lambda on-demand as gpuadvisor.com listed it, May 2026.
         Hardware("l40s-48gb", 45.0, 864, 362.05, fp8_tflops=733, interconnect_gbs=32, reserve_gib=1.5,
-                 price_per_hour=1.40, host_link_gbs=32, **DATASHEET_GPU),
+                 price_per_hour=1.40, host_link_gbs=32, devices_per_node=8, network_gbs=25, **DATASHEET_GPU),
         # L4 24GB: nvidia-smi 23,034 MiB; GDDR6 300 GB/s; 121 TFLOPS dense BF16, 242.5 FP8; no
         # NVLink, PCIe 4.0 x16. Price: Google Cloud g2-standard-4 (one L4) on demand, us-central1,
         # 2025 price list.
         Hardware("l4-24gb", memory_gib=22.5, bandwidth_gbs=300, tflops=121, fp8_tflops=242.5,
                  reserve_gib=1.5, interconnect_gbs=32, price_per_hour=0.71, host_link_gbs=32,
-                 **DATASHEET_GPU),
+                 devices_per_node=8, network_gbs=12.5, **DATASHEET_GPU),
         # A 4-vCPU machine running llama.cpp: effective figures, not datasheet peaks
         # (mfu = mbu = 1), meant to be calibrated against a real server.
         Hardware("cpu-4vcpu", memory_gib=16.0, bandwidth_gbs=20, tflops=0.1,
@@ -1292,9 +1332,18 @@ class CapacityPlan:
         return self.model.tensor_parallel_size
 
     @property
+    def pipeline_parallel_size(self) -> int:
+        return self.model.pipeline_parallel_size
+
+    @property
+    def num_devices(self) -> int:
+        """Devices one engine runs on: tensor x pipeline parallel."""
+        return self.model.tensor_parallel_size * self.model.pipeline_parallel_size
+
+    @property
     def devices(self) -> str:
         """The hardware as reports name it: h100-sxm-80gb, or 2 x h100-sxm-80gb."""
-        n = self.tensor_parallel_size
+        n = self.num_devices
         return self.hardware.name if n == 1 else f"{n} x {self.hardware.name}"
 
     def on(self, hardware: Hardware) -> "CapacityPlan":
@@ -1308,6 +1357,9 @@ class CapacityPlan:
             "params": self.model.params,
             "active_params": self.model.active_params,
             "tensor_parallel_size": self.tensor_parallel_size,
+            "pipeline_parallel_size": self.pipeline_parallel_size,
+            "expert_parallel_size": self.model.expert_parallel_size,
+            "num_devices": self.num_devices,
             "gpu_memory_utilization": self.gpu_memory_utilization,
             "weight_bytes": self.model.weight_bytes,
             "kv_bytes_per_token": self.model.kv_bytes_per_token,
@@ -1321,7 +1373,7 @@ class CapacityPlan:
             "num_kv_tokens": self.num_kv_tokens,
             "max_model_len": self.max_model_len,
             "max_concurrency": self.max_concurrency,
-            "usd_per_hour": self.hardware.price_per_hour * self.tensor_parallel_size,
+            "usd_per_hour": self.hardware.price_per_hour * self.num_devices,
             **({"drafter": self.drafter.name, "draft_weight_bytes": self.drafter.weight_bytes,
                 "draft_kv_bytes_per_token": self.drafter.kv_bytes_per_token} if self.drafter is not None else {}),
         }
@@ -1330,12 +1382,18 @@ class CapacityPlan:
 def _weights_do_not_fit(hardware: Hardware, model: ModelSpec, budget: float, reserve: float,
                         gpu_memory_utilization: float) -> CapacityError:
     """The error for weights that leave no room, naming the ways out (model: one shard)."""
-    tp = model.tensor_parallel_size
-    whole = model.weight_bytes * tp
-    where = f"{hardware.name}" if tp == 1 else f"{tp} x {hardware.name}"
-    share = "" if tp == 1 else f" ({model.weight_bytes / GB:.2f} GB per device)"
-    smallest = next((n for n in (2, 4, 8, 16, 32, 64) if n > tp and whole / n + reserve < budget), None)
+    tp, stages = model.tensor_parallel_size, model.pipeline_parallel_size
+    num_devices = tp * stages
+    whole = model.weight_bytes * num_devices
+    where = f"{hardware.name}" if num_devices == 1 else f"{num_devices} x {hardware.name}"
+    share = "" if num_devices == 1 else f" ({model.weight_bytes / GB:.2f} GB per device)"
+    smallest = next((n for n in (2, 4, 8) if n > tp and whole / (n * stages) + reserve < budget), None)
     shard_hint = f" (--tensor-parallel-size {smallest} is the smallest that fits)" if smallest else ""
+    if not smallest:
+        stages_needed = next((p for p in (2, 3, 4, 8) if p > stages and whole / (max(tp, 8) * p) + reserve < budget),
+                             None)
+        shard_hint = (f" and pipeline parallelism (--tensor-parallel-size {max(tp, 8)} --pipeline-parallel-size "
+                      f"{stages_needed} is the smallest that fits)" if stages_needed else "")
     return CapacityError(
         f"{model.name} does not fit on {where}: weights {whole / GB:.2f} GB{share} plus "
         f"{hardware.reserve_gib:.1f} GiB reserve exceed {budget / GIB:.2f} GiB "
@@ -1347,7 +1405,8 @@ def _weights_do_not_fit(hardware: Hardware, model: ModelSpec, budget: float, res
 def plan_capacity(hardware: Hardware, model: ModelSpec, gpu_memory_utilization: float = 0.9,
                   block_size: int = 16, kv_tokens: Optional[int] = None,
                   max_model_len: int = 4096, tensor_parallel_size: int = 1, max_num_seqs: int = 256,
-                  drafter: Optional[ModelSpec] = None) -> CapacityPlan:
+                  drafter: Optional[ModelSpec] = None, pipeline_parallel_size: int = 1,
+                  expert_parallel_size: int = 1) -> CapacityPlan:
     """Size the KV cache the way vLLM does at start-up, with a fixed activation reserve.
 
     The budget is the device memory times gpu_memory_utilization; the weights and the
@@ -1355,15 +1414,16 @@ def plan_capacity(hardware: Hardware, model: ModelSpec, gpu_memory_utilization: 
     max_num_seqs sequences (NOTE: held for every sequence the scheduler may run, which
     overstates it for short ones; vLLM frees blocks that slid out of the window). The
     rest becomes whole blocks. kv_tokens fixes the cache instead (llama.cpp's
-    --ctx-size), which must still fit. With tensor parallelism every figure is per
-    device, for the shard each device holds (the plan's model). A speculative decoder's
+    --ctx-size), which must still fit. With tensor, pipeline or expert parallelism every
+    figure is per device, for the shard each device holds (the plan's model, see
+    ModelSpec.sharded): every stage holds as many blocks, each of its own layers. A speculative decoder's
     drafter (one device's shard of it) takes its weights off the budget and its KV per
     token onto every block, as vLLM keeps the drafter's layers in the same blocks.
     Raises CapacityError when the weights do not fit, naming the ways out.
     """
     budget = hardware.memory_gib * GIB * gpu_memory_utilization
     reserve = hardware.reserve_gib * GIB
-    model = model.sharded(tensor_parallel_size)
+    model = model.sharded(tensor_parallel_size, pipeline_parallel_size, expert_parallel_size)
     window_bytes = max_num_seqs * min(model.sliding_window, max_model_len) * model.sliding_kv_bytes_per_token
     draft_bytes = drafter.weight_bytes if drafter is not None else 0.0
     free = budget - model.weight_bytes - draft_bytes - reserve - window_bytes
@@ -1393,27 +1453,69 @@ def plan_capacity(hardware: Hardware, model: ModelSpec, gpu_memory_utilization: 
 # Roofline: the cost of one step
 # =============================================================================
 
+def link_bytes_per_s(hardware: Hardware, num_devices: int) -> float:
+    """Bytes per second a collective over num_devices moves over each device's link: the
+    interconnect within a server (devices_per_node), the network beyond one; at
+    link_efficiency of either."""
+    within = num_devices <= max(1, hardware.devices_per_node) or not hardware.network_gbs
+    return (hardware.interconnect_gbs if within else hardware.network_gbs) * GB * hardware.link_efficiency
+
+
 def allreduce_seconds(hardware: Hardware, model: ModelSpec, num_tokens: int) -> float:
-    """Tensor parallelism's price per step: two all-reduces per layer (after attention and
-    after the MLP or the experts) of num_tokens x hidden activations in 16 bits. Each pays
-    its latency (allreduce_latency_us: what a decode-sized message costs, whatever its
-    bytes) and moves its bytes over the link: a ring all-reduce sends 2 x (N - 1) / N of
-    the message over each device's link, at link_efficiency of interconnect_gbs. Not
-    overlapped with compute."""
+    """Tensor parallelism's price per step of one pipeline stage: two all-reduces per layer
+    (after attention and after the MLP or the experts) of num_tokens x hidden activations
+    in 16 bits, one per layer where expert parallelism moves the experts' tokens by
+    all-to-all instead. Each pays its latency (allreduce_latency_us: what a decode-sized
+    message costs, whatever its bytes) and moves its bytes over the link: a ring all-reduce
+    sends 2 x (N - 1) / N of the message over each device's link. Not overlapped with compute."""
     n = model.tensor_parallel_size
     if n == 1:
         return 0.0
     message_bytes = num_tokens * model.hidden_size * 2
-    link_bytes_per_s = hardware.interconnect_gbs * GB * hardware.link_efficiency
-    return 2 * model.layers * (hardware.allreduce_latency_us / 1e6 + 2 * (n - 1) / n * message_bytes / link_bytes_per_s)
+    num_allreduces = 2 * model.layers - (model.num_moe_layers if model.expert_parallel_size > 1 else 0)
+    return num_allreduces * (hardware.allreduce_latency_us / 1e6
+                             + 2 * (n - 1) / n * message_bytes / link_bytes_per_s(hardware, n))
+
+
+def all_to_all_seconds(hardware: Hardware, model: ModelSpec, num_tokens: int) -> float:
+    """Expert parallelism's price per step of one stage: each expert layer sends every
+    token's activations to the devices of its num_experts_per_tok experts and back
+    (dispatch and combine), (E - 1) / E of them leaving the device, in 16 bits, each
+    all-to-all paying allreduce_latency_us first. 0 without expert parallelism."""
+    devices = model.expert_parallel_size
+    if devices == 1:
+        return 0.0
+    message_bytes = num_tokens * model.num_experts_per_tok * model.hidden_size * 2 * (devices - 1) / devices
+    return 2 * model.num_moe_layers * (hardware.allreduce_latency_us / 1e6
+                                       + message_bytes / link_bytes_per_s(hardware, devices))
+
+
+def pipeline_seconds(hardware: Hardware, model: ModelSpec, num_tokens: int) -> float:
+    """Pipeline parallelism's price per step: P - 1 hand-overs of num_tokens x hidden
+    activations in 16 bits from one stage to the next, each paying allreduce_latency_us,
+    over the interconnect when all TP x P devices are in one server, else the network."""
+    stages = model.pipeline_parallel_size
+    if stages == 1:
+        return 0.0
+    rate = link_bytes_per_s(hardware, model.tensor_parallel_size * stages)
+    return (stages - 1) * (hardware.allreduce_latency_us / 1e6 + num_tokens * model.hidden_size * 2 / rate)
+
+
+def collective_seconds(hardware: Hardware, model: ModelSpec, num_tokens: int) -> float:
+    """What the devices of one engine send each other in a step: every stage's all-reduces
+    and all-to-alls, and the hand-overs between stages."""
+    per_stage = allreduce_seconds(hardware, model, num_tokens) + all_to_all_seconds(hardware, model, num_tokens)
+    return model.pipeline_parallel_size * per_stage + pipeline_seconds(hardware, model, num_tokens)
 
 
 def fixed_step_seconds(hardware: Hardware, model: ModelSpec, num_seqs: int) -> float:
     """What a step costs beside its bytes and FLOPs: the step's own overhead (scheduling,
     launches, synchronising), each layer's kernel floor (layer_overhead_us: a small
-    batch's kernels take a few microseconds each however little they do) and each
-    sequence's share (seq_overhead_us: its sampling, inputs and attention metadata)."""
-    return (hardware.step_overhead_ms / 1000 + model.layers * hardware.layer_overhead_us / 1e6
+    batch's kernels take a few microseconds each however little they do; every stage's
+    layers) and each sequence's share (seq_overhead_us: its sampling, inputs and
+    attention metadata)."""
+    num_layers = model.layers * model.pipeline_parallel_size
+    return (hardware.step_overhead_ms / 1000 + num_layers * hardware.layer_overhead_us / 1e6
             + num_seqs * hardware.seq_overhead_us / 1e6)
 
 
@@ -1427,8 +1529,9 @@ def flop_rate(hardware: Hardware, model: ModelSpec) -> float:
 def compute_seconds(hardware: Hardware, model: ModelSpec, num_tokens: int, num_sampled: int) -> float:
     """The arithmetic of a step: two FLOPs per active parameter per token (the LM head only
     for tokens that sample; of a mixture of experts, only the experts a token runs, whose
-    grouped GEMMs run at moe_efficiency of the dense rate)."""
-    expert_params = model.num_experts_per_tok * model.expert_params * model.num_moe_layers
+    grouped GEMMs run at moe_efficiency of the dense rate; with expert parallelism, the
+    experts run every data-parallel rank's tokens routed to this device). One stage's."""
+    expert_params = model.num_experts_per_tok * model.expert_params * model.num_moe_layers * model.num_expert_batches
     dense_flops = 2 * ((model.body_params - expert_params) * num_tokens + model.head_params * num_sampled)
     rate = flop_rate(hardware, model)
     if not expert_params:
@@ -1453,7 +1556,7 @@ def memory_rate(hardware: Hardware) -> float:
 def step_seconds(hardware: Hardware, model: ModelSpec, num_tokens: int, num_context_tokens: int,
                  num_sampled: Optional[int] = None, num_passes: int = 1, num_seqs: int = 1) -> float:
     """Seconds for one forward pass: the slower of moving the bytes and doing the math,
-    plus what the step costs whatever its size (fixed_step_seconds) and its all-reduces.
+    plus what the step costs whatever its size (fixed_step_seconds) and its collectives.
 
     num_tokens counts every token processed (one per decoding sequence plus prefill
     chunks); num_context_tokens is the KV the attention reads, over num_seqs sequences;
@@ -1461,7 +1564,11 @@ def step_seconds(hardware: Hardware, model: ModelSpec, num_tokens: int, num_cont
     model's head_params count. The bytes are the weights a pass reads (of a mixture of
     experts, the experts its tokens were routed to) plus that KV. num_passes > 1 runs
     the step as that many forward passes over equal shares of the tokens (llama.cpp's
-    micro-batches), each reading its weights again.
+    micro-batches), each reading its weights again. With pipeline stages (model is one
+    stage's shard) the step runs through every stage in turn, each priced as the largest,
+    and hands its activations on between them. NOTE: vLLM keeps a micro-batch per stage
+    in flight; a memory-bound decode step gains little from that (each micro-batch reads
+    the stage's weights again), but the bubble of a compute-bound prefill is not won back here.
     Attention FLOPs and kernel details are left out: a roofline for direction and order
     of magnitude, with the overheads a real stack adds fitted where a preset says so.
     """
@@ -1472,7 +1579,9 @@ def step_seconds(hardware: Hardware, model: ModelSpec, num_tokens: int, num_cont
     pass_bytes = weight_bytes + kv_read_bytes(model, num_context_tokens, num_seqs) / num_passes
     memory_s = pass_bytes / memory_rate(hardware)
     passes_s = num_passes * max(compute_s / num_passes, memory_s)  # exact for one pass: x / 1 * 1 == x
-    return fixed_step_seconds(hardware, model, num_seqs) + passes_s + allreduce_seconds(hardware, model, num_tokens)
+    if model.pipeline_parallel_size > 1:
+        passes_s *= model.pipeline_parallel_size  # every stage in turn, each priced as the largest
+    return fixed_step_seconds(hardware, model, num_seqs) + passes_s + collective_seconds(hardware, model, num_tokens)
 
 
 def slower_by(hardware: Hardware, factor: float) -> Hardware:
@@ -1493,13 +1602,13 @@ def step_cost_terms(hardware: Hardware, model: ModelSpec, num_seqs: int, num_tok
     sequences'), the step as step_seconds prices it and which side bounds it; and the
     request path a request pays once, outside every step."""
     num_seqs, num_tokens = max(1, num_seqs), max(1, num_tokens)
-    rate = memory_rate(hardware)
-    terms = {"weights_ms": model.step_weight_bytes(num_tokens) / rate * 1000,
-             "kv_reads_ms": kv_read_bytes(model, num_context_tokens, num_seqs) / rate * 1000,
-             "compute_ms": compute_seconds(hardware, model, num_tokens, num_seqs) * 1000,
-             "collectives_ms": allreduce_seconds(hardware, model, num_tokens) * 1000,
+    rate, stages = memory_rate(hardware), model.pipeline_parallel_size
+    terms = {"weights_ms": model.step_weight_bytes(num_tokens) * stages / rate * 1000,
+             "kv_reads_ms": kv_read_bytes(model, num_context_tokens, num_seqs) * stages / rate * 1000,
+             "compute_ms": compute_seconds(hardware, model, num_tokens, num_seqs) * stages * 1000,
+             "collectives_ms": collective_seconds(hardware, model, num_tokens) * 1000,
              "step_overhead_ms": hardware.step_overhead_ms,
-             "layer_overhead_ms": model.layers * hardware.layer_overhead_us / 1000,
+             "layer_overhead_ms": model.layers * stages * hardware.layer_overhead_us / 1000,
              "seq_overhead_ms": num_seqs * hardware.seq_overhead_us / 1000}
     memory_ms = terms["weights_ms"] + terms["kv_reads_ms"]
     terms["bound"] = "memory" if memory_ms >= terms["compute_ms"] else "compute"
@@ -1565,17 +1674,20 @@ class RooflineCost:
         return price
 
     def decode_terms(self, num_seqs: int) -> Optional[Tuple[float, float, float, float, float, float]]:
-        """(overhead_s, weight_bytes, compute_s, kv_bytes, bytes_per_s, allreduce_s) of a
-        decode step of num_seqs sequences, whose price with context tokens is overhead_s +
-        max(compute_s, (weight_bytes + context * kv_bytes) / bytes_per_s) + allreduce_s, in
+        """(overhead_s, weight_bytes, compute_s, kv_bytes, bytes_per_s, collective_s) of a
+        decode step of num_seqs sequences (every pipeline stage's together), whose price with
+        context tokens is overhead_s + max(compute_s, (weight_bytes + context * kv_bytes) /
+        bytes_per_s) + collective_s, in
         that order; None where the price is not that (micro-batches, sliding-window layers).
         The fast engine's runs of decode steps do this arithmetic inline."""
         if num_seqs not in self.terms:
             hardware, model, terms = self.hardware, self.model, None
             if not (self.ubatch_tokens and num_seqs > self.ubatch_tokens) and not model.sliding_kv_bytes_per_token:
-                terms = (fixed_step_seconds(hardware, model, num_seqs), model.step_weight_bytes(num_seqs),
-                         compute_seconds(hardware, model, num_seqs, num_seqs), model.kv_bytes_per_token,
-                         memory_rate(hardware), allreduce_seconds(hardware, model, num_seqs))
+                stages = model.pipeline_parallel_size
+                terms = (fixed_step_seconds(hardware, model, num_seqs), model.step_weight_bytes(num_seqs) * stages,
+                         compute_seconds(hardware, model, num_seqs, num_seqs) * stages,
+                         model.kv_bytes_per_token * stages, memory_rate(hardware),
+                         collective_seconds(hardware, model, num_seqs))
             self.terms[num_seqs] = terms
         return self.terms[num_seqs]
 
@@ -7673,7 +7785,8 @@ def _device_overrides(args, hardware: Hardware) -> Hardware:
     """The hardware with the flags that restate its figures (link, price) applied."""
     changes = {field: getattr(args, flag) for field, flag in (("interconnect_gbs", "interconnect_gbs"),
                                                              ("price_per_hour", "price_per_hour"),
-                                                             ("host_link_gbs", "host_link_gbs"))
+                                                             ("host_link_gbs", "host_link_gbs"),
+                                                             ("network_gbs", "network_gbs"))
                if getattr(args, flag, None) is not None}
     return dataclasses.replace(hardware, **changes) if changes else hardware
 
@@ -7730,7 +7843,7 @@ def offloading_blocks(args, plan: CapacityPlan, prefix_caching: bool) -> int:
                          "--prefix-caching")
     if not plan.hardware.host_link_gbs:
         raise UsageError(f"--kv-offloading-size: {plan.hardware.name} names no host link; give --host-link-gbs")
-    block_bytes = plan.block_size * plan.model.kv_bytes_per_token * plan.tensor_parallel_size
+    block_bytes = plan.block_size * plan.model.kv_bytes_per_token * plan.num_devices
     num_blocks = int(size_gib * GIB // block_bytes)
     if not 1 <= num_blocks <= MAX_NUM_BLOCKS:
         raise UsageError(f"--kv-offloading-size {size_gib:g}: expected room for 1 to {MAX_NUM_BLOCKS:,} blocks of "
@@ -7750,13 +7863,31 @@ def build_plan(args, hardware: Optional[Hardware] = None, kv_tokens: Optional[in
     hardware = _device_overrides(args, hardware or default_hardware)
     model = with_precision(model, getattr(args, "dtype", None) or "auto", getattr(args, "quantization", None),
                            getattr(args, "kv_cache_dtype", None) or "auto")
-    if lacks_link(hardware, getattr(args, "tensor_parallel_size", 1)):
-        raise UsageError(f"--tensor-parallel-size {args.tensor_parallel_size}: {hardware.name} names no link "
-                         f"between devices; give --interconnect-gbs")
+    tp, stages = getattr(args, "tensor_parallel_size", 1), getattr(args, "pipeline_parallel_size", 1)
+    if lacks_link(hardware, tp * stages):
+        flag = f"--tensor-parallel-size {tp}" if stages == 1 else f"--pipeline-parallel-size {stages}"
+        raise UsageError(f"{flag}: {hardware.name} names no link between devices; give --interconnect-gbs")
     block_size = getattr(args, "block_size", None) or block_size or 16
     return plan_capacity(hardware, model, args.gpu_memory_utilization, block_size, args.kv_tokens or kv_tokens,
-                         getattr(args, "max_model_len", None) or 4096, getattr(args, "tensor_parallel_size", 1),
-                         max_num_seqs or getattr(args, "max_num_seqs", None) or 256, drafter)
+                         getattr(args, "max_model_len", None) or 4096, tp,
+                         max_num_seqs or getattr(args, "max_num_seqs", None) or 256, drafter, stages,
+                         expert_devices(args, model))
+
+
+def expert_devices(args, model: ModelSpec) -> int:
+    """Devices --enable-expert-parallel spreads the routed experts over (TP x DP), 1 without it."""
+    if not getattr(args, "enable_expert_parallel", False):
+        return 1
+    if not model.num_experts:
+        raise UsageError(f"--enable-expert-parallel: {model.name} has no routed experts to spread")
+    devices = getattr(args, "tensor_parallel_size", 1) * getattr(args, "data_parallel_size", 1)
+    if devices == 1:
+        raise UsageError("--enable-expert-parallel: expected experts spread over several devices; give "
+                         "--tensor-parallel-size or --data-parallel-size above 1")
+    if model.num_experts % devices:
+        raise UsageError(f"--enable-expert-parallel: {model.name}'s {model.num_experts} experts do not split evenly "
+                         f"over {devices} devices (TP x DP)")
+    return devices
 
 
 SCHEDULER_DEFAULTS = {  # what each server does when its flags are left out
@@ -7881,9 +8012,14 @@ def run_replicas(spec: EngineSpec, requests: List[Request], concurrency: Optiona
         write_text_file(prometheus_path, prometheus_export(report["engine"], requests, token_log,
                                                            spec.plan.model.name, spec.config.prefix_caching),
                         "--prometheus")
-    devices = num_replicas * spec.plan.tensor_parallel_size
+    devices = num_replicas * spec.plan.num_devices
     add_cost(report["summary"], spec.plan.hardware.price_per_hour * devices, devices)
     return report
+
+
+def num_engines(args) -> int:
+    """Engines a simulated fleet starts with: --replicas, each of --data-parallel-size engines."""
+    return getattr(args, "replicas", 1) * getattr(args, "data_parallel_size", 1)
 
 
 def run_simulation(args, spec: EngineSpec, concurrency: Optional[int], rate: Optional[float] = None) -> dict:
@@ -7891,12 +8027,12 @@ def run_simulation(args, spec: EngineSpec, concurrency: Optional[int], rate: Opt
     charts = {} if getattr(args, "html", None) or getattr(args, "svg", None) else None
     # NOTE: only a run that reads no request after it has ended may stream its workload:
     # a second pass over a SyntheticWorkload makes new requests, not the simulated ones.
-    streamed = (getattr(args, "replicas", 1) == 1 and charts is None and not getattr(args, "csv", None)
+    streamed = (num_engines(args) == 1 and charts is None and not getattr(args, "csv", None)
                 and not getattr(args, "prometheus", None))
     plan, requests = spec.plan, _workload(args, rate, streamed)
     timeout_s = getattr(args, "request_timeout", None)
     progress = RunProgress(len(requests), "requests", getattr(args, "show_progress", False))
-    report = run_replicas(spec, requests, concurrency, slo_from_args(args), getattr(args, "replicas", 1),
+    report = run_replicas(spec, requests, concurrency, slo_from_args(args), num_engines(args),
                           getattr(args, "router", "round-robin"), getattr(args, "prometheus", None), progress, charts,
                           timeout_s)
     progress.close()
@@ -7912,6 +8048,8 @@ def run_simulation(args, spec: EngineSpec, concurrency: Optional[int], rate: Opt
         arrivals = {"mode": "poisson", "rate": rate}
     settings = {"hardware": plan.hardware.name, "tensor_parallel_size": plan.tensor_parallel_size,
                 "replicas": getattr(args, "replicas", 1), "router": getattr(args, "router", None),
+                "pipeline_parallel_size": plan.pipeline_parallel_size, "devices": plan.devices,
+                "data_parallel_size": getattr(args, "data_parallel_size", 1), "num_engines": num_engines(args),
                 "model": plan.model.name, "arrivals": arrivals, "num_requests": len(requests),
                 "scheduler": asdict(spec.config), "request_timeout_s": timeout_s}
     if arrivals["mode"] != "trace":
@@ -7922,7 +8060,7 @@ def run_simulation(args, spec: EngineSpec, concurrency: Optional[int], rate: Opt
     if getattr(args, "sensitivity", False):
         report["sensitivity"] = sensitivity(run_figures(report["summary"]), *(
             run_figures(run_replicas(spec.slower_by(factor), _workload(args, rate), concurrency, None,
-                                     getattr(args, "replicas", 1), getattr(args, "router", "round-robin"),
+                                     num_engines(args), getattr(args, "router", "round-robin"),
                                      timeout_s=timeout_s)["summary"]) for factor in SENSITIVITY_STEP_FACTORS))
     return report
 
@@ -8000,8 +8138,8 @@ def run_disaggregated_specs(prefill_spec: EngineSpec, decode_spec: EngineSpec, r
               for name, spec, engine in (("prefill", prefill_spec, prefill), ("decode", decode_spec, decode))}
     summary = summarize(requests, slo, decode.token_log)
     plans = (prefill_spec.plan, decode_spec.plan)
-    add_cost(summary, sum(plan.hardware.price_per_hour * plan.tensor_parallel_size for plan in plans),
-             sum(plan.tensor_parallel_size for plan in plans))
+    add_cost(summary, sum(plan.hardware.price_per_hour * plan.num_devices for plan in plans),
+             sum(plan.num_devices for plan in plans))
     return dict(phases, link=link.report(), min_prompt_tokens=min_prompt_tokens,
                 summary=summary, rejected=rejections(requests))
 
@@ -9986,26 +10124,45 @@ def format_capacity(plan: CapacityPlan) -> List[str]:
         ("decode step", f"{step_ms:.2f} ms at batch 1; compute catches up with the weight read "
                         f"at {knee_text(critical_batch(hardware, model))} tokens per step", ""),
     ]
-    n = plan.tensor_parallel_size
+    n = plan.num_devices
     if hardware.price_per_hour:
         rows.append(("price", f"${hardware.price_per_hour * n:.2f}/h",
                      f"${hardware.price_per_hour:.2f} per device-hour x {n} device{'s' if n > 1 else ''}"))
-    where = hardware.name if n == 1 else f"{n} x {hardware.name}, tensor parallel (figures per device)"
+    where = hardware.name if n == 1 else f"{n} x {hardware.name}, {_parallel_text(model)} (figures per device)"
     lines = [f"capacity {model.name} on {where} gpu-memory-utilization {plan.gpu_memory_utilization:.2f}"]
     lines += [f"{label:<16}{value:<12}{detail}".rstrip() for label, value, detail in rows]
-    if n > 1:
+    return lines + (_parallel_lines(plan) if n > 1 else [])
+
+
+def _parallel_text(model: ModelSpec) -> str:
+    """tensor parallel, or tensor parallel 8 x pipeline 2, experts over 16."""
+    text = "tensor parallel" if model.pipeline_parallel_size == 1 else (
+        f"tensor parallel {model.tensor_parallel_size} x pipeline {model.pipeline_parallel_size}")
+    return text + (f", experts over {model.expert_parallel_size}" if model.expert_parallel_size > 1 else "")
+
+
+def _parallel_lines(plan: CapacityPlan) -> List[str]:
+    """The capacity report's lines for an engine on several devices: the whole, and what
+    they send each other in a step."""
+    hardware, model, n = plan.hardware, plan.model, plan.num_devices
+    kv_split = ("every device holds every token's latent" if model.kv_lora_rank
+                else "every token's KV is split across them")
+    if model.pipeline_parallel_size > 1:
+        kv_split += f"; each stage holds its {model.layers} layers' share"
+    lines = [f"{'in all':<16}weights {model.weight_bytes * n / GB:.2f} GB, kv cache {plan.kv_cache_bytes * n / GIB:.2f} "
+             f"GiB on {n} devices; {kv_split}"]
+    if model.tensor_parallel_size > 1:
         allreduce_ms = allreduce_seconds(hardware, model, 1) * 1000
-        kv_split = ("every device holds every token's latent" if model.kv_lora_rank
-                    else "every token's KV is split across them")
-        lines += [
-            f"{'in all':<16}weights {model.weight_bytes * n / GB:.2f} GB, kv cache {plan.kv_cache_bytes * n / GIB:.2f} GiB "
-            f"on {n} devices; {kv_split}",
+        lines.append(
             f"{'all-reduce':<16}2 x {model.layers} layers of {model.hidden_size:,}-wide activations, each "
             f"{hardware.allreduce_latency_us:g} us plus its bytes over {hardware.interconnect_gbs:g} GB/s x "
             f"{hardware.link_efficiency:g}: {allreduce_ms:.3f} ms a step at batch 1, "
             f"{(allreduce_seconds(hardware, model, 101) - allreduce_seconds(hardware, model, 1)) * 10:.3f} ms more per "
-            f"token",
-        ]
+            f"token" + (" (per stage)" if model.pipeline_parallel_size > 1 else ""))
+    for label, seconds in (("all-to-all", all_to_all_seconds), ("pipeline", pipeline_seconds)):
+        if seconds(hardware, model, 1):
+            lines.append(f"{label:<16}{seconds(hardware, model, 1) * 1000:.3f} ms a step at batch 1, "
+                         f"{(seconds(hardware, model, 101) - seconds(hardware, model, 1)) * 10:.4f} ms more per token")
     return lines
 
 
@@ -10089,9 +10246,12 @@ def format_simulation(report: dict) -> List[str]:
         how = f"closed loop concurrency {arrivals['concurrency']}"
     else:
         how = f"poisson arrivals {arrivals['rate']:g} req/s"
-    devices = settings["hardware"] if settings["tensor_parallel_size"] == 1 else (
-        f"{settings['tensor_parallel_size']} x {settings['hardware']}")
-    if settings.get("replicas", 1) > 1:
+    devices = settings.get("devices") or (settings["hardware"] if settings["tensor_parallel_size"] == 1 else (
+        f"{settings['tensor_parallel_size']} x {settings['hardware']}"))
+    if settings.get("data_parallel_size", 1) > 1:
+        devices = (f"{settings['num_engines']} engines ({settings['replicas']} x data parallel "
+                   f"{settings['data_parallel_size']}) of {devices} routed {settings['router']},")
+    elif settings.get("replicas", 1) > 1:
         devices = f"{settings['replicas']} replicas of {devices} routed {settings['router']},"
     lines = [
         f"servesim {settings['model']} on {devices} {settings['num_requests']:,} requests {how}",
@@ -10138,7 +10298,7 @@ def step_cost_line(terms: dict, what: str = "mean step") -> str:
             f"{fixed:.2f} fixed + max(weights {terms['weights_ms']:.2f} + kv {terms['kv_reads_ms']:.2f}, "
             f"compute {terms['compute_ms']:.2f})")
     if terms["collectives_ms"]:
-        line += f" + all-reduce {terms['collectives_ms']:.2f}"
+        line += f" + collectives {terms['collectives_ms']:.2f}"
     line += f", {terms['bound']}-bound"
     return line + (f"; {terms['request_path_ms']:g} ms per request outside the engine" if terms["request_path_ms"] else "")
 
@@ -10389,7 +10549,7 @@ def format_compare(spec: EngineSpec, reports: Sequence[dict], rows: Sequence[dic
                 f"{shown(pair['predicted'])}" for row, pair in pairs))
     costs = [(row, row["usd_per_million_output_tokens"]) for row in rows if "usd_per_million_output_tokens" in row]
     if costs:
-        n = plan.tensor_parallel_size
+        n = plan.num_devices
         lines.append(f"cost per M output tokens at ${plan.hardware.price_per_hour * n:,.2f}/h ({plan.devices}), "
                      f"measured / predicted: "
                      + ", ".join(f"{'concurrency ' if row['concurrency'] else ''}{_load_label(row)} "
@@ -11323,7 +11483,7 @@ def cmd_compare(args) -> int:
     _served_model(args, server)
     spec = build_engine_spec(args, server=server)
     predictions = [predict_loadgen_run(report, spec) for report in reports]
-    devices = spec.plan.tensor_parallel_size
+    devices = spec.plan.num_devices
     for run in reports + predictions:  # both at the price of the device predicted
         add_cost(run["summary"], spec.plan.hardware.price_per_hour * devices, devices)
     rows = compare_rows(reports, predictions) if reports else []
@@ -11697,6 +11857,18 @@ def _add_hardware_flags(parser: argparse.ArgumentParser, of_server: bool = False
                             help="shard weights and KV heads over N devices (default 1)")
         parser.add_argument("--interconnect-gbs", type=positive_float,
                             help="GB/s each way between devices (default: the hardware's NVLink or PCIe)")
+        parser.add_argument("--pipeline-parallel-size", type=positive_int, default=1,
+                            help="split the layers (and their KV) over N stages of --tensor-parallel-size devices "
+                                 "each, a step running through them in turn (default 1)")
+        parser.add_argument("--data-parallel-size", type=positive_int, default=1,
+                            help="N engines (each TP x PP devices) behind one endpoint, counted in each replica "
+                                 "(default 1)")
+        parser.add_argument("--enable-expert-parallel", action="store_true",
+                            help="spread a mixture of experts' routed experts whole over the TP x DP devices, "
+                                 "tokens moved by all-to-all instead of all-reduced")
+        parser.add_argument("--network-gbs", type=positive_float,
+                            help="GB/s each way from a device to another server, for parallelism beyond one "
+                                 "(default: the hardware's NIC)")
 
 
 def _add_server_flags(parser: argparse.ArgumentParser) -> None:
