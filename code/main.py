@@ -2571,6 +2571,7 @@ class Request:
     last_token_step: int = -2              # the engine step that sampled the last token
     error_kind: Optional[str] = None
     error: Optional[str] = None
+    num_retries: int = 0                   # times a failed replica's router sent it again from the start
 
     @property
     def length(self) -> int:
@@ -3993,6 +3994,12 @@ class Arrivals:
                 self._time_out(request)
                 self.finished([request], at_s)
 
+    def resend(self, request: Request, now_s: float) -> None:
+        """Send request again from now_s (a router retrying it elsewhere): it reaches an
+        engine after the request path once more; its client's clock (sent_s, the deadline)
+        runs on from the first send."""
+        heapq.heappush(self.in_transit, (now_s + self.delay_s, next(self.order), request))
+
     def _time_out(self, request: Request) -> None:
         request.error_kind = "timeout"
         request.error = f"no answer within {self.timeout_s:g} s: the client gave up and the server aborted it"
@@ -4685,7 +4692,10 @@ class Router:
         self.num_routed = 0
         self.last_routed: Dict[int, int] = {}  # replica -> the request count when it was last chosen
 
-    def choose(self, request: Request, schedulers: Sequence[Scheduler]) -> int:
+    def choose(self, request: Request, schedulers: Sequence[Scheduler], names: Optional[Sequence[int]] = None) -> int:
+        """The position in schedulers of the replica request goes to; names: each one's
+        lasting number when the list changes between calls (a fleet's replicas that are up)."""
+        names = range(len(schedulers)) if names is None else names
         if self.policy == "round-robin":
             index = self.num_routed % len(schedulers)
         else:
@@ -4693,9 +4703,9 @@ class Router:
             held = ([scheduler.num_cached_prefix_tokens(request) for scheduler in schedulers]
                     if self.policy == "prefix-affinity" else [0] * len(schedulers))
             index = min(range(len(schedulers)),
-                        key=lambda i: (-held[i], loads[i], self.last_routed.get(i, -1)))
+                        key=lambda i: (-held[i], loads[i], self.last_routed.get(names[i], -1)))
         self.num_routed += 1
-        self.last_routed[index] = self.num_routed
+        self.last_routed[names[index]] = self.num_routed
         return index
 
 
@@ -4751,10 +4761,11 @@ class ReplicaRun:
             self.engines[self.replica_of[request]].abort(request)
 
     def requests_of(self, requests: Sequence[Request]) -> List[List[Request]]:
-        """requests split by the replica each went to."""
+        """requests split by the replica each went to last (one never routed is in none)."""
         split: List[List[Request]] = [[] for _ in self.engines]
         for request in requests:
-            split[self.replica_of[request]].append(request)
+            if request in self.replica_of:
+                split[self.replica_of[request]].append(request)
         return split
 
 
@@ -4839,6 +4850,335 @@ def replicas_report(run: ReplicaRun, requests: List[Request], slo: Optional[Slo]
                          "request_imbalance": _imbalance([replica["num_requests"] for replica in per_replica]),
                          "busy_imbalance": _imbalance([engine["busy_s"] for engine in engines]),
                          "per_replica": per_replica}}
+
+
+# =============================================================================
+# Fleet: replicas that scale with the load, fail and come back
+# =============================================================================
+
+SCALE_METRICS = ("running", "waiting", "kv-usage")
+# How a replica becomes ready: its weights read at WEIGHT_LOAD_GBS (a local NVMe or a
+# network volume read at 2 GB/s; vLLM's Run:ai streamer documents 2-5 GB/s from S3) plus
+# ENGINE_START_S (the container and engine start, torch.compile and CUDA graph capture:
+# vLLM's start-up is a minute or so for an 8B model on one H100 with compilation cached).
+WEIGHT_LOAD_GBS = 2.0
+ENGINE_START_S = 60.0
+
+
+def cold_start_s(plan: CapacityPlan) -> float:
+    """Seconds from asking for a replica to its first request: every device's weights read
+    in parallel at WEIGHT_LOAD_GBS, then ENGINE_START_S."""
+    return plan.model.weight_bytes / (WEIGHT_LOAD_GBS * GB) + ENGINE_START_S
+
+
+@dataclass(frozen=True)
+class FleetPolicy:
+    """How many replicas serve, and what happens to them, as the Kubernetes HPA (which
+    KServe's raw deployments scale with) decides: every period_s it averages scale_metric
+    over the replicas asked for (those still starting count 0), wants ceil(replicas x
+    average / target) of them (no change within tolerance of the target), scales up at
+    once and down only to the most it wanted over the last scale_down_delay_s."""
+
+    min_replicas: int
+    max_replicas: int
+    initial_replicas: int                # up at 0 (--replicas, at least --min-replicas)
+    scale_metric: str = "running"        # running: requests running; waiting: queued; kv-usage: share of KV blocks
+    scale_target: float = 48.0           # the metric's target per replica
+    scale_up_delay_s: float = 0.0        # a new replica's cold start (cold_start_s by default)
+    scale_down_delay_s: float = 300.0    # s, the HPA's downscale stabilisation window (its default)
+    period_s: float = 15.0               # s between evaluations (the HPA's --horizontal-pod-autoscaler-sync-period)
+    tolerance: float = 0.1               # the HPA's default: no change within 10% of the target
+    failures: Tuple[Tuple[float, Optional[int]], ...] = ()  # (when, which replica; None: the lowest up)
+    restart_s: float = 300.0             # s before a failed replica's replacement serves
+    retry: bool = True                   # the router sends a failed replica's requests elsewhere
+
+    @property
+    def autoscaling(self) -> bool:
+        return self.min_replicas != self.max_replicas
+
+
+def start_over(request: Request) -> None:
+    """A request whose replica failed, as it was sent: no KV, no tokens (its client's
+    clock runs on, so its TTFT counts the work lost)."""
+    request.generated = request.computed = request.num_cached_blocks = request.num_prefix_hit_tokens = 0
+    request.blocks, request.token_times = [], []
+    request.scheduled_s = request.first_token_s = request.last_token_s = None
+    request.last_token_step = -2
+    request.num_retries += 1
+
+
+class Fleet(ReplicaRun):
+    """Replicas that come up, scale down and fail, behind a router that sees only those up.
+
+    Replicas are numbered as they are asked for. Each is starting (paid for, not yet
+    routed to), up, draining (scaled down: it finishes what it holds, then stops) or down.
+    Requests that reach the fleet while no replica is up wait at the router. A failure
+    loses the replica's KV and every request it held: the router sends them again from
+    the start (retried) or, without retry, they fail; a replacement starts at once and
+    serves after restart_s. NOTE: a failure lands between the replica's steps, so a step
+    under way when it comes is counted as done (at most one step late).
+    """
+
+    def __init__(self, new_engine: Callable[[], Engine], router: Router, policy: FleetPolicy):
+        super().__init__([], router)
+        self.new_engine, self.policy = new_engine, policy
+        self.state: List[str] = []
+        self.started_s: List[float] = []
+        self.stopped_s: List[Optional[float]] = []
+        self.events: List[Tuple[float, int, str, Optional[int]]] = []  # (when, order, kind, replica)
+        self.order = itertools.count()
+        self.held: Deque[Request] = deque()
+        self.wanted: Deque[Tuple[float, int]] = deque()  # (when, replicas wanted) within the window
+        self.timeline: List[List[float]] = [[0.0, 0]]
+        self.num_scale_ups = self.num_scale_downs = self.num_retried = self.num_lost = 0
+        self.failures: List[dict] = []
+        self.end_s = 0.0
+        for _ in range(policy.initial_replicas):
+            self.add_replica(0.0, 0.0)
+        for at_s, replica in policy.failures:
+            self._push(at_s, "fail", replica)
+        if policy.autoscaling:
+            self._push(policy.period_s, "evaluate", None)
+
+    def _push(self, at_s: float, kind: str, replica: Optional[int]) -> None:
+        heapq.heappush(self.events, (at_s, next(self.order), kind, replica))
+
+    def add_replica(self, now_s: float, delay_s: float) -> int:
+        """Ask for a replica at now_s; it serves from now_s + delay_s."""
+        self.engines.append(self.new_engine())
+        self.state.append("starting")
+        self.started_s.append(now_s)
+        self.stopped_s.append(None)
+        index = len(self.engines) - 1
+        if delay_s:
+            self._push(now_s + delay_s, "up", index)
+        else:
+            self.replica_up(index, now_s)
+        return index
+
+    def up(self) -> List[int]:
+        return [index for index, state in enumerate(self.state) if state == "up"]
+
+    def _mark(self, now_s: float) -> None:
+        """A point of the timeline: the replicas up from now_s."""
+        count = len(self.up())
+        if self.timeline[-1][0] == now_s:
+            self.timeline[-1][1] = count
+        elif self.timeline[-1][1] != count:
+            self.timeline.append([now_s, count])
+
+    def replica_up(self, index: int, now_s: float) -> None:
+        if self.state[index] != "starting":
+            return  # cancelled while it started
+        self.state[index] = "up"
+        self.engines[index].clock_s = now_s
+        self._mark(now_s)
+        while self.held:
+            self.arrive(self.held.popleft(), now_s)
+
+    def stop(self, index: int, now_s: float) -> None:
+        self.state[index] = "down"
+        self.stopped_s[index] = now_s
+        self._mark(now_s)
+
+    def run(self, requests: List[Request], concurrency: Optional[int] = None, timeout_s: Optional[float] = None,
+            progress: Optional[RunProgress] = None, done: Optional[Callable[[Request], None]] = None) -> None:
+        """ReplicaRun.run with the fleet's own events (evaluations, replicas up, failures)
+        first among equals; it ends once no request is left anywhere (progress: told the
+        requests done and the replicas up as they finish; done: called with each request
+        once it has finished, failed or timed out)."""
+        self.progress, self.num_done = progress, 0
+        self.arrivals = arrivals = Arrivals(requests, concurrency, self.arrive, self.engines[0].cost.request_overhead_s,
+                                            done, timeout_s, self.abort)
+        arrivals.start()
+        while True:
+            next_arrival_s = arrivals.next_arrival_s()
+            live = [index for index, state in enumerate(self.state) if state in ("up", "draining")]
+            clocks = [self.engines[index].clock_s if self.engines[index].scheduler.has_work() else math.inf
+                      for index in live]
+            if next_arrival_s == math.inf and min(clocks, default=math.inf) == math.inf and not self.held:
+                return self.finish()
+            now_s = min([next_arrival_s] + clocks + ([self.events[0][0]] if self.events else []))
+            if self.events and self.events[0][0] == now_s:
+                self.handle(heapq.heappop(self.events), now_s)
+            elif next_arrival_s == now_s:
+                arrivals.arrive_until(now_s)
+            else:
+                self.step(live, clocks, now_s, next_arrival_s)
+
+    def step(self, live: List[int], clocks: List[float], now_s: float, next_arrival_s: float) -> None:
+        """The step of the live replica whose clock is earliest (see ReplicaRun.run)."""
+        position = clocks.index(now_s)
+        index = live[position]
+        horizon_s = min([next_arrival_s] + clocks[:position] + clocks[position + 1:]
+                        + ([self.events[0][0]] if self.events else []))
+        engine = self.engines[index]
+        finished = engine.advance(horizon_s)
+        if finished is None:
+            raise RuntimeError(f"replica {index} has work but can schedule none of it")
+        self.end_s = max(self.end_s, engine.clock_s)
+        self.arrivals.finished(finished, engine.clock_s)
+        if self.progress is not None and finished:
+            self.num_done += len(finished)
+            self.progress.update(self.num_done, f" at {engine.clock_s:,.0f} s simulated, {len(self.up())} replicas up")
+        if self.state[index] == "draining" and not engine.scheduler.has_work():
+            self.stop(index, engine.clock_s)
+
+    def handle(self, event: Tuple[float, int, str, Optional[int]], now_s: float) -> None:
+        _, _, kind, replica = event
+        if kind == "up":
+            self.replica_up(replica, now_s)
+        elif kind == "fail":
+            self.fail(replica, now_s)
+        else:
+            self.evaluate(now_s)
+            self._push(now_s + self.policy.period_s, "evaluate", None)
+
+    def arrive(self, request: Request, now_s: float) -> bool:
+        up = self.up()
+        if not up:
+            self.held.append(request)
+            return True
+        index = up[self.router.choose(request, [self.engines[i].scheduler for i in up], up)]
+        engine = self.engines[index]
+        if not engine.scheduler.has_work():
+            engine.clock_s = max(engine.clock_s, now_s)
+        self.replica_of[request] = index
+        return engine.scheduler.add(request)
+
+    def abort(self, request: Request) -> None:
+        if request in self.held:
+            self.held.remove(request)
+        else:
+            super().abort(request)
+
+
+    def metric(self, index: int) -> float:
+        """The scale metric of one replica now: requests running or waiting, or the share of its KV blocks in use."""
+        scheduler = self.engines[index].scheduler
+        if self.policy.scale_metric == "running":
+            return len(scheduler.running)
+        if self.policy.scale_metric == "waiting":
+            return len(scheduler.waiting)
+        return 1 - scheduler.pool.free_count() / scheduler.pool.num_blocks
+
+    def evaluate(self, now_s: float) -> None:
+        """One evaluation of the scaler (see FleetPolicy)."""
+        policy = self.policy
+        asked = [index for index, state in enumerate(self.state) if state in ("starting", "up")]
+        total = sum(self.metric(index) for index in self.up())
+        if policy.scale_metric == "waiting":
+            total += len(self.held)  # queued at the router, for want of a replica
+        ratio = total / len(asked) / policy.scale_target if asked else math.inf
+        wanted = len(asked) if abs(ratio - 1) <= policy.tolerance else math.ceil(total / policy.scale_target)
+        wanted = min(policy.max_replicas, max(policy.min_replicas, wanted))
+        self.wanted.append((now_s, wanted))
+        while self.wanted[0][0] < now_s - policy.scale_down_delay_s:
+            self.wanted.popleft()
+        if wanted > len(asked):
+            for _ in range(wanted - len(asked)):
+                self.add_replica(now_s, policy.scale_up_delay_s)
+            self.num_scale_ups += wanted - len(asked)
+        else:
+            allowed = max(count for _, count in self.wanted)  # NOTE: down only as far as the whole window allows
+            if allowed < len(asked):
+                self.scale_down(asked, len(asked) - allowed, now_s)
+
+    def scale_down(self, asked: List[int], count: int, now_s: float) -> None:
+        """Let count replicas go: those still starting first (the newest first), then the
+        least loaded of those up, which drain (they finish what they hold, routed nothing)."""
+        starting = [index for index in asked if self.state[index] == "starting"][::-1]
+        up = sorted(self.up(), key=lambda i: (len(self.engines[i].scheduler.running)
+                                              + len(self.engines[i].scheduler.waiting), -i))
+        for index in (starting + up)[:count]:
+            if self.state[index] == "starting" or not self.engines[index].scheduler.has_work():
+                self.stop(index, now_s)
+            else:
+                self.state[index] = "draining"
+                self._mark(now_s)
+        self.num_scale_downs += count
+
+    def fail(self, replica: Optional[int], now_s: float) -> None:
+        """A replica fails at now_s (None: the lowest-numbered one up): its requests are
+        sent again or fail, and a replacement (of one that was up) starts."""
+        up = self.up()
+        index = replica if replica is not None else (up[0] if up else None)
+        if index is None or index >= len(self.state) or self.state[index] not in ("up", "draining"):
+            self.failures.append({"at_s": now_s, "replica": replica, "skipped": "not serving then"})
+            return
+        engine, was_up = self.engines[index], self.state[index] == "up"
+        held = list(engine.scheduler.running) + list(engine.scheduler.waiting)
+        for request in held:
+            engine.abort(request)
+        self.stop(index, now_s)
+        for request in held:
+            if self.policy.retry:
+                start_over(request)
+                self.arrivals.resend(request, now_s)
+            else:
+                request.error_kind = "replica-failed"
+                request.error = f"replica {index} failed at {now_s:,.1f} s with the request on it"
+                self.arrivals.finished([request], now_s)
+        self.num_retried += len(held) if self.policy.retry else 0
+        self.num_lost += 0 if self.policy.retry else len(held)
+        replacement = self.add_replica(now_s, self.policy.restart_s) if was_up else None
+        self.failures.append({"at_s": now_s, "replica": index, "num_requests": len(held),
+                              "retried": self.policy.retry, "replacement": replacement})
+
+    def finish(self) -> None:
+        """The run is over: every replica still asked for stops at the last token (the
+        timeline ends with the run, not with a drop to none)."""
+        for index, state in enumerate(self.state):
+            if state != "down":
+                self.state[index], self.stopped_s[index] = "down", max(self.end_s, self.started_s[index])
+
+    def replica_seconds(self) -> float:
+        """Seconds paid for: each replica from the moment it was asked for until it stopped."""
+        return sum(stopped - started for started, stopped in zip(self.started_s, self.stopped_s))
+
+
+def hourly(requests: Sequence[Request], slo: Optional[Slo]) -> List[dict]:
+    """Each hour of a run (by when requests were sent): the requests, the share that met
+    the SLO (None without one; a failed request met nothing) and the TTFT p95."""
+    hours: Dict[int, Tuple[List[int], array.array]] = {}
+    for request in requests:
+        counts, ttfts = hours.setdefault(int((request.sent_s or 0.0) // 3600), ([0, 0], array.array("d")))
+        counts[0] += 1
+        span = _token_span(request) if request.error is None else None
+        if span is None:
+            continue
+        ttft_s = span[0] - request.sent_s
+        ttfts.append(ttft_s)
+        tpot_s = (span[1] - span[0]) / (request.generated - 1) if request.generated > 1 else None
+        counts[1] += slo is not None and slo.request_meets(ttft_s, tpot_s)
+    rows = []
+    for hour in sorted(hours):
+        (num_requests, num_met), ttfts = hours[hour]
+        p95 = percentile(sorted(ttfts), 95)
+        rows.append({"hour": hour, "num_requests": num_requests,
+                     "attainment": num_met / num_requests if slo is not None else None,
+                     "ttft_p95_ms": None if p95 is None else p95 * 1000})
+    return rows
+
+
+def fleet_report(fleet: Fleet, requests: Sequence[Request], plan: CapacityPlan, summary: dict,
+                 slo: Optional[Slo]) -> dict:
+    """The fleet block of a report: replicas up over time, what was paid for, what failed,
+    and the bill at the hardware's price for every device of every replica-hour."""
+    replica_hours = fleet.replica_seconds() / 3600
+    usd = replica_hours * plan.num_devices * plan.hardware.price_per_hour
+    output_tokens = summary["output_tokens"]
+    return {"timeline": fleet.timeline, "max_replicas": max(count for _, count in fleet.timeline),
+            "replica_seconds": fleet.replica_seconds(), "replica_hours": replica_hours,
+            "mean_replicas": fleet.replica_seconds() / fleet.end_s if fleet.end_s else 0.0,
+            "scale_ups": fleet.num_scale_ups, "scale_downs": fleet.num_scale_downs,
+            "retried": fleet.num_retried, "lost": fleet.num_lost, "failures": fleet.failures,
+            "policy": asdict(fleet.policy), "devices_per_replica": plan.num_devices,
+            "cost": {"usd": usd if plan.hardware.price_per_hour else None,
+                     "usd_per_day": usd / fleet.end_s * 86400 if plan.hardware.price_per_hour and fleet.end_s else None,
+                     "usd_per_million_output_tokens": (usd / output_tokens * 1e6
+                                                       if plan.hardware.price_per_hour and output_tokens else None)},
+            "hourly": hourly(requests, slo)}
 
 
 # =============================================================================
@@ -5086,11 +5426,26 @@ def arrival_offsets(num_requests: int, rate: float, burstiness: float, rng: rand
     return list(iter_arrival_offsets(num_requests, rate, burstiness, rng))
 
 
+def iter_scheduled_arrivals(schedule: Sequence[Tuple[float, float]], duration_s: float, burstiness: float,
+                            rng: random.Random) -> Iterator[float]:
+    """Send times before duration_s under a piecewise-constant rate: from each (start_s,
+    rate) until the next start, gaps of mean 1/rate drawn as arrival_offsets() draws
+    them, begun afresh at each start (exact for Poisson arrivals, which have no memory)."""
+    ends = [start for start, _ in schedule[1:]] + [duration_s]
+    for (start_s, rate), end_s in zip(schedule, ends):
+        at_s, end_s = start_s, min(end_s, duration_s)
+        while rate and at_s < end_s:
+            at_s += rng.expovariate(rate) if burstiness == 1 else rng.gammavariate(burstiness, 1 / (rate * burstiness))
+            if at_s < end_s:
+                yield at_s
+
+
 SHARED_PREFIX = "shared system prompt"  # the prefix name of --shared-prefix-tokens' leading tokens
 
 
 class SyntheticWorkload:
-    """Seeded requests with uniform lengths; open-loop arrivals at rate, else all at 0.
+    """Seeded requests with uniform lengths; open-loop arrivals at rate, or under a rate
+    schedule until duration_s (as many requests as it sends), else all at 0.
 
     Lengths are drawn before arrivals, so a seed gives the same prompts and outputs
     whether they are replayed open loop or closed loop, and at any rate. The lengths
@@ -5100,15 +5455,20 @@ class SyntheticWorkload:
     """
 
     def __init__(self, num_requests: int, prompt_tokens: Tuple[int, int], output_tokens: Tuple[int, int],
-                 seed: int, rate: Optional[float] = None, burstiness: float = 1.0, shared_prefix_tokens: int = 0):
+                 seed: int, rate: Optional[float] = None, burstiness: float = 1.0, shared_prefix_tokens: int = 0,
+                 schedule: Optional[Tuple[Tuple[float, float], ...]] = None, duration_s: float = 0.0):
         self.shared_prefix_tokens = shared_prefix_tokens  # leading tokens every prompt shares (a system prompt)
+        self.schedule, self.duration_s = schedule, duration_s  # a rate schedule sends what falls within duration_s
+        if schedule is not None:  # NOTE: its own stream of draws, so that the count is known before the lengths
+            num_requests = sum(1 for _ in iter_scheduled_arrivals(schedule, duration_s, burstiness,
+                                                                  random.Random(f"rate schedule {seed}")))
         rng = random.Random(seed)
         self.prompt_tokens, self.output_tokens = array.array("q"), array.array("q")
         for _ in range(num_requests):
             self.prompt_tokens.append(rng.randint(*prompt_tokens))
             self.output_tokens.append(rng.randint(*output_tokens))
         self.arrivals_state = rng.getstate()  # where the arrival draws begin
-        self.rate, self.burstiness = rate, burstiness
+        self.rate, self.burstiness, self.seed = rate, burstiness, seed
 
     def __len__(self) -> int:
         return len(self.prompt_tokens)
@@ -5116,8 +5476,13 @@ class SyntheticWorkload:
     def __iter__(self) -> Iterator[Request]:
         rng = random.Random()
         rng.setstate(self.arrivals_state)
-        offsets = (iter_arrival_offsets(len(self), self.rate, self.burstiness, rng) if self.rate is not None
-                   else itertools.repeat(0.0))
+        if self.schedule is not None:
+            offsets = iter_scheduled_arrivals(self.schedule, self.duration_s, self.burstiness,
+                                              random.Random(f"rate schedule {self.seed}"))
+        elif self.rate is not None:
+            offsets = iter_arrival_offsets(len(self), self.rate, self.burstiness, rng)
+        else:
+            offsets = itertools.repeat(0.0)
         shared = self.shared_prefix_tokens
         for index, prompt, output, arrival_s in zip(itertools.count(), self.prompt_tokens, self.output_tokens, offsets):
             if shared:
@@ -7974,9 +8339,28 @@ def _workload(args, rate: Optional[float] = None, streamed: bool = False) -> Seq
     SyntheticWorkload instead, for a run that reads each request only while it runs."""
     if getattr(args, "trace", None):
         return read_trace(args.trace, args.trace_format, args.time_scale, args.start, args.limit)
-    workload = SyntheticWorkload(args.requests, args.prompt_tokens, args.output_tokens, args.seed, rate,
-                                 getattr(args, "burstiness", 1.0), getattr(args, "shared_prefix_tokens", 0))
+    schedule = getattr(args, "rate_schedule", None)
+    if schedule is not None and rate is not None:  # a search's load: the schedule times rate
+        schedule = tuple((start_s, each * rate) for start_s, each in schedule)
+    workload = SyntheticWorkload(args.requests, args.prompt_tokens, args.output_tokens, args.seed,
+                                 None if schedule is not None else rate, getattr(args, "burstiness", 1.0),
+                                 getattr(args, "shared_prefix_tokens", 0), schedule, schedule_duration_s(args))
     return workload if streamed else list(workload)
+
+
+def schedule_duration_s(args) -> float:
+    """--duration-s, which a --rate-schedule needs (and nothing else takes); UsageError otherwise."""
+    schedule, duration_s = getattr(args, "rate_schedule", None), getattr(args, "duration_s", None)
+    if schedule is None:
+        if duration_s is not None:
+            raise UsageError("--duration-s: give --rate-schedule too (how requests arrive over that time)")
+        return 0.0
+    if duration_s is None:
+        raise UsageError("--rate-schedule: give --duration-s, the seconds the schedule runs for")
+    if duration_s <= schedule[-1][0]:
+        raise UsageError(f"--duration-s {duration_s:g}: expected more than the schedule's last start, "
+                         f"{schedule[-1][0]:g} s")
+    return duration_s
 
 
 def slo_from_args(args) -> Optional[Slo]:
@@ -7990,11 +8374,14 @@ def slo_from_args(args) -> Optional[Slo]:
 def run_replicas(spec: EngineSpec, requests: List[Request], concurrency: Optional[int], slo: Optional[Slo],
                  num_replicas: int = 1, router: str = "round-robin", prometheus_path: Optional[str] = None,
                  progress: Optional[RunProgress] = None, charts: Optional[dict] = None,
-                 timeout_s: Optional[float] = None) -> dict:
+                 timeout_s: Optional[float] = None, policy: Optional[FleetPolicy] = None) -> dict:
     """The report of num_replicas engines of spec behind router (one: run_engine), with
     its cost at the hardware's price for every device (replicas x tensor-parallel size);
     prometheus_path: where to write the run as vLLM's /metrics would show it; charts: a
-    dict to fill with what a chart of the run needs (a timeline, per-request latencies)."""
+    dict to fill with what a chart of the run needs (a timeline, per-request latencies);
+    policy: a fleet that scales or fails (see Fleet), num_replicas ignored."""
+    if policy is not None:
+        return run_fleet(spec, requests, concurrency, slo, policy, router, charts, timeout_s, progress)
     engines = [spec.engine() for _ in range(num_replicas)]
     for engine in engines if charts is not None else ():
         engine.timeline = []
@@ -8022,19 +8409,69 @@ def num_engines(args) -> int:
     return getattr(args, "replicas", 1) * getattr(args, "data_parallel_size", 1)
 
 
+def run_fleet(spec: EngineSpec, requests: List[Request], concurrency: Optional[int], slo: Optional[Slo],
+              policy: FleetPolicy, router: str, charts: Optional[dict], timeout_s: Optional[float],
+              progress: Optional[RunProgress] = None) -> dict:
+    """run_replicas for a Fleet: the replicas' report with its fleet block, the cost at
+    the mean number of replicas paid for."""
+    fleet = Fleet(spec.engine, Router(router), policy)
+    fleet.run(requests, concurrency, timeout_s, progress)
+    report = replicas_report(fleet, requests, slo)
+    if charts is not None:
+        charts.update(run_latencies_ms(requests, TokenLogs([engine.token_log for engine in fleet.engines])
+                                       if spec.fast else None))
+    report["fleet"] = fleet_report(fleet, requests, spec.plan, report["summary"], slo)
+    devices = report["fleet"]["mean_replicas"] * spec.plan.num_devices
+    add_cost(report["summary"], spec.plan.hardware.price_per_hour * devices, max(1, round(devices)))
+    return report
+
+
+def fleet_policy(args, plan: CapacityPlan) -> Optional[FleetPolicy]:
+    """The FleetPolicy the autoscaling and failure flags ask for (None without them: a
+    fixed fleet of --replicas); UsageError naming the flag that cannot hold."""
+    failures = getattr(args, "fail_replica", None) or ()
+    if getattr(args, "max_replicas", None) is None and not failures:
+        for flag in ("min_replicas", "scale_target", "scale_up_delay_s", "scale_down_delay_s", "restart_s"):
+            if getattr(args, flag, None) is not None:
+                raise UsageError(f"--{flag.replace('_', '-')}: give --max-replicas (autoscaling) or --fail-replica too")
+        return None
+    for flag, on in (("--data-parallel-size", getattr(args, "data_parallel_size", 1) > 1),
+                     ("--disaggregate", getattr(args, "disaggregate", False)),
+                     ("--prometheus", getattr(args, "prometheus", None))):
+        if on:
+            raise UsageError(f"{flag} with --max-replicas or --fail-replica: a fleet of such engines is not modelled")
+    replicas = getattr(args, "replicas", 1)
+    low = args.min_replicas or (1 if args.max_replicas is not None else replicas)
+    high = args.max_replicas or max(low, replicas)
+    if low > high or replicas > high:
+        raise UsageError(f"--min-replicas {low}, --replicas {replicas}, --max-replicas {high}: expected min <= "
+                         f"replicas <= max")
+    if high > low and args.scale_target is None:
+        raise UsageError(f"--scale-target: give the {args.scale_metric} figure per replica the scaler aims at")
+    if args.scale_metric == "kv-usage" and (args.scale_target or 0) > 1:
+        raise UsageError(f"--scale-target {args.scale_target:g}: kv-usage is a share of the blocks, 0 to 1")
+    start_s = cold_start_s(plan)
+    return FleetPolicy(low, high, max(low, replicas), args.scale_metric, args.scale_target or 1.0,
+                       start_s if args.scale_up_delay_s is None else args.scale_up_delay_s,
+                       300.0 if args.scale_down_delay_s is None else args.scale_down_delay_s, args.scale_period_s,
+                       failures=tuple(sorted(failures, key=lambda failure: failure[0])),
+                       restart_s=start_s if args.restart_s is None else args.restart_s, retry=args.retry)
+
+
 def run_simulation(args, spec: EngineSpec, concurrency: Optional[int], rate: Optional[float] = None) -> dict:
     """One simulated run from parsed flags, as the report that text and --json print."""
     charts = {} if getattr(args, "html", None) or getattr(args, "svg", None) else None
     # NOTE: only a run that reads no request after it has ended may stream its workload:
     # a second pass over a SyntheticWorkload makes new requests, not the simulated ones.
-    streamed = (num_engines(args) == 1 and charts is None and not getattr(args, "csv", None)
+    policy = fleet_policy(args, spec.plan)
+    streamed = (num_engines(args) == 1 and policy is None and charts is None and not getattr(args, "csv", None)
                 and not getattr(args, "prometheus", None))
     plan, requests = spec.plan, _workload(args, rate, streamed)
     timeout_s = getattr(args, "request_timeout", None)
     progress = RunProgress(len(requests), "requests", getattr(args, "show_progress", False))
     report = run_replicas(spec, requests, concurrency, slo_from_args(args), num_engines(args),
                           getattr(args, "router", "round-robin"), getattr(args, "prometheus", None), progress, charts,
-                          timeout_s)
+                          timeout_s, policy)
     progress.close()
     if charts is not None:
         report["chart_latencies"] = charts  # NOTE: taken out again before the report is printed
@@ -8044,6 +8481,9 @@ def run_simulation(args, spec: EngineSpec, concurrency: Optional[int], rate: Opt
         arrivals = {"mode": "trace", "trace": args.trace}
     elif concurrency is not None:
         arrivals = {"mode": "closed", "concurrency": concurrency}
+    elif getattr(args, "rate_schedule", None) is not None:
+        arrivals = {"mode": "schedule", "schedule": [list(pair) for pair in args.rate_schedule],
+                    "duration_s": args.duration_s, "rate_scale": rate}
     else:
         arrivals = {"mode": "poisson", "rate": rate}
     settings = {"hardware": plan.hardware.name, "tensor_parallel_size": plan.tensor_parallel_size,
@@ -8061,7 +8501,7 @@ def run_simulation(args, spec: EngineSpec, concurrency: Optional[int], rate: Opt
         report["sensitivity"] = sensitivity(run_figures(report["summary"]), *(
             run_figures(run_replicas(spec.slower_by(factor), _workload(args, rate), concurrency, None,
                                      num_engines(args), getattr(args, "router", "round-robin"),
-                                     timeout_s=timeout_s)["summary"]) for factor in SENSITIVITY_STEP_FACTORS))
+                                     timeout_s=timeout_s, policy=policy)["summary"]) for factor in SENSITIVITY_STEP_FACTORS))
     return report
 
 
@@ -10244,11 +10684,19 @@ def format_simulation(report: dict) -> List[str]:
         how = "trace arrivals"
     elif arrivals["mode"] == "closed":
         how = f"closed loop concurrency {arrivals['concurrency']}"
+    elif arrivals["mode"] == "schedule":
+        how = (f"poisson arrivals over {arrivals['duration_s']:,.0f} s at " + ", ".join(
+            f"{rate * (arrivals['rate_scale'] or 1):g} req/s from {start:,.0f} s" for start, rate in arrivals["schedule"]))
     else:
         how = f"poisson arrivals {arrivals['rate']:g} req/s"
     devices = settings.get("devices") or (settings["hardware"] if settings["tensor_parallel_size"] == 1 else (
         f"{settings['tensor_parallel_size']} x {settings['hardware']}"))
-    if settings.get("data_parallel_size", 1) > 1:
+    if "fleet" in report:
+        fleet = report["fleet"]["policy"]
+        sizes = (f"{fleet['min_replicas']} to {fleet['max_replicas']}" if fleet["min_replicas"] != fleet["max_replicas"]
+                 else str(fleet["max_replicas"]))
+        devices = f"{sizes} replicas of {devices} routed {settings['router']},"
+    elif settings.get("data_parallel_size", 1) > 1:
         devices = (f"{settings['num_engines']} engines ({settings['replicas']} x data parallel "
                    f"{settings['data_parallel_size']}) of {devices} routed {settings['router']},")
     elif settings.get("replicas", 1) > 1:
@@ -10265,11 +10713,42 @@ def format_simulation(report: dict) -> List[str]:
     lines += [offloading_line(engine["kv_offloading"])] if "kv_offloading" in engine else []
     lines += format_summary(report["summary"])
     lines += failed_share_line(report["summary"]) + _format_rejected(report["rejected"])
-    if "replicas" in report:
+    if "fleet" in report:
+        lines += format_fleet(report["fleet"])
+    elif "replicas" in report:
         lines += format_replicas(report["replicas"])
     lines += [step_cost_line(report["step_cost"])] if report.get("step_cost") else []
     lines += sensitivity_lines(report["sensitivity"]) if report.get("sensitivity") else []
     return lines + [engine["cost_model"]["text"]]
+
+
+def format_fleet(fleet: dict) -> List[str]:
+    """A fleet's lines: its policy, what was paid for, what failed, the replicas up over
+    time and each hour's requests, SLO attainment and TTFT p95."""
+    policy, cost = fleet["policy"], fleet["cost"]
+    scaling = (f"scaling on {policy['scale_metric']} {policy['scale_target']:g} per replica every "
+               f"{policy['period_s']:g} s, {policy['scale_up_delay_s']:,.0f} s to start, "
+               f"{policy['scale_down_delay_s']:,.0f} s window down" if policy["min_replicas"] != policy["max_replicas"]
+               else "a fixed fleet")
+    lines = [f"fleet {scaling}: up to {fleet['max_replicas']} up, {fleet['replica_hours']:,.2f} replica-hours "
+             f"(mean {fleet['mean_replicas']:.2f}), {fleet['scale_ups']} scale-ups, {fleet['scale_downs']} "
+             f"scale-downs, {len(fleet['failures'])} failure{'' if len(fleet['failures']) == 1 else 's'}, "
+             f"{fleet['retried']:,} requests retried, "
+             f"{fleet['lost']:,} lost"]
+    if cost["usd"] is not None:
+        per_million = cost["usd_per_million_output_tokens"]
+        lines.append(f"fleet cost ${cost['usd']:,.2f} for the run at {fleet['devices_per_replica']} device"
+                     f"{'s' if fleet['devices_per_replica'] > 1 else ''} per replica, ${cost['usd_per_day']:,.2f} a "
+                     f"day, {_usd(per_million)} per M output tokens")
+    points = [f"{at_s:,.0f} s {count}" for at_s, count in fleet["timeline"]]
+    shown = points if len(points) <= 16 else points[:8] + [f"... {len(points) - 16} more ..."] + points[-8:]
+    lines.append("replicas up from: " + ", ".join(shown))
+    if len(fleet["hourly"]) > 1:
+        lines.append(f"{'hour':>4}  {'requests':>9}  {'slo met':>7}  {'ttft p95 ms':>11}")
+        lines += [f"{row['hour']:>4}  {row['num_requests']:>9,}  "
+                  f"{'-' if row['attainment'] is None else format(row['attainment'], '.1%'):>7}  "
+                  f"{_figure(row['ttft_p95_ms'], '{:,.1f}'):>11}" for row in fleet["hourly"]]
+    return lines
 
 
 def speculation_line(figures: dict) -> str:
@@ -11785,6 +12264,24 @@ def _parse_int_list(text: str) -> Optional[List[int]]:
     return values if len(values) <= 1000 and all(0 < value <= MAX_COUNT for value in values) else None
 
 
+def _parse_rate_schedule(text: str) -> Optional[Tuple[Tuple[float, float], ...]]:
+    pairs = []
+    for part in text.split(","):
+        start, sep, rate = part.partition(":")
+        pairs.append((float(start), float(rate)) if sep else None)
+    if None in pairs or len(pairs) > 10_000 or pairs[0][0] != 0:
+        return None
+    starts_rise = all(a[0] < b[0] for a, b in zip(pairs, pairs[1:]))
+    rates_fit = all(math.isfinite(start) and 0 <= rate <= 1e6 for start, rate in pairs) and any(r for _, r in pairs)
+    return tuple(pairs) if starts_rise and rates_fit else None
+
+
+def _parse_fail_replica(text: str) -> Optional[Tuple[float, Optional[int]]]:
+    at, sep, replica = text.partition(":")
+    at_s, index = float(at), int(replica) if sep else None
+    return (at_s, index) if math.isfinite(at_s) and at_s >= 0 and (index is None or 0 <= index <= MAX_COUNT) else None
+
+
 def _parse_float_list(text: str) -> Optional[List[float]]:
     values = [float(part) for part in text.split(",")]
     return values if len(values) <= 1000 and all(1e-9 <= value <= 1e12 for value in values) else None
@@ -11796,6 +12293,11 @@ token_range = _flag_type("token_range", _parse_range, lambda v: True,
                          f"N or LO-HI with 0 < LO <= HI <= {MAX_COUNT:,} (e.g. 256-1024)")
 int_list = _flag_type("int_list", _parse_int_list, lambda v: True,
                       "positive integers separated by commas (e.g. 1,8,32)")
+rate_schedule = _flag_type("rate_schedule", _parse_rate_schedule, lambda v: True,
+                           "START_S:RATE pairs separated by commas, START_S rising from 0 and rates >= 0, not all 0 "
+                           "(e.g. 0:2,21600:8)")
+fail_replica = _flag_type("fail_replica", _parse_fail_replica, lambda v: True,
+                          "AT_S or AT_S:REPLICA (seconds >= 0, a replica number >= 0), e.g. 1800:0")
 seconds = _flag_type("seconds", float, lambda v: v >= 0 and math.isfinite(v), "seconds >= 0")
 percentile_flag = _flag_type("percentile", float, lambda v: 0 < v <= 100, "a percentile in (0, 100]")
 attainment_flag = _flag_type("attainment", float, lambda v: 0 < v <= 100, "a share in (0, 100]")
@@ -11971,10 +12473,41 @@ def _add_speculative_flags(parser: argparse.ArgumentParser, of_server: bool = Fa
 
 def _add_replica_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--replicas", type=replica_count, default=1,
-                        help="identical engines (each --tensor-parallel-size devices) behind a router (default 1)")
+                        help="identical engines (each --tensor-parallel-size devices) behind a router; with "
+                             "--max-replicas, how many are up at the start (default 1)")
     parser.add_argument("--router", choices=ROUTERS, default="round-robin",
                         help="how requests are spread over --replicas: in turn, to the fewest in flight, or to "
                              "the replica caching most of the prompt's prefix (default %(default)s)")
+    parser.add_argument("--duration-s", type=positive_float,
+                        help="seconds a --rate-schedule runs for")
+    _add_fleet_flags(parser)
+
+
+def _add_fleet_flags(parser: argparse.ArgumentParser) -> None:
+    """Autoscaling in the Kubernetes HPA's terms, and replica failures."""
+    group = parser.add_argument_group("a fleet that scales and fails",
+                                      "replicas asked for as the load moves (the Kubernetes HPA's rule), replicas "
+                                      "that fail and are replaced")
+    group.add_argument("--min-replicas", type=replica_count, help="fewest replicas the scaler keeps (default 1)")
+    group.add_argument("--max-replicas", type=replica_count, help="most replicas the scaler asks for: autoscaling on")
+    group.add_argument("--scale-metric", choices=SCALE_METRICS, default="running",
+                       help="what the scaler averages over replicas: requests running, requests waiting, or "
+                            "the share of KV blocks in use (default %(default)s)")
+    group.add_argument("--scale-target", type=positive_float,
+                       help="the metric's target per replica, e.g. 48 running requests or 0.8 of the KV cache")
+    group.add_argument("--scale-up-delay-s", type=seconds,
+                       help="a new replica's cold start (default: its weights at 2 GB/s plus 60 s of engine start)")
+    group.add_argument("--scale-down-delay-s", type=seconds,
+                       help="scale down only to the most replicas wanted over this window (default 300, the HPA's)")
+    group.add_argument("--scale-period-s", type=positive_float, default=15.0,
+                       help="seconds between the scaler's evaluations (default 15, the HPA's)")
+    group.add_argument("--fail-replica", type=fail_replica, action="append", metavar="AT_S[:REPLICA]",
+                       help="replica REPLICA (numbered as started; default the lowest up) fails at AT_S, its KV "
+                            "and running requests lost (repeatable)")
+    group.add_argument("--restart-s", type=seconds,
+                       help="seconds before a failed replica's replacement serves (default: the cold start)")
+    group.add_argument("--no-retry", dest="retry", action="store_false",
+                       help="a failed replica's requests fail instead of being sent to another replica")
 
 
 def _add_trace_flags(parser: argparse.ArgumentParser) -> None:
@@ -12066,6 +12599,9 @@ def _simulate_flags(parser: argparse.ArgumentParser) -> None:
     arrivals = parser.add_mutually_exclusive_group(required=True)
     arrivals.add_argument("--trace", help="JSON Lines trace: open loop at each request's arrival_s")
     arrivals.add_argument("--rate", type=positive_float, help="open loop: Poisson arrivals, requests/s")
+    arrivals.add_argument("--rate-schedule", type=rate_schedule, metavar="START_S:RATE,...",
+                          help="open loop: Poisson arrivals at each RATE (requests/s) from its START_S until the "
+                               "next, for --duration-s (e.g. a day: 0:2,21600:8,43200:16,64800:4)")
     arrivals.add_argument("--concurrency", type=positive_int,
                           help="closed loop: N clients, each sending when its last request ends")
     arrivals.add_argument("--job", metavar="FILE",

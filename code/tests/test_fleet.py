@@ -1,0 +1,257 @@
+"""A fleet over time: rate schedules, autoscaling, replica failures, and pipeline, expert
+and data parallelism."""
+
+import json
+import math
+import random
+import unittest
+
+from support import ScratchTest, main, run_cli, run_json
+from test_fast_engine import differences
+
+SMALL = ["--hardware", "h100-sxm-80gb", "--model", "llama-3.1-8b", "--prompt-tokens", "200-1000",
+         "--output-tokens", "20-120", "--no-sensitivity"]
+
+
+def parse(*argv):
+    """simulate's parsed flags (for building engines and fleets in process)."""
+    return main.build_parser().parse_args(["simulate", *map(str, argv)])
+
+
+def fleet_run(policy, num_requests=300, rate=20.0, seed=0, router="least-loaded", timeout_s=None, argv=()):
+    """A Fleet of policy over seeded requests: (the fleet, the requests, each request's finishes)."""
+    args = parse("--rate", rate, *SMALL, *argv)
+    spec = main.build_engine_spec(args)
+    requests = list(main.SyntheticWorkload(num_requests, (200, 1000), (20, 120), seed, rate))
+    finishes = {}
+    fleet = main.Fleet(spec.engine, main.Router(router), policy)
+    fleet.run(requests, None, timeout_s, done=lambda request: finishes.__setitem__(
+        request.request_id, finishes.get(request.request_id, 0) + 1))
+    return fleet, requests, finishes
+
+
+class RateScheduleTest(ScratchTest):
+
+    def test_each_stretch_sends_at_its_own_rate_and_none_after_the_duration(self):
+        schedule = ((0.0, 2.0), (100.0, 10.0), (200.0, 0.0), (300.0, 5.0))
+        workload = main.SyntheticWorkload(0, (10, 10), (5, 5), 7, schedule=schedule, duration_s=400.0)
+        arrivals = [request.arrival_s for request in workload]
+        self.assertEqual(len(arrivals), len(workload))
+        self.assertEqual(arrivals, sorted(arrivals))
+        counts = [sum(start <= at < start + 100 for at in arrivals) for start in (0, 100, 200, 300)]
+        for count, expected in zip(counts, (200, 1000, 0, 500)):  # Poisson: within five standard deviations
+            self.assertLessEqual(abs(count - expected), 5 * math.sqrt(expected) + 1e-9, counts)
+        self.assertLess(max(arrivals), 400.0)
+
+    def test_a_seed_gives_the_same_requests_and_another_seed_others(self):
+        def arrivals(seed):
+            return [(r.arrival_s, r.prompt_tokens) for r in main.SyntheticWorkload(
+                0, (10, 100), (5, 5), seed, schedule=((0.0, 3.0),), duration_s=50.0)]
+        self.assertEqual(arrivals(1), arrivals(1))
+        self.assertNotEqual(arrivals(1), arrivals(2))
+
+    def test_simulate_runs_the_schedule_and_reports_it(self):
+        report = run_json("simulate", "--rate-schedule", "0:1,30:4", "--duration-s", "60", *SMALL)
+        arrivals = report["settings"]["arrivals"]
+        self.assertEqual((arrivals["mode"], arrivals["schedule"], arrivals["duration_s"]),
+                         ("schedule", [[0.0, 1.0], [30.0, 4.0]], 60.0))
+        self.assertEqual(report["summary"]["num_completed"], report["settings"]["num_requests"])
+        code, out, _ = run_cli("simulate", "--rate-schedule", "0:1,30:4", "--duration-s", "60", *SMALL)
+        self.assertIn("poisson arrivals over 60 s at 1 req/s from 0 s, 4 req/s from 30 s", out.splitlines()[0])
+
+    def test_bad_schedules_exit_2_naming_the_flag(self):
+        for schedule in ("0:2,0:3", "5:2", "0:-1", "0:0,10:0", "0:2,x", "0:2;10:3", "0:inf"):
+            with self.subTest(schedule=schedule):
+                self.assert_usage_error(["simulate", "--rate-schedule", schedule, "--duration-s", "60"],
+                                        "--rate-schedule", "START_S:RATE")
+        self.assert_usage_error(["simulate", "--rate-schedule", "0:2"], "--duration-s")
+        self.assert_usage_error(["simulate", "--rate-schedule", "0:2,100:4", "--duration-s", "50"],
+                                "--duration-s 50", "last start, 100 s")
+        self.assert_usage_error(["simulate", "--rate", "2", "--duration-s", "50"], "--duration-s", "--rate-schedule")
+
+
+class FleetTest(ScratchTest):
+
+    def test_a_fleet_pinned_at_n_gives_every_figure_of_n_fixed_replicas(self):
+        for seed, n, router, engine in ((0, 2, "round-robin", "fast"), (1, 3, "least-loaded", "fast"),
+                                        (2, 2, "prefix-affinity", "step"), (3, 4, "least-loaded", "step")):
+            with self.subTest(seed=seed, replicas=n, router=router, engine=engine):
+                argv = ["simulate", "--rate", "30", "--requests", "120", "--seed", seed, "--router", router,
+                        "--engine", engine, "--prefix-caching", "--shared-prefix-tokens", "256", *SMALL]
+                fixed = run_json(*argv, "--replicas", n)
+                pinned = run_json(*argv, "--min-replicas", n, "--max-replicas", n)
+                self.assertEqual(pinned["fleet"]["timeline"], [[0.0, n]])
+                for key in ("summary", "engine"):
+                    self.assertEqual(differences(fixed[key], pinned[key]), [], key)
+                self.assertEqual(differences(fixed["replicas"]["per_replica"], pinned["replicas"]["per_replica"]), [])
+
+    def test_a_failed_replicas_requests_are_retried_elsewhere_and_none_is_lost(self):
+        report = run_json("simulate", "--rate", "8", "--requests", "1600", "--replicas", "2", "--fail-replica",
+                          "100:0", "--restart-s", "30", *SMALL)
+        fleet, summary = report["fleet"], report["summary"]
+        self.assertGreater(fleet["retried"], 0)
+        self.assertEqual((fleet["lost"], summary["num_completed"], summary["num_failed"]), (0, 1600, 0))
+        self.assertEqual(fleet["timeline"][:3], [[0.0, 2], [100.0, 1], [130.0, 2]])
+        self.assertEqual(fleet["failures"][0]["replica"], 0)
+        self.assertEqual(fleet["failures"][0]["replacement"], 2)
+
+    def test_without_retry_a_failed_replicas_requests_fail_with_the_reason(self):
+        report = run_json("simulate", "--rate", "8", "--requests", "800", "--replicas", "2", "--fail-replica",
+                          "50", "--restart-s", "10", "--no-retry", *SMALL)
+        fleet, summary = report["fleet"], report["summary"]
+        self.assertGreater(fleet["lost"], 0)
+        self.assertEqual((fleet["retried"], summary["num_failed"]), (0, fleet["lost"]))
+        self.assertEqual(summary["errors"], {"replica-failed": fleet["lost"]})
+
+    def test_requests_wait_at_the_router_while_no_replica_is_up(self):
+        policy = main.FleetPolicy(1, 1, 1, failures=((5.0, 0),), restart_s=20.0)
+        fleet, requests, finishes = fleet_run(policy, num_requests=200, rate=10.0)
+        self.assertEqual(fleet.timeline, [[0.0, 1], [5.0, 0], [25.0, 1]])
+        waited = [r for r in requests if 5.0 <= r.sent_s < 25.0]
+        self.assertTrue(waited)
+        self.assertTrue(all(r.first_token_s >= 25.0 for r in waited))
+        self.assertEqual(set(finishes.values()), {1})
+
+    def test_the_scaler_adds_replicas_under_load_serving_only_once_up_and_drains_them_after_the_window(self):
+        policy = main.FleetPolicy(1, 6, 1, "running", 8.0, scale_up_delay_s=40.0, scale_down_delay_s=60.0,
+                                  period_s=15.0)
+        args = parse("--rate", "1", *SMALL)
+        spec = main.build_engine_spec(args)
+        workload = main.SyntheticWorkload(0, (200, 1000), (20, 120), 3, schedule=((0.0, 2.0), (120.0, 40.0),
+                                                                                 (300.0, 1.0)), duration_s=700.0)
+        requests = list(workload)
+        fleet = main.Fleet(spec.engine, main.Router("least-loaded"), policy)
+        fleet.run(requests)
+        counts = [count for _, count in fleet.timeline]
+        self.assertGreater(max(counts), 1)
+        self.assertEqual(counts[-1], 1)
+        self.assertGreater(fleet.num_scale_ups, 0)
+        self.assertEqual(fleet.num_scale_downs, fleet.num_scale_ups)
+        first_rise_s = next(at_s for at_s, count in fleet.timeline if count > 1)
+        self.assertGreaterEqual(first_rise_s, 120.0 + 40.0)  # asked for once the load came, up 40 s later
+        for request in requests:
+            index = fleet.replica_of[request]
+            self.assertGreaterEqual(request.received_s, fleet.started_s[index] + (40.0 if index else 0.0))
+
+    def test_invariants_hold_over_many_random_fleets(self):
+        """No request lost or served twice, across scale-downs, failures, retries and timeouts."""
+        seen = {"retried": 0, "lost": 0, "scale_ups": 0, "scale_downs": 0, "timeouts": 0}
+        for seed in range(40):
+            rng = random.Random(seed)
+            low = rng.randint(1, 2)
+            policy = main.FleetPolicy(
+                low, rng.randint(low, 4), low, rng.choice(main.SCALE_METRICS),
+                rng.choice((0.3, 0.6)) if seed % 3 == 2 else rng.choice((2.0, 6.0, 20.0)),
+                scale_up_delay_s=rng.choice((0.0, 5.0, 30.0)), scale_down_delay_s=rng.choice((0.0, 20.0)),
+                period_s=rng.choice((1.0, 5.0)),
+                failures=tuple(sorted((rng.uniform(0, 20), rng.choice((None, 0, 1, 2))) for _ in range(rng.randint(0, 3)))),
+                restart_s=rng.choice((0.0, 3.0, 15.0)), retry=rng.random() < 0.7)
+            if seed % 3 == 2:
+                policy = main.FleetPolicy(**dict(main.asdict(policy), scale_metric="kv-usage"))
+            timeout_s = rng.choice((None, None, 8.0))
+            argv = ["--kv-tokens", rng.choice(("4096", "30000")), "--max-num-seqs", rng.choice(("4", "64"))]
+            fleet, requests, finishes = fleet_run(policy, rng.randint(20, 120), rng.choice((4.0, 15.0, 40.0)), seed,
+                                                  rng.choice(main.ROUTERS), timeout_s, argv)
+            with self.subTest(seed=seed, policy=policy, timeout_s=timeout_s):
+                self.assertEqual(sorted(finishes), [r.request_id for r in requests])
+                self.assertEqual(set(finishes.values()), {1})  # each request done exactly once
+                for request in requests:
+                    if request.error is None:
+                        self.assertEqual(request.generated, request.max_tokens)
+                    else:
+                        self.assertIn(request.error_kind, ("replica-failed", "timeout"))
+                self.assertEqual(sum(r.num_retries for r in requests), fleet.num_retried)
+                self.assertEqual(fleet.num_lost, sum(r.error_kind == "replica-failed" for r in requests))
+                if policy.retry:
+                    self.assertEqual(fleet.num_lost, 0)
+                for engine in fleet.engines:  # no block held once the run is over
+                    self.assertFalse(engine.scheduler.has_work())
+                    self.assertEqual(engine.scheduler.pool.free_count(), engine.scheduler.pool.num_blocks)
+                times = [at_s for at_s, _ in fleet.timeline]
+                self.assertEqual(times, sorted(times))
+                self.assertTrue(all(0 <= count <= policy.max_replicas for _, count in fleet.timeline))
+                self.assertTrue(all(stopped is not None and stopped >= started
+                                    for started, stopped in zip(fleet.started_s, fleet.stopped_s)))
+            for name, count in (("retried", fleet.num_retried), ("lost", fleet.num_lost),
+                                ("scale_ups", fleet.num_scale_ups), ("scale_downs", fleet.num_scale_downs),
+                                ("timeouts", sum(r.error_kind == "timeout" for r in requests))):
+                seen[name] += count
+        self.assertTrue(all(seen.values()), seen)  # the seeds reach every path
+
+    def test_bad_fleet_flags_exit_2_naming_the_flag(self):
+        self.assert_usage_error(["simulate", "--rate", "2", "--max-replicas", "3"], "--scale-target")
+        self.assert_usage_error(["simulate", "--rate", "2", "--min-replicas", "3"], "--min-replicas", "--max-replicas")
+        self.assert_usage_error(["simulate", "--rate", "2", "--max-replicas", "2", "--replicas", "3",
+                                 "--scale-target", "4"], "min <= replicas <= max")
+        self.assert_usage_error(["simulate", "--rate", "2", "--fail-replica", "x"], "--fail-replica", "AT_S")
+        self.assert_usage_error(["simulate", "--rate", "2", "--max-replicas", "2", "--scale-metric", "kv-usage",
+                                 "--scale-target", "80"], "--scale-target 80", "0 to 1")
+        self.assert_usage_error(["simulate", "--rate", "2", "--fail-replica", "5", "--data-parallel-size", "2"],
+                                "--data-parallel-size")
+
+
+class ParallelismTest(ScratchTest):
+
+    def test_deepseek_v3_fits_16_h100s_at_tp_8_pp_2_with_about_42_gb_each_where_tp_8_alone_does_not(self):
+        code, _, err = run_cli("capacity", "--model", "deepseek-v3", "--tensor-parallel-size", "8")
+        self.assertEqual(code, 1)
+        self.assertIn("(--tensor-parallel-size 8 --pipeline-parallel-size 2 is the smallest that fits)", err)
+        plan = run_json("capacity", "--model", "deepseek-v3", "--tensor-parallel-size", "8",
+                        "--pipeline-parallel-size", "2")["capacity"]
+        self.assertEqual((plan["num_devices"], plan["pipeline_parallel_size"]), (16, 2))
+        self.assertAlmostEqual(plan["weight_bytes"] / 1e9, 42, delta=1.5)
+        report = run_json("simulate", "--model", "deepseek-v3", "--tensor-parallel-size", "8",
+                          "--pipeline-parallel-size", "2", "--rate", "2", "--requests", "40", "--no-sensitivity")
+        self.assertEqual(report["summary"]["num_completed"], 40)
+        self.assertEqual(report["summary"]["cost"]["num_devices"], 16)
+
+    def test_a_pipeline_step_is_the_whole_models_step_plus_the_hand_overs(self):
+        hardware, model = main.HARDWARE["h100-sxm-80gb"], main.MODELS["llama-3.1-8b"]
+        whole, staged = model.sharded(2), model.sharded(2, 2)  # 32 layers: two even stages
+        self.assertEqual((staged.layers, staged.pipeline_parallel_size), (16, 2))
+        self.assertAlmostEqual(staged.weight_bytes, whole.weight_bytes / 2)
+        for num_tokens, context in ((1, 500), (64, 40_000), (2048, 2048)):
+            hand_overs = main.pipeline_seconds(hardware, staged, num_tokens)
+            self.assertGreater(hand_overs, 0)
+            self.assertAlmostEqual(main.step_seconds(hardware, staged, num_tokens, context),
+                                   main.step_seconds(hardware, whole, num_tokens, context) + hand_overs, places=12)
+        within = main.pipeline_seconds(hardware, model.sharded(4, 2), 100)   # 8 devices: one server's NVLink
+        across = main.pipeline_seconds(hardware, model.sharded(8, 2), 100)   # 16: over the NIC
+        self.assertGreater(across, within)
+
+    def test_expert_parallelism_trades_the_expert_all_reduces_for_all_to_alls(self):
+        hardware, model = main.HARDWARE["h100-sxm-80gb"], main.MODELS["qwen3-30b-a3b"]
+        tp, ep = model.sharded(2), model.sharded(2, 1, 2)
+        self.assertAlmostEqual(ep.weight_bytes, tp.weight_bytes)  # the same bytes, held as whole experts
+        self.assertEqual(main.all_to_all_seconds(hardware, tp, 8), 0.0)
+        self.assertGreater(main.all_to_all_seconds(hardware, ep, 8), 0.0)
+        per_allreduce = main.allreduce_seconds(hardware, tp, 8) / (2 * tp.layers)
+        self.assertAlmostEqual(main.allreduce_seconds(hardware, ep, 8),
+                               per_allreduce * (2 * ep.layers - ep.num_moe_layers))
+        over_dp = model.sharded(2, 1, 4)  # TP 2 x DP 2: each device's experts run both ranks' tokens
+        self.assertAlmostEqual(over_dp.weight_bytes * 4, (model.params - model.routed_params) * 2 * model.bytes_per_param
+                               + model.routed_params * model.bytes_per_param)
+        self.assertAlmostEqual(over_dp.step_weight_bytes(4) - (over_dp.params - over_dp.routed_params) * 2,
+                               over_dp.distinct_experts(8) * over_dp.expert_params * over_dp.num_moe_layers * 2)
+        plan = run_json("capacity", "--model", "qwen3-30b-a3b", "--tensor-parallel-size", "2",
+                        "--data-parallel-size", "2", "--enable-expert-parallel")["capacity"]
+        self.assertEqual(plan["expert_parallel_size"], 4)
+
+    def test_expert_parallelism_without_experts_or_a_second_device_exits_2(self):
+        self.assert_usage_error(["capacity", "--model", "llama-3.1-8b", "--tensor-parallel-size", "2",
+                                 "--enable-expert-parallel"], "--enable-expert-parallel", "no routed experts")
+        self.assert_usage_error(["capacity", "--model", "qwen3-30b-a3b", "--enable-expert-parallel"],
+                                "--enable-expert-parallel", "--data-parallel-size")
+
+    def test_data_parallel_ranks_are_engines_behind_one_endpoint(self):
+        argv = ["simulate", "--rate", "20", "--requests", "100", "--router", "least-loaded", *SMALL]
+        replicas = run_json(*argv, "--replicas", "2")
+        ranks = run_json(*argv, "--data-parallel-size", "2")
+        self.assertEqual(differences(replicas["summary"], ranks["summary"]), [])
+        self.assertEqual(ranks["settings"]["num_engines"], 2)
+        code, out, _ = run_cli(*argv, "--data-parallel-size", "2")
+        self.assertIn("on 2 engines (1 x data parallel 2) of h100-sxm-80gb routed least-loaded,", out.splitlines()[0])
+
+
+if __name__ == "__main__":
+    unittest.main()
