@@ -24,6 +24,10 @@ jobs     sweep --jobs 1 against --jobs 2 over 8 points, beside two copies of a C
 million  (only when named) 1,000,000 Poisson requests at 30 req/s with the fast engine
          (--step: the step engine too, once; at 14 s per 20,000 requests here, expect a
          quarter of an hour and gigabytes of per-token lists)
+day      (only when named) a day of autoscaling: 24 h of --rate-schedule 0:2,21600:8,43200:16,64800:4
+         (about 650,000 requests of 1,000 + 200 tokens) on Llama 3.1 8B / H100, 1 to 8 replicas
+         scaled on 48 running each, the fast engine in a process of its own: wall time, peak
+         memory, the replicas it used and the day's bill
 fuzz     (only when named) --cases N seeded fuzz cases (--seed S) of the fuzz test's families:
          tracebacks, hangs, wrong exit codes, the API key shown; exits 1 if any
 loadgen  loadgen's timing accuracy against a stub server in its own process that
@@ -415,6 +419,25 @@ def bench_million(repeat, with_step):
                   f"{runs} runs), peak RSS {max(peak for _, peak, _ in results):.0f} MiB")
 
 
+DAY_ARGV = ["simulate", "--rate-schedule", "0:2,21600:8,43200:16,64800:4", "--duration-s", "86400",
+            "--prompt-tokens", "1000", "--output-tokens", "200", "--min-replicas", "1", "--max-replicas", "8",
+            "--scale-metric", "running", "--scale-target", "48", "--scale-up-delay-s", "120", "--no-sensitivity",
+            "--json"]
+
+
+def bench_day(repeat):
+    """DAY_ARGV in processes of its own, repeat times: wall, memory, and what the fleet did."""
+    results = [run_child(DAY_ARGV) for _ in range(repeat)]
+    walls = [wall for wall, _, _ in results]
+    report = json.loads(results[-1][2])
+    fleet, requests = report["fleet"], report["settings"]["num_requests"]
+    print(f"day      {requests:,} requests over 24 h: {statistics.median(walls):.1f} s wall "
+          f"({min(walls):.1f}-{max(walls):.1f}, {repeat} runs, {requests / statistics.median(walls):,.0f} requests/s), "
+          f"peak RSS {max(peak for _, peak, _ in results):.0f} MiB; up to {fleet['max_replicas']} replicas, "
+          f"{fleet['replica_hours']:.1f} replica-hours ({fleet['replica_hours'] / (8 * 24):.0%} of 8 fixed), "
+          f"${fleet['cost']['usd']:,.2f} for the day")
+
+
 def spin(num_loops):
     """A CPU-bound loop of the interpreter's own, for the machine's parallel ceiling."""
     total = 0
@@ -496,6 +519,9 @@ def main_bench(argv=None) -> int:
         return bench_fuzz(args.cases, args.seed)
     if args.names == ["million"]:
         bench_million(max(1, (args.repeat + 1) // 2), args.step)
+        return 0
+    if args.names == ["day"]:
+        bench_day(max(1, (args.repeat + 1) // 2))
         return 0
     unknown = [name for name in args.names if name not in BENCHMARKS]
     if unknown:

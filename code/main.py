@@ -11,7 +11,7 @@ benchmarks use. Standard library only; Python 3.9 or newer.
 
 Usage:
     python3 code/main.py capacity [--hardware H] [--model M] [options]
-    python3 code/main.py simulate (--trace FILE | --rate R | --concurrency N) [options]
+    python3 code/main.py simulate (--trace FILE | --rate R | --rate-schedule S:R,... | --concurrency N) [options]
     python3 code/main.py sweep --concurrency 1,8,32 [options]
     python3 code/main.py loadgen --url URL [--concurrency N | --rate R | --trace FILE] [options]
     python3 code/main.py compare (REPORT.json | RUN_DIR)... [--hardware H] [--model M] [options]
@@ -20,6 +20,7 @@ Usage:
     python3 code/main.py search --slo-ttft-ms MS --slo-tpot-ms MS [--by rate|concurrency] [options]
     python3 code/main.py profile --url URL [--out FILE] [--budget-s S]
     python3 code/main.py plan (--trace FILE | --rate R) --slo-ttft-ms MS [grid lists] [--emit DIR | --collect DIR]
+    python3 code/main.py plan --rate-schedule S:R,... --duration-s S --slo-ttft-ms MS [one configuration]
 
 Examples:
     # the memory plan: weights, KV per token, blocks, max concurrency, step time
@@ -56,6 +57,11 @@ Examples:
     python3 code/main.py simulate --trace code/fixtures/two_prefixes.jsonl --replicas 4 --prefix-caching --router prefix-affinity
     # the cheapest GPU, tensor-parallel size and replica count that meets the SLO, with its cost
     python3 code/main.py plan --hardware l4-24gb,l40s-48gb,h100-sxm-80gb --rate 6 --slo-ttft-ms 400 --slo-tpot-ms 20
+    # a day of traffic on a fleet that scales on running requests, and a replica that fails
+    python3 code/main.py simulate --rate-schedule 0:2,21600:8,43200:16,64800:4 --duration-s 86400 --max-replicas 8 --scale-target 48
+    python3 code/main.py simulate --rate 8 --requests 28800 --replicas 2 --fail-replica 1800:0 --restart-s 300
+    # DeepSeek-V3 over two servers of eight H100s
+    python3 code/main.py capacity --model deepseek-v3 --tensor-parallel-size 8 --pipeline-parallel-size 2
 
 Options of the subcommands that plan (all but loadgen and explain):
     --hardware NAME              h100-sxm-80gb (default), h200-sxm-141gb, b200-180gb, mi300x-192gb,
@@ -69,6 +75,10 @@ Options of the subcommands that plan (all but loadgen and explain):
     --kv-tokens N                fix the KV cache size in tokens (llama.cpp --ctx-size)
     --tensor-parallel-size N     shard weights and KV heads over N devices (1)
     --interconnect-gbs G         GB/s each way between them (the hardware's NVLink or PCIe)
+    --pipeline-parallel-size P   split the layers over P stages of TP devices; a step runs through each
+    --enable-expert-parallel     routed experts whole over TP x DP devices, moved by all-to-all
+    --data-parallel-size D       D engines of TP x PP devices behind one endpoint (1)
+    --network-gbs G              GB/s each way from a device to another server (the hardware's NIC)
     --dtype, --quantization Q    weight width or format: fp8, int8, int4, awq, gptq, mxfp4, q4_k, ...
     --kv-cache-dtype auto|fp8    fp8: one byte per cached number, twice the blocks
     --price-per-hour USD         per device-hour (the preset's on-demand price); reports print
@@ -113,6 +123,13 @@ Workload options (simulate, sweep, search):
 
 simulate, sweep, search: --replicas N behind --router round-robin|least-loaded|
 prefix-affinity (N engines on one clock, a row per replica and the load imbalance).
+A fleet (simulate, sweep, search): --max-replicas N with --scale-target X autoscales as the
+Kubernetes HPA does (--min-replicas, --scale-metric running|waiting|kv-usage,
+--scale-up-delay-s, --scale-down-delay-s, --scale-period-s); --fail-replica AT_S[:REPLICA]
+(repeatable) with --restart-s and --no-retry; the report gains a fleet block (timeline,
+replica-hours, the bill, each hour's SLO attainment). --rate-schedule S:R,... with
+--duration-s: piecewise Poisson arrivals (simulate, search scales its rates, plan answers
+with the cheapest fixed or autoscaled fleet over it).
 --html FILE (sweep, simulate, search, plan, compare, loadgen): the report and its charts
 as one self-contained page; --svg FILE: its first chart alone; --quiet: no progress.
 simulate and compare: --request-timeout S (a client gives up after S seconds; the server
@@ -4742,7 +4759,7 @@ class ReplicaRun:
             # NOTE: a fast engine may take several steps at once, but none that starts after
             # the next arrival or another replica's next step (whose end may send a request).
             horizon_s = min([next_arrival_s] + clocks[:index] + clocks[index + 1:])
-            finished = engines[index].advance(horizon_s)
+            finished = engines[index].advance(horizon_s, arrivals.finishes_send)
             if finished is None:
                 raise RuntimeError(f"replica {index} has work but can schedule none of it")
             arrivals.finished(finished, engines[index].clock_s)
@@ -4857,10 +4874,11 @@ def replicas_report(run: ReplicaRun, requests: List[Request], slo: Optional[Slo]
 # =============================================================================
 
 SCALE_METRICS = ("running", "waiting", "kv-usage")
-# How a replica becomes ready: its weights read at WEIGHT_LOAD_GBS (a local NVMe or a
-# network volume read at 2 GB/s; vLLM's Run:ai streamer documents 2-5 GB/s from S3) plus
-# ENGINE_START_S (the container and engine start, torch.compile and CUDA graph capture:
-# vLLM's start-up is a minute or so for an 8B model on one H100 with compilation cached).
+# How a replica becomes ready: its weights read at WEIGHT_LOAD_GBS (a node's local NVMe,
+# which reads at 2-7 GB/s; weights fetched from object storage or a busy disk come slower)
+# plus ENGINE_START_S (the pod and engine start, the CUDA allocator, torch.compile and CUDA
+# graph capture). Together about 70 s for an 8B model, inside the 30-100+ s that vLLM's
+# sleep-mode post (blog.vllm.ai, 2025-10-26) gives for reloading a model on demand.
 WEIGHT_LOAD_GBS = 2.0
 ENGINE_START_S = 60.0
 
@@ -5013,7 +5031,7 @@ class Fleet(ReplicaRun):
         horizon_s = min([next_arrival_s] + clocks[:position] + clocks[position + 1:]
                         + ([self.events[0][0]] if self.events else []))
         engine = self.engines[index]
-        finished = engine.advance(horizon_s)
+        finished = engine.advance(horizon_s, self.arrivals.finishes_send)
         if finished is None:
             raise RuntimeError(f"replica {index} has work but can schedule none of it")
         self.end_s = max(self.end_s, engine.clock_s)
@@ -5127,7 +5145,11 @@ class Fleet(ReplicaRun):
 
     def finish(self) -> None:
         """The run is over: every replica still asked for stops at the last token (the
-        timeline ends with the run, not with a drop to none)."""
+        timeline ends with the run, not with a drop to none); a failure still to come is
+        said to have come after it."""
+        for at_s, _, kind, replica in sorted(self.events):
+            if kind == "fail":
+                self.failures.append({"at_s": at_s, "replica": replica, "skipped": "after the run ended"})
         for index, state in enumerate(self.state):
             if state != "down":
                 self.state[index], self.stopped_s[index] = "down", max(self.end_s, self.started_s[index])
@@ -8421,8 +8443,8 @@ def run_fleet(spec: EngineSpec, requests: List[Request], concurrency: Optional[i
         charts.update(run_latencies_ms(requests, TokenLogs([engine.token_log for engine in fleet.engines])
                                        if spec.fast else None))
     report["fleet"] = fleet_report(fleet, requests, spec.plan, report["summary"], slo)
-    devices = report["fleet"]["mean_replicas"] * spec.plan.num_devices
-    add_cost(report["summary"], spec.plan.hardware.price_per_hour * devices, max(1, round(devices)))
+    devices = report["fleet"]["mean_replicas"] * spec.plan.num_devices  # NOTE: a mean, so not a whole number
+    add_cost(report["summary"], spec.plan.hardware.price_per_hour * devices, round(devices, 2))
     return report
 
 
@@ -10215,10 +10237,14 @@ class PlanPoint:
                 str(self.max_num_seqs), str(self.max_num_batched_tokens), "on" if self.prefix_caching else "off"]
 
     def text(self) -> str:
-        devices = self.hardware if self.tensor_parallel_size == 1 else f"{self.tensor_parallel_size} x {self.hardware}"
         engines = ("a prefill engine and a decode engine, each" if self.disaggregate
                    else f"{self.replicas} replica{'s' if self.replicas > 1 else ''} of")
-        return (f"{engines} {devices}, max-num-seqs {self.max_num_seqs}, max-num-batched-tokens "
+        return f"{engines} {self.engine_text()}"
+
+    def engine_text(self) -> str:
+        """One engine of the point: its devices and knobs."""
+        devices = self.hardware if self.tensor_parallel_size == 1 else f"{self.tensor_parallel_size} x {self.hardware}"
+        return (f"{devices}, max-num-seqs {self.max_num_seqs}, max-num-batched-tokens "
                 f"{self.max_num_batched_tokens}, prefix caching {'on' if self.prefix_caching else 'off'}")
 
 
@@ -10474,6 +10500,94 @@ def collect_plan(directory: str) -> Tuple[dict, List[dict]]:
 
 
 # =============================================================================
+# Plan extension: a day of traffic, and the cheapest fleet that follows it
+# =============================================================================
+
+SCALE_TARGETS = {"running": (8.0, 16.0, 32.0, 64.0, 128.0), "waiting": (1.0, 4.0, 16.0),
+                 "kv-usage": (0.5, 0.7, 0.9)}  # what plan tries when --scale-target is left out
+PEAK_WINDOW_S = 1800.0  # s: the most of the peak rate a fixed fleet is sized on
+
+
+def _day_args(args, point: PlanPoint, **changes) -> argparse.Namespace:
+    """simulate's flags for one fleet of a day plan: the point's engine, the schedule, no
+    fleet until changes give one."""
+    values = dict(vars(_point_args(args, point)), replicas=1, min_replicas=None, max_replicas=None, scale_target=None,
+                  fail_replica=None, restart_s=None, retry=True, request_timeout=None, sensitivity=False,
+                  prometheus=None, csv=None, html=None, svg=None, show_progress=False)
+    values.update(changes)
+    return argparse.Namespace(**values)
+
+
+def day_figures(args: argparse.Namespace) -> dict:
+    """One fleet's day: whether it met the SLO, its attainment and what it cost."""
+    report = run_simulation(args, build_engine_spec(args), None, None)
+    fleet, goodput = report["fleet"], report["summary"]["goodput"]
+    return {"meets": goodput["meets"] and not report["rejected"], "attainment": goodput["attainment"],
+            "observed_ms": goodput[f"p{args.slo_percentile:g}_ms"], "replica_hours": fleet["replica_hours"],
+            "max_replicas": fleet["max_replicas"], "usd_per_day": fleet["cost"]["usd_per_day"],
+            "hourly": fleet["hourly"]}
+
+
+def peak_stretch_s(schedule: Sequence[Tuple[float, float]], duration_s: float) -> float:
+    """The longest time the schedule holds its peak rate."""
+    peak = max(rate for _, rate in schedule)
+    ends = [start for start, _ in schedule[1:]] + [duration_s]
+    return max(end - start for (start, rate), end in zip(schedule, ends) if rate == peak)
+
+
+def peak_fleet_size(args, point: PlanPoint, peak_rate: float) -> Optional[int]:
+    """The fewest fixed replicas that meet the SLO at the schedule's peak rate (for as long
+    as the schedule holds it, at most PEAK_WINDOW_S), by doubling then bisection; None past
+    MAX_REPLICAS."""
+    window = ((0.0, peak_rate),)
+    window_s = min(peak_stretch_s(args.rate_schedule, args.duration_s), PEAK_WINDOW_S)
+
+    def meets(count: int) -> bool:
+        return day_figures(_day_args(args, point, rate_schedule=window, duration_s=window_s,
+                                     min_replicas=count, max_replicas=count, replicas=count))["meets"]
+    low, high = 0, 1
+    while not meets(high):
+        low, high = high, high * 2
+        if high > MAX_REPLICAS:
+            return None
+    while high - low > 1:
+        middle = (low + high) // 2
+        low, high = (low, middle) if meets(middle) else (middle, high)
+    return high
+
+
+def plan_day(args) -> dict:
+    """The day question: over the rate schedule, the fixed fleet sized for its peak beside
+    autoscaling policies (min 1, max the peak fleet or --max-replicas, each scale target),
+    each simulated over the whole schedule; the answer is the cheapest that met the SLO."""
+    points = [point for point in plan_points(args) if point.replicas == args.replicas[0]]  # fleets sized here
+    if len(points) != 1 or args.disaggregate:
+        raise UsageError(f"plan --rate-schedule: give one configuration (one value each of --hardware, "
+                         f"--tensor-parallel-size, --max-num-seqs, --max-num-batched-tokens, --prefix-caching); "
+                         f"the grid has {len(points)}")
+    point = points[0]
+    peak_rate = max(rate for _, rate in args.rate_schedule)
+    size = peak_fleet_size(args, point, peak_rate)
+    if size is None:
+        raise CapacityError(f"no fleet of up to {MAX_REPLICAS} replicas of {point.engine_text()} meets the SLO at the "
+                            f"peak, {peak_rate:g} req/s")
+    targets = args.scale_target or SCALE_TARGETS[args.scale_metric]
+    high = args.max_replicas or size
+    candidates = [("fixed", None, _day_args(args, point, min_replicas=size, max_replicas=size, replicas=size))]
+    candidates += [("autoscaling", target, _day_args(args, point, min_replicas=1, max_replicas=high,
+                                                     scale_target=target)) for target in targets if high > 1]
+    with Workers(args.jobs) as workers:
+        figures = workers.map(day_figures, [(candidate,) for _, _, candidate in candidates])
+    rows = [dict(kind=kind, scale_target=target, **found) for (kind, target, _), found in zip(candidates, figures)]
+    met = [row for row in rows if row["meets"]]
+    answer = min(met, key=lambda row: (row["usd_per_day"] or 0, row["kind"] != "fixed")) if met else None
+    return {"point": asdict(point), "point_text": point.engine_text(), "schedule": [list(pair) for pair in args.rate_schedule],
+            "duration_s": args.duration_s, "peak_rate": peak_rate, "fixed_peak_replicas": size,
+            "scale_metric": args.scale_metric, "slo": asdict(slo_from_args(args)), "candidates": rows,
+            "answer": answer, "fixed": rows[0]}
+
+
+# =============================================================================
 # Reports: each report as text
 # =============================================================================
 
@@ -10615,7 +10729,7 @@ def cost_line(cost: dict) -> str:
     n = cost["num_devices"]
     return (f"cost {_usd(cost['usd_per_million_output_tokens'])} per M output tokens, "
             f"{_usd(cost['usd_per_million_total_tokens'])} per M total tokens at ${cost['usd_per_hour']:,.2f}/h "
-            f"for {n} device{'s' if n > 1 else ''}")
+            f"for {n:g} device{'s' if n != 1 else ''}" + (" (a fleet's mean)" if n != int(n) else ""))
 
 
 def format_summary(summary: dict, chunk_gaps: bool = False) -> List[str]:
@@ -11121,7 +11235,8 @@ def _search_objectives(slo: Slo) -> str:
 def format_search(result: dict, slo: Slo, plan: CapacityPlan, replicas: int = 1, router: str = "") -> List[str]:
     """The answer, the run at it, the objective that fails just above it and what gives way."""
     passing, failing, num_runs = result["max_load"], result["first_failing_load"], result["num_runs"]
-    unit = {"trace speed-up": "x the trace's speed", "concurrency": "clients"}.get(result["by"], "req/s")
+    unit = {"trace speed-up": "x the trace's speed", "schedule multiple": "x the schedule's rates",
+            "concurrency": "clients"}.get(result["by"], "req/s")
     lines = [f"search {plan.model.name} on {deployment_text(plan, replicas, router)}: the most load meeting "
              f"{_search_objectives(slo)}"]
     if passing is None:
@@ -11165,6 +11280,30 @@ def _plan_not_fitting(points: Sequence[dict]) -> List[str]:
     lines = ["do not fit:"] if reasons else []
     return lines + [f"  {hardware} tp {tp} ({count} point{'s' if count > 1 else ''}): {reason}"
                     for (hardware, tp, reason), count in reasons.items()]
+
+
+def format_day_plan(day: dict) -> List[str]:
+    """The day question's answer: each fleet tried over the schedule, the cheapest that met
+    the SLO, and what it saves on the fixed fleet sized for the peak."""
+    objectives = ", ".join(f"{name} <= {limit:g} ms" for name, limit in
+                           (("ttft", day["slo"]["ttft_ms"]), ("tpot", day["slo"]["tpot_ms"])) if limit is not None)
+    lines = [f"plan a day of {day['duration_s']:,.0f} s, peak {day['peak_rate']:g} req/s, replicas of "
+             f"{day['point_text']}; slo {objectives}, {Slo(**day['slo']).criterion}",
+             f"{'fleet':<28}{'met':>5}{'attained':>10}{'replica-h':>11}{'most up':>9}{'usd/day':>11}"]
+    for row in day["candidates"]:
+        name = (f"fixed {day['fixed_peak_replicas']} (sized for the peak)" if row["kind"] == "fixed"
+                else f"autoscaling {day['scale_metric']} {row['scale_target']:g}")
+        lines.append(f"{name:<28}{'yes' if row['meets'] else 'no':>5}{row['attainment']:>10.1%}"
+                     f"{row['replica_hours']:>11,.1f}{row['max_replicas']:>9}{_usd(row['usd_per_day']):>11}")
+    answer, fixed = day["answer"], day["fixed"]
+    if answer is None:
+        return lines + ["no fleet tried met the SLO over the whole day"]
+    if answer is fixed or answer["kind"] == "fixed":
+        return lines + [f"answer: the fixed fleet of {day['fixed_peak_replicas']}, {_usd(fixed['usd_per_day'])} a day"]
+    saving = 1 - answer["usd_per_day"] / fixed["usd_per_day"] if fixed["usd_per_day"] else 0.0
+    return lines + [f"answer: autoscaling on {day['scale_metric']} {answer['scale_target']:g} per replica, "
+                    f"{_usd(answer['usd_per_day'])} a day, {saving:.0%} less than the fixed fleet of "
+                    f"{day['fixed_peak_replicas']} sized for the peak ({_usd(fixed['usd_per_day'])})"]
 
 
 def format_plan(report: dict) -> List[str]:
@@ -11488,7 +11627,7 @@ def simulation_charts(report: dict, latencies: Dict[str, Tuple[List[float], Opti
     timeline = report["engine"].get("timeline") or []
     def over_time(index: int) -> Tuple[Tuple[float, float], ...]:
         return tuple((sample[0], sample[index]) for sample in timeline)
-    charts = [svg_chart("Requests over the run", "virtual time (s)", "requests",
+    charts = fleet_charts(report["fleet"]) if "fleet" in report else [svg_chart("Requests over the run", "virtual time (s)", "requests",
                         [Series("running", over_time(1)), Series("waiting", over_time(2)),
                          Series("preempted so far", over_time(4), dashed=True)]),
               svg_chart("KV cache in use", "virtual time (s)", "KV blocks in use (%)", [Series("kv use", tuple(
@@ -11500,6 +11639,27 @@ def simulation_charts(report: dict, latencies: Dict[str, Tuple[List[float], Opti
         charts.append(svg_chart(f"{title} distribution{shown}", f"{title} (ms)", "requests at or below (%)"
                                 if name != "itl_ms" else "gaps at or below (%)",
                                 [cdf_series(title, values, weights, upto_pct=upto)]))
+    return charts
+
+
+def fleet_charts(fleet: dict) -> List[str]:
+    """A fleet's replicas up over the run (a step at each change) and, hour by hour, its
+    SLO attainment (with an SLO) or TTFT p95."""
+    steps: List[Tuple[float, float]] = []
+    for at_s, count in fleet["timeline"]:
+        if steps:
+            steps.append((at_s / 3600, steps[-1][1]))
+        steps.append((at_s / 3600, count))
+    end_h = fleet["replica_seconds"] / max(fleet["mean_replicas"], 1e-9) / 3600
+    steps.append((max(end_h, steps[-1][0]), steps[-1][1]))
+    charts = [svg_chart("Replicas up", "time (h)", "replicas", [Series("replicas up", tuple(steps))])]
+    hours = fleet["hourly"]
+    if any(row["attainment"] is not None for row in hours):
+        charts.append(svg_chart("SLO attainment by hour", "hour", "requests that met the SLO (%)", [Series(
+            "attainment", tuple((row["hour"], 100 * row["attainment"]) for row in hours))]))
+    else:
+        charts.append(svg_chart("TTFT p95 by hour", "hour", "TTFT p95 (ms)", [Series(
+            "ttft p95", tuple((row["hour"], row["ttft_p95_ms"]) for row in hours if row["ttft_p95_ms"] is not None))]))
     return charts
 
 
@@ -11989,6 +12149,11 @@ def cmd_compare(args) -> int:
 
 
 def cmd_calibrate(args) -> int:
+    for flag, on in (("--pipeline-parallel-size", args.pipeline_parallel_size > 1),
+                     ("--enable-expert-parallel", args.enable_expert_parallel)):
+        if on:
+            raise UsageError(f"{flag}: calibrate fits runs of one tensor-parallel engine (the terms it fits are "
+                             f"priced per layer of one stage)")
     runs = [(path, read_inference_perf(path)) for path in args.reports if inference_perf_results(path)]
     reports = [(path, read_loadgen_report(path)) for path in args.reports if not inference_perf_results(path)]
     loads = {measured_workload(report)[:2] for _, report in reports}
@@ -12053,6 +12218,9 @@ def cmd_search(args) -> int:
         raise UsageError("search: give the objectives (--slo-ttft-ms and/or --slo-tpot-ms)")
     if args.trace and args.by == "concurrency":
         raise UsageError("--by concurrency: a trace has its own arrivals; search speeds the trace up instead")
+    if args.rate_schedule and args.by == "concurrency":
+        raise UsageError("--by concurrency: a rate schedule is open loop; search scales its rates instead")
+    schedule_duration_s(args)
     spec = build_engine_spec(args)
     progress = RunProgress(0, "runs", _shows_progress(args))  # NOTE: a search does not know its count ahead
     args.show_progress = False
@@ -12067,7 +12235,8 @@ def cmd_search(args) -> int:
             lambda meets: search_max_load(meets, args.start_load, integer=integer, tolerance=args.tolerance),
             meets_many, args.jobs)
     progress.close()
-    result = {"slo": slo.objectives(), "criterion": slo.criterion, "by": "trace speed-up" if args.trace else args.by,
+    by = "trace speed-up" if args.trace else "schedule multiple" if args.rate_schedule else args.by
+    result = {"slo": slo.objectives(), "criterion": slo.criterion, "by": by,
               "max_load": passing, "first_failing_load": failing, "num_runs": num_runs,
               "run": run_at(passing) if passing is not None else None,
               "failing_run": run_at(failing) if failing is not None else None}
@@ -12091,8 +12260,10 @@ def _plan_inputs(args) -> None:
     """What a plan needs before it runs: objectives, a workload, a price for every device."""
     if slo_from_args(args) is None:
         raise UsageError("plan: give the objectives (--slo-ttft-ms and/or --slo-tpot-ms)")
-    if not (args.trace or args.rate):
-        raise UsageError("plan: give the workload at its target load: --trace FILE or --rate REQ_PER_S")
+    if not (args.trace or args.rate or args.rate_schedule):
+        raise UsageError("plan: give the workload at its target load: --trace FILE, --rate REQ_PER_S or "
+                         "--rate-schedule with --duration-s")
+    schedule_duration_s(args)
     if max(args.replicas) > MAX_REPLICAS:
         raise UsageError(f"--replicas: expected at most {MAX_REPLICAS}, got {max(args.replicas)}")
     unpriced = [name for name in args.hardware if not HARDWARE[name].price_per_hour]
@@ -12116,6 +12287,11 @@ def cmd_plan(args) -> int:
         header, results = collect_plan(args.collect)
     else:
         _plan_inputs(args)
+        if args.rate_schedule:
+            if args.emit:
+                raise UsageError("--emit with --rate-schedule: the day question runs its fleets here, one after "
+                                 "another (each depends on the fleet sized for the peak)")
+            return _print_day_plan(args, plan_day(args))
         header, jobs = plan_grid(args)
         if args.emit:
             emit_plan(args.emit, header, jobs)
@@ -12130,6 +12306,14 @@ def cmd_plan(args) -> int:
     else:
         _print_lines(format_plan(report))
     return 0 if results else 1
+
+
+def _print_day_plan(args, report: dict) -> int:
+    if args.json:
+        _print_json({"day": report})
+    else:
+        _print_lines(format_day_plan(report))
+    return 0 if report["answer"] else 1
 
 
 def _scrape_live(args) -> Tuple[List[Dict[str, list]], str]:
@@ -12483,6 +12667,19 @@ def _add_replica_flags(parser: argparse.ArgumentParser) -> None:
     _add_fleet_flags(parser)
 
 
+def _add_scaler_flags(group) -> None:
+    """How the scaler measures and how fast a replica comes and goes (simulate's and plan's)."""
+    group.add_argument("--scale-metric", choices=SCALE_METRICS, default="running",
+                       help="what the scaler averages over replicas: requests running, requests waiting, or "
+                            "the share of KV blocks in use (default %(default)s)")
+    group.add_argument("--scale-up-delay-s", type=seconds,
+                       help="a new replica's cold start (default: its weights at 2 GB/s plus 60 s of engine start)")
+    group.add_argument("--scale-down-delay-s", type=seconds,
+                       help="scale down only to the most replicas wanted over this window (default 300, the HPA's)")
+    group.add_argument("--scale-period-s", type=positive_float, default=15.0,
+                       help="seconds between the scaler's evaluations (default 15, the HPA's)")
+
+
 def _add_fleet_flags(parser: argparse.ArgumentParser) -> None:
     """Autoscaling in the Kubernetes HPA's terms, and replica failures."""
     group = parser.add_argument_group("a fleet that scales and fails",
@@ -12490,17 +12687,9 @@ def _add_fleet_flags(parser: argparse.ArgumentParser) -> None:
                                       "that fail and are replaced")
     group.add_argument("--min-replicas", type=replica_count, help="fewest replicas the scaler keeps (default 1)")
     group.add_argument("--max-replicas", type=replica_count, help="most replicas the scaler asks for: autoscaling on")
-    group.add_argument("--scale-metric", choices=SCALE_METRICS, default="running",
-                       help="what the scaler averages over replicas: requests running, requests waiting, or "
-                            "the share of KV blocks in use (default %(default)s)")
     group.add_argument("--scale-target", type=positive_float,
                        help="the metric's target per replica, e.g. 48 running requests or 0.8 of the KV cache")
-    group.add_argument("--scale-up-delay-s", type=seconds,
-                       help="a new replica's cold start (default: its weights at 2 GB/s plus 60 s of engine start)")
-    group.add_argument("--scale-down-delay-s", type=seconds,
-                       help="scale down only to the most replicas wanted over this window (default 300, the HPA's)")
-    group.add_argument("--scale-period-s", type=positive_float, default=15.0,
-                       help="seconds between the scaler's evaluations (default 15, the HPA's)")
+    _add_scaler_flags(group)
     group.add_argument("--fail-replica", type=fail_replica, action="append", metavar="AT_S[:REPLICA]",
                        help="replica REPLICA (numbered as started; default the lowest up) fails at AT_S, its KV "
                             "and running requests lost (repeatable)")
@@ -12699,7 +12888,10 @@ def _search_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--by", choices=("rate", "concurrency"), default="rate",
                         help="search an open-loop rate (default) or a closed-loop client count; with "
                              "--trace, a speed-up of the trace's arrivals")
-    parser.add_argument("--trace", help="replay this trace, sped up or slowed down, instead of generated requests")
+    workload = parser.add_mutually_exclusive_group()
+    workload.add_argument("--trace", help="replay this trace, sped up or slowed down, instead of generated requests")
+    workload.add_argument("--rate-schedule", type=rate_schedule, metavar="START_S:RATE,...",
+                          help="search a multiple of this schedule's rates (for --duration-s) instead of one rate")
     parser.add_argument("--start-load", type=positive_float, default=1.0,
                         help="first load tried: req/s, clients or trace speed-up (default 1)")
     parser.add_argument("--tolerance", type=positive_float, default=0.01,
@@ -12833,9 +13025,20 @@ def _plan_flags(parser: argparse.ArgumentParser) -> None:
     arrivals = parser.add_mutually_exclusive_group()
     arrivals.add_argument("--trace", help="the workload: a trace at its own arrivals (see --time-scale)")
     arrivals.add_argument("--rate", type=positive_float, help="the workload: Poisson arrivals at this many req/s")
+    arrivals.add_argument("--rate-schedule", type=rate_schedule, metavar="START_S:RATE,...",
+                          help="the day question: Poisson arrivals at each RATE from its START_S, for --duration-s; "
+                               "the answer is the cheapest fleet, fixed or autoscaled, that meets the SLO")
     _add_workload_flags(parser)
     _add_slo_flags(parser)
     _add_jobs_flag(parser)
+    day = parser.add_argument_group("the day question (--rate-schedule)")
+    day.add_argument("--duration-s", type=positive_float, help="seconds the --rate-schedule runs for")
+    day.add_argument("--scale-target", type=float_list,
+                     help="targets to try per replica (default: running 8,16,32,64,128; waiting 1,4,16; kv-usage "
+                          "0.5,0.7,0.9)")
+    day.add_argument("--max-replicas", type=replica_count,
+                     help="most replicas a policy may ask for (default: the fixed fleet sized for the peak)")
+    _add_scaler_flags(day)
     _add_output_flags(parser, "the answer, the front and every point")
     where = parser.add_mutually_exclusive_group()
     where.add_argument("--emit", metavar="DIR", help="write plan.json and a job file per point instead of running")

@@ -117,8 +117,8 @@ class FleetTest(ScratchTest):
                                   period_s=15.0)
         args = parse("--rate", "1", *SMALL)
         spec = main.build_engine_spec(args)
-        workload = main.SyntheticWorkload(0, (200, 1000), (20, 120), 3, schedule=((0.0, 2.0), (120.0, 40.0),
-                                                                                 (300.0, 1.0)), duration_s=700.0)
+        workload = main.SyntheticWorkload(0, (200, 1000), (20, 120), 3, schedule=((0.0, 2.0), (120.0, 25.0),
+                                                                                 (240.0, 1.0)), duration_s=500.0)
         requests = list(workload)
         fleet = main.Fleet(spec.engine, main.Router("least-loaded"), policy)
         fleet.run(requests)
@@ -188,6 +188,55 @@ class FleetTest(ScratchTest):
                                  "--scale-target", "80"], "--scale-target 80", "0 to 1")
         self.assert_usage_error(["simulate", "--rate", "2", "--fail-replica", "5", "--data-parallel-size", "2"],
                                 "--data-parallel-size")
+
+
+class DayTest(ScratchTest):
+
+    # L4s of four sequences each: a replica serves about 1.5 req/s, the peak needs four
+    DAY = ["--hardware", "l4-24gb", "--tensor-parallel-size", "1", "--replicas", "1", "--max-num-seqs", "4",
+           "--rate-schedule", "0:0.5,200:4,400:0.5", "--duration-s", "600", "--prompt-tokens", "500",
+           "--output-tokens", "20", "--slo-ttft-ms", "1000", "--slo-tpot-ms", "80", "--slo-attainment", "90",
+           "--scale-up-delay-s", "2", "--scale-period-s", "2", "--scale-down-delay-s", "60", "--jobs", "1"]
+
+    def test_plan_sizes_a_fixed_fleet_for_the_peak_and_finds_autoscaling_cheaper_over_the_day(self):
+        day = run_json("plan", *self.DAY, "--scale-target", "1,2")["day"]
+        fixed = day["fixed"]
+        self.assertEqual((fixed["kind"], fixed["max_replicas"]), ("fixed", day["fixed_peak_replicas"]))
+        self.assertGreater(day["fixed_peak_replicas"], 1)
+        self.assertTrue(fixed["meets"])
+        self.assertEqual([row["scale_target"] for row in day["candidates"][1:]], [1.0, 2.0])
+        answer = day["answer"]
+        self.assertEqual(answer["kind"], "autoscaling")
+        self.assertTrue(answer["meets"])
+        self.assertLess(answer["usd_per_day"], fixed["usd_per_day"])
+        self.assertEqual(answer["usd_per_day"], min(row["usd_per_day"] for row in day["candidates"] if row["meets"]))
+        self.assertRegex(main.format_day_plan(day)[-1], r"^answer: autoscaling on running (1|2) per replica, \$[0-9.,]+ a "
+                                               r"day, [0-9]+% less than the fixed fleet of [0-9]+ sized for the peak")
+
+    def test_plan_over_a_schedule_takes_one_configuration(self):
+        self.assert_usage_error(["plan", "--hardware", "h100-sxm-80gb,l4-24gb", "--rate-schedule", "0:2",
+                                 "--duration-s", "60", "--slo-ttft-ms", "200"], "plan --rate-schedule",
+                                "one configuration")
+
+    def test_search_scales_every_rate_of_the_schedule(self):
+        result = run_json("search", "--rate-schedule", "0:1,60:2", "--duration-s", "120", "--hardware", "l4-24gb",
+                          "--prompt-tokens", "500", "--output-tokens", "20", "--max-num-seqs", "4", "--slo-ttft-ms",
+                          "1000", "--jobs", "1", "--tolerance", "0.05")
+        self.assertEqual(result["by"], "schedule multiple")
+        run = result["run"]["settings"]["arrivals"]
+        self.assertEqual((run["mode"], run["rate_scale"]), ("schedule", result["max_load"]))
+        self.assertGreater(result["first_failing_load"], result["max_load"])
+
+    def test_the_html_page_charts_the_replicas_up_and_each_hour(self):
+        page = self.write("fleet.html", "")
+        code, _, err = run_cli("simulate", "--rate-schedule", "0:0.2,3500:2", "--duration-s", "3700",
+                               "--min-replicas", "1", "--max-replicas", "4", "--scale-target", "2",
+                               "--scale-up-delay-s", "30", "--slo-ttft-ms", "300", "--html", page, *SMALL)
+        self.assertEqual((code, err), (0, ""))
+        with open(page, encoding="utf-8") as handle:
+            html = handle.read()
+        self.assertIn("Replicas up", html)
+        self.assertIn("SLO attainment by hour", html)
 
 
 class ParallelismTest(ScratchTest):
