@@ -5160,25 +5160,18 @@ class Fleet(ReplicaRun):
 
 
 def hourly(requests: Sequence[Request], slo: Optional[Slo]) -> List[dict]:
-    """Each hour of a run (by when requests were sent): the requests, the share that met
-    the SLO (None without one; a failed request met nothing) and the TTFT p95."""
-    hours: Dict[int, Tuple[List[int], array.array]] = {}
+    """Each hour of a run (by when requests were sent), each through its own RunTotals: the
+    requests, the share that met the SLO (None without one; a failed request met nothing)
+    and the TTFT p95."""
+    hours: Dict[int, RunTotals] = {}
     for request in requests:
-        counts, ttfts = hours.setdefault(int((request.sent_s or 0.0) // 3600), ([0, 0], array.array("d")))
-        counts[0] += 1
-        span = _token_span(request) if request.error is None else None
-        if span is None:
-            continue
-        ttft_s = span[0] - request.sent_s
-        ttfts.append(ttft_s)
-        tpot_s = (span[1] - span[0]) / (request.generated - 1) if request.generated > 1 else None
-        counts[1] += slo is not None and slo.request_meets(ttft_s, tpot_s)
+        hours.setdefault(int((request.sent_s or 0.0) // 3600), RunTotals(slo, itl_from_lists=False)).add(request)
     rows = []
     for hour in sorted(hours):
-        (num_requests, num_met), ttfts = hours[hour]
-        p95 = percentile(sorted(ttfts), 95)
-        rows.append({"hour": hour, "num_requests": num_requests,
-                     "attainment": num_met / num_requests if slo is not None else None,
+        totals = hours[hour]
+        p95 = percentile(sorted(totals.latencies_s["ttft"]), 95)
+        rows.append({"hour": hour, "num_requests": totals.num_requests,
+                     "attainment": totals.num_met / totals.num_requests if slo is not None else None,
                      "ttft_p95_ms": None if p95 is None else p95 * 1000})
     return rows
 
