@@ -4978,8 +4978,11 @@ class Fleet(ReplicaRun):
         return [index for index, state in enumerate(self.state) if state == "up"]
 
     def _mark(self, now_s: float) -> None:
-        """A point of the timeline: the replicas up from now_s."""
+        """A point of the timeline: the replicas up from now_s (changes at one moment make one
+        point, and none where they cancel out)."""
         count = len(self.up())
+        if self.timeline[-1][0] == now_s and len(self.timeline) > 1:
+            self.timeline.pop()
         if self.timeline[-1][0] == now_s:
             self.timeline[-1][1] = count
         elif self.timeline[-1][1] != count:
@@ -10756,12 +10759,13 @@ def format_summary(summary: dict, chunk_gaps: bool = False) -> List[str]:
 
 
 def _format_rejected(rejected: List[dict]) -> List[str]:
-    """A line per kind of failure: requests refused (they could never run), or given up on
-    by their clients (timeout: the server aborted them)."""
+    """A line per kind of failure: requests refused (they could never run), given up on by
+    their clients (timeout: the server aborted them) or lost with a failed replica."""
     by_kind: Dict[str, List[dict]] = {}
     for entry in rejected:
         by_kind.setdefault(entry["kind"], []).append(entry)
-    return [f"{'timed out' if kind == 'timeout' else 'rejected'} {len(entries):,} requests ({kind}), e.g. request "
+    said = {"timeout": "timed out", "replica-failed": "lost"}
+    return [f"{said.get(kind, 'rejected')} {len(entries):,} requests ({kind}), e.g. request "
             f"{entries[0]['request_id']}: {entries[0]['error']}" for kind, entries in by_kind.items()]
 
 
@@ -10837,11 +10841,14 @@ def format_fleet(fleet: dict) -> List[str]:
                f"{policy['period_s']:g} s, {policy['scale_up_delay_s']:,.0f} s to start, "
                f"{policy['scale_down_delay_s']:,.0f} s window down" if policy["min_replicas"] != policy["max_replicas"]
                else "a fixed fleet")
+    failed = [failure for failure in fleet["failures"] if "skipped" not in failure]
     lines = [f"fleet {scaling}: up to {fleet['max_replicas']} up, {fleet['replica_hours']:,.2f} replica-hours "
              f"(mean {fleet['mean_replicas']:.2f}), {fleet['scale_ups']} scale-ups, {fleet['scale_downs']} "
-             f"scale-downs, {len(fleet['failures'])} failure{'' if len(fleet['failures']) == 1 else 's'}, "
-             f"{fleet['retried']:,} requests retried, "
-             f"{fleet['lost']:,} lost"]
+             f"scale-downs, {len(failed)} failure{'' if len(failed) == 1 else 's'}, "
+             f"{fleet['retried']:,} requests retried, {fleet['lost']:,} lost"]
+    lines += [f"fleet: no failure at {failure['at_s']:,.1f} s"
+              + (f" of replica {failure['replica']}" if failure["replica"] is not None else "")
+              + f" ({failure['skipped']})" for failure in fleet["failures"] if "skipped" in failure]
     if cost["usd"] is not None:
         per_million = cost["usd_per_million_output_tokens"]
         lines.append(f"fleet cost ${cost['usd']:,.2f} for the run at {fleet['devices_per_replica']} device"
