@@ -112,6 +112,21 @@ class FleetTest(ScratchTest):
         self.assertTrue(all(r.first_token_s >= 25.0 for r in waited))
         self.assertEqual(set(finishes.values()), {1})
 
+    def test_a_failure_that_finds_no_replica_serving_is_said_and_changes_nothing(self):
+        policy = main.FleetPolicy(2, 2, 2, failures=((10.0, 5), (1e6, None)))
+        fleet, requests, finishes = fleet_run(policy, num_requests=100, rate=10.0)
+        self.assertEqual(fleet.failures, [{"at_s": 10.0, "replica": 5, "skipped": "not serving then"},
+                                          {"at_s": 1e6, "replica": None, "skipped": "after the run ended"}])
+        self.assertEqual((fleet.timeline, fleet.num_retried), ([[0.0, 2]], 0))
+
+    def test_a_replacement_that_starts_at_once_leaves_the_timeline_as_it_was(self):
+        policy = main.FleetPolicy(2, 2, 2, failures=((3.0, 1),), restart_s=0.0)
+        fleet, requests, finishes = fleet_run(policy, num_requests=100, rate=10.0)
+        self.assertEqual(fleet.timeline, [[0.0, 2]])
+        self.assertGreater(fleet.num_retried, 0)
+        self.assertEqual((fleet.state[1], fleet.failures[0]["replacement"]), ("down", 2))
+        self.assertEqual(set(finishes.values()), {1})
+
     def test_the_scaler_adds_replicas_under_load_serving_only_once_up_and_drains_them_after_the_window(self):
         policy = main.FleetPolicy(1, 6, 1, "running", 8.0, scale_up_delay_s=40.0, scale_down_delay_s=60.0,
                                   period_s=15.0)
