@@ -8440,7 +8440,8 @@ def run_fleet(spec: EngineSpec, requests: List[Request], concurrency: Optional[i
                                        if spec.fast else None))
     report["fleet"] = fleet_report(fleet, requests, spec.plan, report["summary"], slo)
     devices = report["fleet"]["mean_replicas"] * spec.plan.num_devices  # NOTE: a mean, so not a whole number
-    add_cost(report["summary"], spec.plan.hardware.price_per_hour * devices, round(devices, 2))
+    shown = round(devices, 2)
+    add_cost(report["summary"], spec.plan.hardware.price_per_hour * devices, int(shown) if shown == int(shown) else shown)
     return report
 
 
@@ -8505,9 +8506,10 @@ def run_simulation(args, spec: EngineSpec, concurrency: Optional[int], rate: Opt
     else:
         arrivals = {"mode": "poisson", "rate": rate}
     settings = {"hardware": plan.hardware.name, "tensor_parallel_size": plan.tensor_parallel_size,
-                "replicas": getattr(args, "replicas", 1), "router": getattr(args, "router", None),
+                "replicas": policy.initial_replicas if policy else getattr(args, "replicas", 1),
+                "router": getattr(args, "router", None),
                 "pipeline_parallel_size": plan.pipeline_parallel_size, "devices": plan.devices,
-                "data_parallel_size": getattr(args, "data_parallel_size", 1), "num_engines": num_engines(args),
+                "data_parallel_size": getattr(args, "data_parallel_size", 1), "num_engines": policy.initial_replicas if policy else num_engines(args),
                 "model": plan.model.name, "arrivals": arrivals, "num_requests": len(requests),
                 "scheduler": asdict(spec.config), "request_timeout_s": timeout_s}
     if arrivals["mode"] != "trace":
