@@ -206,11 +206,12 @@ class CompareTest(ScratchTest):
 class FitTest(ScratchTest):
 
     def fit(self, runs, base=BASE):
-        """calibrate --json on inference-perf runs written from KNOWN, from base."""
+        """calibrate --json on inference-perf runs written from KNOWN, from base (its replays
+        on two processes: the fit is the same for any --jobs, and the suite is quicker)."""
         folders = [write_run(self.directory, name, model, config, tp, [(2, 20), (40, 10)], output=100)
                    for name, model, config, tp in runs]
         code, out, err = run_cli("calibrate", *folders, "--model-dir", os.path.join(self.directory, "models"),
-                                 "--hardware-file", self.write("base.json", dataclasses.asdict(base)), "--jobs", "1",
+                                 "--hardware-file", self.write("base.json", dataclasses.asdict(base)), "--jobs", "2",
                                  "--json")
         self.assertEqual((code, err), (0, ""))
         return json.loads(out)

@@ -509,7 +509,8 @@ class ContextCostTest(ScratchTest):
     def test_a_vllm_servers_request_path_is_its_ttft_less_its_own_queue_and_prefill_time(self):
         with FakeEngine(QUICK_DECODE_MS, PREFILL_MS_PER_TOKEN, kind="vllm", request_path_ms=15.0) as engine:
             profile = run_json("profile", "--url", engine.url, "--output-tokens", "8", "--repeat", "1",
-                               "--prefill-tokens", "400", "--context-tokens", "0", "--quiet")  # one point: no intercept
+                               "--prefill-tokens", "400", "--context-tokens", "0", "--max-num-seqs", "4",
+                               "--quiet")  # one point: no intercept; the cap given, so no crowding probe
         self.assertAlmostEqual(profile["request_overhead_ms"], 15.0, delta=5.0)  # the path, its HTTP and a scrape's
         for point in profile["prefill"]:
             self.assertAlmostEqual(point["step_ms"], PREFILL_MS_PER_TOKEN * point["prompt_tokens"], delta=3.0)
