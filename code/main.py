@@ -20,7 +20,7 @@ Usage:
     python3 code/main.py search --slo-ttft-ms MS --slo-tpot-ms MS [--by rate|concurrency] [options]
     python3 code/main.py profile --url URL [--out FILE] [--budget-s S]
     python3 code/main.py plan (--trace FILE | --rate R) --slo-ttft-ms MS [grid lists] [--emit DIR | --collect DIR]
-    python3 code/main.py plan --rate-schedule S:R,... --duration-s S --slo-ttft-ms MS [one configuration]
+    python3 code/main.py plan --rate-schedule S:R,... --duration-s S --slo-ttft-ms MS [grid lists]
 
 Examples:
     # the memory plan: weights, KV per token, blocks, max concurrency, step time
@@ -10533,56 +10533,85 @@ def peak_stretch_s(schedule: Sequence[Tuple[float, float]], duration_s: float) -
     return max(end - start for (start, rate), end in zip(schedule, ends) if rate == peak)
 
 
-def peak_fleet_size(args, point: PlanPoint, peak_rate: float) -> Optional[int]:
+def peak_fleet_size(args, point: PlanPoint, peak_rate: float) -> int:
     """The fewest fixed replicas that meet the SLO at the schedule's peak rate (for as long
-    as the schedule holds it, at most PEAK_WINDOW_S), by doubling then bisection; None past
-    MAX_REPLICAS."""
+    as the schedule holds it, at most PEAK_WINDOW_S), by doubling then bisection;
+    CapacityError past MAX_REPLICAS, or once doubling the fleet no longer moves the
+    figures the SLO judges (no queue left to shorten: one request alone misses it)."""
     window = ((0.0, peak_rate),)
     window_s = min(peak_stretch_s(args.rate_schedule, args.duration_s), PEAK_WINDOW_S)
 
-    def meets(count: int) -> bool:
+    def run(count: int) -> dict:
         return day_figures(_day_args(args, point, rate_schedule=window, duration_s=window_s,
-                                     min_replicas=count, max_replicas=count, replicas=count))["meets"]
-    low, high = 0, 1
-    while not meets(high):
-        low, high = high, high * 2
+                                     min_replicas=count, max_replicas=count, replicas=count))
+    low, high, last = 0, 1, run(1)
+    while not last["meets"]:
+        low, high, before = high, high * 2, last
         if high > MAX_REPLICAS:
-            return None
+            raise CapacityError(f"no fleet of up to {MAX_REPLICAS} replicas meets the SLO at the peak, "
+                                f"{peak_rate:g} req/s")
+        last = run(high)
+        if not last["meets"] and _no_better(before, last):
+            raise CapacityError(f"{low} and {high} replicas miss the SLO alike at the peak, {peak_rate:g} req/s "
+                                f"(p{args.slo_percentile:g} {_observed_text(last)}): more replicas do not help")
     while high - low > 1:
         middle = (low + high) // 2
-        low, high = (low, middle) if meets(middle) else (middle, high)
+        low, high = (low, middle) if run(middle)["meets"] else (middle, high)
     return high
 
 
-def plan_day(args) -> dict:
-    """The day question: over the rate schedule, the fixed fleet sized for its peak beside
-    autoscaling policies (min 1, max the peak fleet or --max-replicas, each scale target),
-    each simulated over the whole schedule; the answer is the cheapest that met the SLO."""
-    points = [point for point in plan_points(args) if point.replicas == args.replicas[0]]  # fleets sized here
-    if len(points) != 1 or args.disaggregate:
-        raise UsageError(f"plan --rate-schedule: give one configuration (one value each of --hardware, "
-                         f"--tensor-parallel-size, --max-num-seqs, --max-num-batched-tokens, --prefix-caching); "
-                         f"the grid has {len(points)}")
-    point = points[0]
+def _no_better(before: dict, after: dict) -> bool:
+    """Whether every figure the SLO judges (and the attainment) moved by under 2%."""
+    pairs = [(before["observed_ms"][name], after["observed_ms"][name]) for name in after["observed_ms"]]
+    pairs.append((1 - before["attainment"], 1 - after["attainment"]))
+    return all(old is not None and new is not None and new >= 0.98 * old for old, new in pairs)
+
+
+def _observed_text(figures: dict) -> str:
+    return ", ".join(f"{name[:-3]} {value:,.1f} ms" for name, value in figures["observed_ms"].items()
+                     if value is not None)
+
+
+def day_of_configuration(args, point: PlanPoint, workers: Workers) -> dict:
+    """One configuration's day: the fixed fleet sized for the peak beside an autoscaling
+    policy per scale target (min 1, max the peak fleet or --max-replicas), each simulated
+    over the whole schedule; CapacityError where no fleet of it meets the SLO at the peak."""
     peak_rate = max(rate for _, rate in args.rate_schedule)
+    build_engine_spec(_day_args(args, point))  # NOTE: a point that does not fit raises here, before any run
     size = peak_fleet_size(args, point, peak_rate)
-    if size is None:
-        raise CapacityError(f"no fleet of up to {MAX_REPLICAS} replicas of {point.engine_text()} meets the SLO at the "
-                            f"peak, {peak_rate:g} req/s")
     targets = args.scale_target or SCALE_TARGETS[args.scale_metric]
     high = args.max_replicas or size
     candidates = [("fixed", None, _day_args(args, point, min_replicas=size, max_replicas=size, replicas=size))]
     candidates += [("autoscaling", target, _day_args(args, point, min_replicas=1, max_replicas=high,
                                                      scale_target=target)) for target in targets if high > 1]
-    with Workers(args.jobs) as workers:
-        figures = workers.map(day_figures, [(candidate,) for _, _, candidate in candidates])
+    figures = workers.map(day_figures, [(candidate,) for _, _, candidate in candidates])
     rows = [dict(kind=kind, scale_target=target, **found) for (kind, target, _), found in zip(candidates, figures)]
-    met = [row for row in rows if row["meets"]]
-    answer = min(met, key=lambda row: (row["usd_per_day"] or 0, row["kind"] != "fixed")) if met else None
-    return {"point": asdict(point), "point_text": point.engine_text(), "schedule": [list(pair) for pair in args.rate_schedule],
-            "duration_s": args.duration_s, "peak_rate": peak_rate, "fixed_peak_replicas": size,
-            "scale_metric": args.scale_metric, "slo": asdict(slo_from_args(args)), "candidates": rows,
-            "answer": answer, "fixed": rows[0]}
+    return {"point": asdict(point), "point_text": point.engine_text(), "fixed_peak_replicas": size,
+            "candidates": rows}
+
+
+def plan_day(args) -> dict:
+    """The day question, for every configuration of the grid (its --replicas aside: the
+    fleets are sized here): each configuration's day (see day_of_configuration), and the
+    answer, the cheapest fleet of any that met the SLO, beside that configuration's
+    fixed fleet sized for the peak."""
+    if args.disaggregate:
+        raise UsageError("--disaggregate with --rate-schedule: the day question sizes fleets of colocated engines")
+    points = [point for point in plan_points(args) if point.replicas == args.replicas[0]]
+    days, skipped = [], {}
+    with Workers(args.jobs) as workers:
+        for point in points:
+            try:
+                days.append(day_of_configuration(args, point, workers))
+            except CapacityError as error:
+                skipped[point.engine_text()] = str(error)
+    met = [(day, row) for day in days for row in day["candidates"] if row["meets"]]
+    best = min(met, key=lambda pair: (pair[1]["usd_per_day"] or 0, pair[1]["kind"] != "fixed")) if met else None
+    answer = dict(best[1], point_text=best[0]["point_text"], fixed=best[0]["candidates"][0],
+                  fixed_peak_replicas=best[0]["fixed_peak_replicas"]) if best else None
+    return {"schedule": [list(pair) for pair in args.rate_schedule], "duration_s": args.duration_s,
+            "peak_rate": max(rate for _, rate in args.rate_schedule), "scale_metric": args.scale_metric,
+            "slo": asdict(slo_from_args(args)), "configurations": days, "skipped": skipped, "answer": answer}
 
 
 # =============================================================================
@@ -11285,27 +11314,33 @@ def _plan_not_fitting(points: Sequence[dict]) -> List[str]:
 
 
 def format_day_plan(day: dict) -> List[str]:
-    """The day question's answer: each fleet tried over the schedule, the cheapest that met
-    the SLO, and what it saves on the fixed fleet sized for the peak."""
+    """The day question's answer: each fleet tried over the schedule, by configuration, the
+    cheapest that met the SLO, and what it saves on its configuration's fixed fleet sized
+    for the peak."""
     objectives = ", ".join(f"{name} <= {limit:g} ms" for name, limit in
                            (("ttft", day["slo"]["ttft_ms"]), ("tpot", day["slo"]["tpot_ms"])) if limit is not None)
-    lines = [f"plan a day of {day['duration_s']:,.0f} s, peak {day['peak_rate']:g} req/s, replicas of "
-             f"{day['point_text']}; slo {objectives}, {Slo(**day['slo']).criterion}",
-             f"{'fleet':<28}{'met':>5}{'attained':>10}{'replica-h':>11}{'most up':>9}{'usd/day':>11}"]
-    for row in day["candidates"]:
-        name = (f"fixed {day['fixed_peak_replicas']} (sized for the peak)" if row["kind"] == "fixed"
-                else f"autoscaling {day['scale_metric']} {row['scale_target']:g}")
-        lines.append(f"{name:<28}{'yes' if row['meets'] else 'no':>5}{row['attainment']:>10.1%}"
-                     f"{row['replica_hours']:>11,.1f}{row['max_replicas']:>9}{_usd(row['usd_per_day']):>11}")
-    answer, fixed = day["answer"], day["fixed"]
+    lines = [f"plan a day of {day['duration_s']:,.0f} s, peak {day['peak_rate']:g} req/s; slo {objectives}, "
+             f"{Slo(**day['slo']).criterion}"]
+    for configuration in day["configurations"]:
+        lines += [f"replicas of {configuration['point_text']}",
+                  f"  {'fleet':<28}{'met':>5}{'attained':>10}{'replica-h':>11}{'most up':>9}{'usd/day':>11}"]
+        for row in configuration["candidates"]:
+            name = (f"fixed {configuration['fixed_peak_replicas']} (sized for the peak)" if row["kind"] == "fixed"
+                    else f"autoscaling {day['scale_metric']} {row['scale_target']:g}")
+            lines.append(f"  {name:<28}{'yes' if row['meets'] else 'no':>5}{row['attainment']:>10.1%}"
+                         f"{row['replica_hours']:>11,.1f}{row['max_replicas']:>9}{_usd(row['usd_per_day']):>11}")
+    lines += [f"skipped {text}: {reason}" for text, reason in day["skipped"].items()]
+    answer = day["answer"]
     if answer is None:
         return lines + ["no fleet tried met the SLO over the whole day"]
-    if answer is fixed or answer["kind"] == "fixed":
-        return lines + [f"answer: the fixed fleet of {day['fixed_peak_replicas']}, {_usd(fixed['usd_per_day'])} a day"]
+    fixed, size = answer["fixed"], answer["fixed_peak_replicas"]
+    if answer["kind"] == "fixed":
+        return lines + [f"answer: a fixed fleet of {size} replica{'s' if size > 1 else ''} of {answer['point_text']}: "
+                        f"{_usd(fixed['usd_per_day'])} a day"]
     saving = 1 - answer["usd_per_day"] / fixed["usd_per_day"] if fixed["usd_per_day"] else 0.0
-    return lines + [f"answer: autoscaling on {day['scale_metric']} {answer['scale_target']:g} per replica, "
-                    f"{_usd(answer['usd_per_day'])} a day, {saving:.0%} less than the fixed fleet of "
-                    f"{day['fixed_peak_replicas']} sized for the peak ({_usd(fixed['usd_per_day'])})"]
+    return lines + [f"answer: autoscaling on {day['scale_metric']} {answer['scale_target']:g} per replica of "
+                    f"{answer['point_text']}: {_usd(answer['usd_per_day'])} a day, {saving:.0%} less than its fixed "
+                    f"fleet of {size} sized for the peak ({_usd(fixed['usd_per_day'])})"]
 
 
 def format_plan(report: dict) -> List[str]:

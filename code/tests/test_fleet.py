@@ -215,23 +215,40 @@ class DayTest(ScratchTest):
 
     def test_plan_sizes_a_fixed_fleet_for_the_peak_and_finds_autoscaling_cheaper_over_the_day(self):
         day = run_json("plan", *self.DAY, "--scale-target", "1,2")["day"]
-        fixed = day["fixed"]
-        self.assertEqual((fixed["kind"], fixed["max_replicas"]), ("fixed", day["fixed_peak_replicas"]))
-        self.assertGreater(day["fixed_peak_replicas"], 1)
+        (configuration,) = day["configurations"]
+        fixed = configuration["candidates"][0]
+        self.assertEqual((fixed["kind"], fixed["max_replicas"]), ("fixed", configuration["fixed_peak_replicas"]))
+        self.assertGreater(configuration["fixed_peak_replicas"], 1)
         self.assertTrue(fixed["meets"])
-        self.assertEqual([row["scale_target"] for row in day["candidates"][1:]], [1.0, 2.0])
+        self.assertEqual([row["scale_target"] for row in configuration["candidates"][1:]], [1.0, 2.0])
         answer = day["answer"]
-        self.assertEqual(answer["kind"], "autoscaling")
+        self.assertEqual((answer["kind"], answer["fixed"]), ("autoscaling", fixed))
         self.assertTrue(answer["meets"])
         self.assertLess(answer["usd_per_day"], fixed["usd_per_day"])
-        self.assertEqual(answer["usd_per_day"], min(row["usd_per_day"] for row in day["candidates"] if row["meets"]))
-        self.assertRegex(main.format_day_plan(day)[-1], r"^answer: autoscaling on running (1|2) per replica, \$[0-9.,]+ a "
-                                               r"day, [0-9]+% less than the fixed fleet of [0-9]+ sized for the peak")
+        self.assertEqual(answer["usd_per_day"],
+                         min(row["usd_per_day"] for row in configuration["candidates"] if row["meets"]))
+        self.assertRegex(main.format_day_plan(day)[-1],
+                         r"^answer: autoscaling on running (1|2) per replica of l4-24gb, max-num-seqs 4, [a-z0-9 ,-]+: "
+                         r"\$[0-9.,]+ a day, [0-9]+% less than its fixed fleet of [0-9]+ sized for the peak")
 
-    def test_plan_over_a_schedule_takes_one_configuration(self):
-        self.assert_usage_error(["plan", "--hardware", "h100-sxm-80gb,l4-24gb", "--rate-schedule", "0:2",
-                                 "--duration-s", "60", "--slo-ttft-ms", "200"], "plan --rate-schedule",
-                                "one configuration")
+    def test_plan_over_a_schedule_tries_every_configuration_and_says_why_one_is_skipped(self):
+        day = run_json("plan", "--model", "llama-3.1-70b", "--hardware", "h100-sxm-80gb", "--tensor-parallel-size",
+                       "1,2", "--replicas", "1", "--rate-schedule", "0:1", "--duration-s", "60", "--prompt-tokens",
+                       "500", "--output-tokens", "20", "--slo-ttft-ms", "2000", "--scale-target", "4",
+                       "--jobs", "1")["day"]
+        self.assertEqual([c["point_text"] for c in day["configurations"]],
+                         ["2 x h100-sxm-80gb, max-num-seqs 256, max-num-batched-tokens 8192, prefix caching off"])
+        (reason,) = day["skipped"].values()
+        self.assertIn("llama-3.1-70b does not fit on h100-sxm-80gb", reason)
+        self.assertEqual((day["answer"]["kind"], day["answer"]["fixed_peak_replicas"]), ("fixed", 1))
+
+    def test_plan_says_when_more_replicas_no_longer_help(self):
+        code, out, _ = run_cli("plan", "--hardware", "l4-24gb", "--tensor-parallel-size", "1", "--replicas", "1",
+                               "--rate-schedule", "0:1", "--duration-s", "30", "--prompt-tokens", "500",
+                               "--output-tokens", "20", "--slo-ttft-ms", "1", "--jobs", "1")
+        self.assertEqual(code, 1)
+        self.assertIn("more replicas do not help", out)
+        self.assertEqual(out.splitlines()[-1], "no fleet tried met the SLO over the whole day")
 
     def test_search_scales_every_rate_of_the_schedule(self):
         result = run_json("search", "--rate-schedule", "0:1,60:2", "--duration-s", "120", "--hardware", "l4-24gb",
