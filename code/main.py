@@ -4895,7 +4895,10 @@ class FleetPolicy:
     KServe's raw deployments scale with) decides: every period_s it averages scale_metric
     over the replicas asked for (those still starting count 0), wants ceil(replicas x
     average / target) of them (no change within tolerance of the target), scales up at
-    once and down only to the most it wanted over the last scale_down_delay_s."""
+    once and down only to the most it wanted over the last scale_down_delay_s. With
+    min_replicas 0 the fleet scales to zero when idle, and a request that finds no replica
+    up or starting asks for one at once (KServe's scale from zero, through Knative's
+    activator), waiting at the router while it starts."""
 
     min_replicas: int
     max_replicas: int
@@ -4946,7 +4949,8 @@ class Fleet(ReplicaRun):
         self.events: List[Tuple[float, int, str, Optional[int]]] = []  # (when, order, kind, replica)
         self.order = itertools.count()
         self.held: Deque[Request] = deque()
-        self.wanted: Deque[Tuple[float, int]] = deque()  # (when, replicas wanted) within the window
+        # (when, replicas wanted) within the window; those it starts with count as wanted at 0
+        self.wanted: Deque[Tuple[float, int]] = deque([(0.0, policy.initial_replicas)])
         self.timeline: List[List[float]] = [[0.0, 0]]
         self.num_scale_ups = self.num_scale_downs = self.num_retried = self.num_lost = 0
         self.failures: List[dict] = []
@@ -5019,6 +5023,8 @@ class Fleet(ReplicaRun):
                       for index in live]
             if next_arrival_s == math.inf and min(clocks, default=math.inf) == math.inf and not self.held:
                 return self.finish()
+            if self.held and "starting" not in self.state and not self.up():
+                raise RuntimeError("requests wait at the router with no replica up or starting")
             now_s = min([next_arrival_s] + clocks + ([self.events[0][0]] if self.events else []))
             if self.events and self.events[0][0] == now_s:
                 self.handle(heapq.heappop(self.events), now_s)
@@ -5059,6 +5065,9 @@ class Fleet(ReplicaRun):
         up = self.up()
         if not up:
             self.held.append(request)
+            if self.policy.min_replicas == 0 and "starting" not in self.state:  # scale from zero
+                self.add_replica(now_s, self.policy.scale_up_delay_s)
+                self.num_scale_ups += 1
             return True
         index = up[self.router.choose(request, [self.engines[i].scheduler for i in up], up)]
         engine = self.engines[index]
@@ -5088,11 +5097,12 @@ class Fleet(ReplicaRun):
         policy = self.policy
         asked = [index for index, state in enumerate(self.state) if state in ("starting", "up")]
         total = sum(self.metric(index) for index in self.up())
-        if policy.scale_metric == "waiting":
-            total += len(self.held)  # queued at the router, for want of a replica
+        if policy.scale_metric != "kv-usage":
+            total += len(self.held)  # queued at the router for want of a replica: they would run or wait
         ratio = total / len(asked) / policy.scale_target if asked else math.inf
         wanted = len(asked) if abs(ratio - 1) <= policy.tolerance else math.ceil(total / policy.scale_target)
-        wanted = min(policy.max_replicas, max(policy.min_replicas, wanted))
+        # NOTE: requests held at the router keep one replica wanted, or a fleet scaled to zero would never serve them
+        wanted = min(policy.max_replicas, max(policy.min_replicas, 1 if self.held else 0, wanted))
         self.wanted.append((now_s, wanted))
         while self.wanted[0][0] < now_s - policy.scale_down_delay_s:
             self.wanted.popleft()
@@ -8460,7 +8470,9 @@ def fleet_policy(args, plan: CapacityPlan) -> Optional[FleetPolicy]:
         if on:
             raise UsageError(f"{flag} with --max-replicas or --fail-replica: a fleet of such engines is not modelled")
     replicas = getattr(args, "replicas", 1)
-    low = args.min_replicas or (1 if args.max_replicas is not None else replicas)
+    low = args.min_replicas if args.min_replicas is not None else (1 if args.max_replicas is not None else replicas)
+    if low == 0 and args.max_replicas is None:
+        raise UsageError("--min-replicas 0: scale to zero needs a scaler; give --max-replicas and --scale-target")
     high = args.max_replicas or max(low, replicas)
     if low > high or replicas > high:
         raise UsageError(f"--min-replicas {low}, --replicas {replicas}, --max-replicas {high}: expected min <= "
@@ -12328,6 +12340,9 @@ def cmd_plan(args) -> int:
             if args.emit:
                 raise UsageError("--emit with --rate-schedule: the day question runs its fleets here, one after "
                                  "another (each depends on the fleet sized for the peak)")
+            if args.html or args.svg:
+                raise UsageError(f"--{'html' if args.html else 'svg'} with --rate-schedule: the day question prints a "
+                                 f"table; simulate the fleet it answers with --html for its charts")
             return _print_day_plan(args, plan_day(args))
         header, jobs = plan_grid(args)
         if args.emit:
@@ -12722,7 +12737,9 @@ def _add_fleet_flags(parser: argparse.ArgumentParser) -> None:
     group = parser.add_argument_group("a fleet that scales and fails",
                                       "replicas asked for as the load moves (the Kubernetes HPA's rule), replicas "
                                       "that fail and are replaced")
-    group.add_argument("--min-replicas", type=replica_count, help="fewest replicas the scaler keeps (default 1)")
+    group.add_argument("--min-replicas", type=non_negative_int,
+                       help="fewest replicas the scaler keeps (default 1); 0 scales to zero when idle, and a request "
+                            "that finds none asks for one at once, as KServe's activator does")
     group.add_argument("--max-replicas", type=replica_count, help="most replicas the scaler asks for: autoscaling on")
     group.add_argument("--scale-target", type=positive_float,
                        help="the metric's target per replica, e.g. 48 running requests or 0.8 of the KV cache")

@@ -1,7 +1,6 @@
 """A fleet over time: rate schedules, autoscaling, replica failures, and pipeline, expert
 and data parallelism."""
 
-import json
 import math
 import random
 import unittest
@@ -148,14 +147,28 @@ class FleetTest(ScratchTest):
             index = fleet.replica_of[request]
             self.assertGreaterEqual(request.received_s, fleet.started_s[index] + (40.0 if index else 0.0))
 
+    def test_a_fleet_that_may_scale_to_zero_does_when_idle_and_a_late_request_waits_for_its_cold_start(self):
+        policy = main.FleetPolicy(0, 2, 1, "running", 8.0, scale_up_delay_s=40.0, scale_down_delay_s=60.0)
+        spec = main.build_engine_spec(parse("--rate", "1", *SMALL))
+        requests = list(main.SyntheticWorkload(0, (200, 1000), (20, 120), 5, schedule=(
+            (0.0, 2.0), (60.0, 0.0), (1000.0, 2.0)), duration_s=1100.0))
+        fleet = main.Fleet(spec.engine, main.Router("least-loaded"), policy)
+        fleet.run(requests)
+        zero_s = next(at_s for at_s, count in fleet.timeline if count == 0)
+        self.assertTrue(120.0 <= zero_s < 1000.0, fleet.timeline)  # idle past the window, then none paid for
+        late = min((r for r in requests if r.arrival_s >= 1000.0), key=lambda r: r.arrival_s)
+        self.assertGreaterEqual(late.first_token_s - late.sent_s, 40.0)  # it waited for a replica to start
+        self.assertTrue(all(r.error is None and r.generated == r.max_tokens for r in requests))
+        self.assertLess(fleet.replica_seconds(), 0.5 * 1100.0)
+
     def test_invariants_hold_over_many_random_fleets(self):
         """No request lost or served twice, across scale-downs, failures, retries and timeouts."""
         seen = {"retried": 0, "lost": 0, "scale_ups": 0, "scale_downs": 0, "timeouts": 0}
         for seed in range(40):
             rng = random.Random(seed)
-            low = rng.randint(1, 2)
+            low = rng.randint(0, 2)
             policy = main.FleetPolicy(
-                low, rng.randint(low, 4), low, rng.choice(main.SCALE_METRICS),
+                low, rng.randint(max(low, 1), 4), max(low, 1), rng.choice(main.SCALE_METRICS),
                 rng.choice((0.3, 0.6)) if seed % 3 == 2 else rng.choice((2.0, 6.0, 20.0)),
                 scale_up_delay_s=rng.choice((0.0, 5.0, 30.0)), scale_down_delay_s=rng.choice((0.0, 20.0)),
                 period_s=rng.choice((1.0, 5.0)),
@@ -196,6 +209,8 @@ class FleetTest(ScratchTest):
     def test_bad_fleet_flags_exit_2_naming_the_flag(self):
         self.assert_usage_error(["simulate", "--rate", "2", "--max-replicas", "3"], "--scale-target")
         self.assert_usage_error(["simulate", "--rate", "2", "--min-replicas", "3"], "--min-replicas", "--max-replicas")
+        self.assert_usage_error(["simulate", "--rate", "2", "--min-replicas", "0", "--fail-replica", "5"],
+                                "--min-replicas 0", "--max-replicas")
         self.assert_usage_error(["simulate", "--rate", "2", "--max-replicas", "2", "--replicas", "3",
                                  "--scale-target", "4"], "min <= replicas <= max")
         self.assert_usage_error(["simulate", "--rate", "2", "--fail-replica", "x"], "--fail-replica", "AT_S")
