@@ -1582,23 +1582,39 @@ def step_seconds(hardware: Hardware, model: ModelSpec, num_tokens: int, num_cont
     experts, the experts its tokens were routed to) plus that KV. num_passes > 1 runs
     the step as that many forward passes over equal shares of the tokens (llama.cpp's
     micro-batches), each reading its weights again. With pipeline stages (model is one
-    stage's shard) the step runs through every stage in turn, each priced as the largest,
-    and hands its activations on between them. NOTE: vLLM keeps a micro-batch per stage
-    in flight; a memory-bound decode step gains little from that (each micro-batch reads
-    the stage's weights again), but the bubble of a compute-bound prefill is not won back here.
+    stage's shard, each priced as the largest) the step's sequences go as micro-batches
+    (see micro_batches) kept in flight one per stage, as vLLM's pipeline keeps them: every
+    sequence has its token once its micro-batch has been through every stage in turn, so
+    the step is P passes of one micro-batch's share plus the hand-overs between stages. A
+    memory-bound pass reads the stage's weights whatever its size (decode gains little
+    from the pipeline); a compute-bound one costs its share. With fewer sequences than
+    stages, stages idle: the bubble (step_cost_terms' pipeline_bubble).
     Attention FLOPs and kernel details are left out: a roofline for direction and order
     of magnitude, with the overheads a real stack adds fitted where a preset says so.
     """
     if num_sampled is None:
         num_sampled = num_tokens
+    fixed_s, stages = fixed_step_seconds(hardware, model, num_seqs), model.pipeline_parallel_size
+    if stages > 1:  # one micro-batch's share of everything, through every stage
+        micro = micro_batches(model, num_seqs)
+        num_tokens, num_context_tokens, num_sampled = num_tokens / micro, num_context_tokens / micro, num_sampled / micro
+        num_seqs = num_seqs / micro
     compute_s = compute_seconds(hardware, model, num_tokens, num_sampled)
-    weight_bytes = model.step_weight_bytes(-(-num_tokens // num_passes))
+    # NOTE: a micro-batch's share of tokens may be a fraction (the mean of its micro-batches);
+    # only llama.cpp's passes round up, to the tokens of the largest
+    weight_bytes = model.step_weight_bytes(num_tokens if num_passes == 1 else -(-num_tokens // num_passes))
     pass_bytes = weight_bytes + kv_read_bytes(model, num_context_tokens, num_seqs) / num_passes
     memory_s = pass_bytes / memory_rate(hardware)
     passes_s = num_passes * max(compute_s / num_passes, memory_s)  # exact for one pass: x / 1 * 1 == x
-    if model.pipeline_parallel_size > 1:
-        passes_s *= model.pipeline_parallel_size  # every stage in turn, each priced as the largest
-    return fixed_step_seconds(hardware, model, num_seqs) + passes_s + collective_seconds(hardware, model, num_tokens)
+    if stages > 1:
+        passes_s *= stages
+    return fixed_s + passes_s + collective_seconds(hardware, model, num_tokens)
+
+
+def micro_batches(model: ModelSpec, num_seqs: int) -> int:
+    """Micro-batches a pipelined step's sequences go as: one per stage, or one per sequence
+    when there are fewer (1 without pipeline parallelism)."""
+    return min(model.pipeline_parallel_size, max(1, num_seqs))
 
 
 def slower_by(hardware: Hardware, factor: float) -> Hardware:
@@ -1617,13 +1633,17 @@ def step_cost_terms(hardware: Hardware, model: ModelSpec, num_seqs: int, num_tok
     costs, term by term (ms): the weight read and the KV reads (together the memory time),
     the arithmetic, the all-reduces, the fixed costs (the step's, the layers', the
     sequences'), the step as step_seconds prices it and which side bounds it; and the
-    request path a request pays once, outside every step."""
+    request path a request pays once, outside every step. Pipelined, the memory and compute
+    terms are every stage's pass of one micro-batch's share, and pipeline_bubble the share
+    of the stages' time idle for want of micro-batches."""
     num_seqs, num_tokens = max(1, num_seqs), max(1, num_tokens)
-    rate, stages = memory_rate(hardware), model.pipeline_parallel_size
-    terms = {"weights_ms": model.step_weight_bytes(num_tokens) * stages / rate * 1000,
-             "kv_reads_ms": kv_read_bytes(model, num_context_tokens, num_seqs) * stages / rate * 1000,
-             "compute_ms": compute_seconds(hardware, model, num_tokens, num_seqs) * stages * 1000,
-             "collectives_ms": collective_seconds(hardware, model, num_tokens) * 1000,
+    rate, stages, micro = memory_rate(hardware), model.pipeline_parallel_size, micro_batches(model, num_seqs)
+    tokens, context, seqs = (num_tokens / micro, num_context_tokens / micro, num_seqs / micro) if stages > 1 else (
+        num_tokens, num_context_tokens, num_seqs)
+    terms = {"weights_ms": model.step_weight_bytes(tokens) * stages / rate * 1000,
+             "kv_reads_ms": kv_read_bytes(model, context, seqs) * stages / rate * 1000,
+             "compute_ms": compute_seconds(hardware, model, tokens, seqs) * stages * 1000,
+             "collectives_ms": collective_seconds(hardware, model, tokens) * 1000,
              "step_overhead_ms": hardware.step_overhead_ms,
              "layer_overhead_ms": model.layers * stages * hardware.layer_overhead_us / 1000,
              "seq_overhead_ms": num_seqs * hardware.seq_overhead_us / 1000}
@@ -1631,6 +1651,8 @@ def step_cost_terms(hardware: Hardware, model: ModelSpec, num_seqs: int, num_tok
     terms["bound"] = "memory" if memory_ms >= terms["compute_ms"] else "compute"
     terms["step_ms"] = step_seconds(hardware, model, num_tokens, num_context_tokens, num_seqs, 1, num_seqs) * 1000
     terms["request_path_ms"] = hardware.request_overhead_ms
+    if stages > 1:
+        terms.update(micro_batches=micro, pipeline_bubble=1 - micro / stages)
     return dict({"num_seqs": num_seqs, "num_tokens": num_tokens, "num_context_tokens": num_context_tokens}, **terms)
 
 
@@ -1700,11 +1722,12 @@ class RooflineCost:
         if num_seqs not in self.terms:
             hardware, model, terms = self.hardware, self.model, None
             if not (self.ubatch_tokens and num_seqs > self.ubatch_tokens) and not model.sliding_kv_bytes_per_token:
-                stages = model.pipeline_parallel_size
-                terms = (fixed_step_seconds(hardware, model, num_seqs), model.step_weight_bytes(num_seqs) * stages,
-                         compute_seconds(hardware, model, num_seqs, num_seqs) * stages,
-                         model.kv_bytes_per_token * stages, memory_rate(hardware),
-                         collective_seconds(hardware, model, num_seqs))
+                stages, micro = model.pipeline_parallel_size, micro_batches(model, num_seqs)
+                share = num_seqs / micro if stages > 1 else num_seqs  # a micro-batch's sequences
+                terms = (fixed_step_seconds(hardware, model, num_seqs), model.step_weight_bytes(share) * stages,
+                         compute_seconds(hardware, model, share, share) * stages,
+                         model.kv_bytes_per_token * stages / micro, memory_rate(hardware),
+                         collective_seconds(hardware, model, share))
             self.terms[num_seqs] = terms
         return self.terms[num_seqs]
 
@@ -4839,15 +4862,20 @@ def merge_engine_reports(reports: Sequence[dict]) -> dict:
 
 def _summed(parts: Sequence[dict], alike: Sequence[str]) -> dict:
     """Replicas' figures of one kind added up: numbers summed, lists of counts position by
-    position; the alike fields (the same on every replica) and text kept from the first."""
+    position; the alike fields (the same on every replica) and text kept from the first.
+    A figure a replica could not give (None: a ratio over nothing it did) is left out of
+    the sum, and is None only where no replica gave it."""
     merged = dict(parts[0])
     for key, value in parts[0].items():
-        if key in alike or isinstance(value, (str, bool)) or value is None:
+        if key in alike or isinstance(value, (str, bool)):
             continue
-        if isinstance(value, list):
-            merged[key] = [sum(column) for column in zip(*(part[key] for part in parts))]
+        given = [part[key] for part in parts if part[key] is not None]
+        if not given:
+            merged[key] = None
+        elif isinstance(given[0], list):
+            merged[key] = [sum(column) for column in zip(*given)]
         else:
-            merged[key] = sum(part[key] for part in parts)
+            merged[key] = sum(given)
     return merged
 
 
@@ -10936,6 +10964,8 @@ def step_cost_line(terms: dict, what: str = "mean step") -> str:
     if terms["collectives_ms"]:
         line += f" + collectives {terms['collectives_ms']:.2f}"
     line += f", {terms['bound']}-bound"
+    if "pipeline_bubble" in terms:
+        line += f", {terms['micro_batches']} micro-batches in flight ({terms['pipeline_bubble']:.0%} of stage time idle)"
     return line + (f"; {terms['request_path_ms']:g} ms per request outside the engine" if terms["request_path_ms"] else "")
 
 

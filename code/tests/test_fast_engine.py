@@ -73,6 +73,7 @@ def workload(seed):
         return argv  # llama.cpp's slots, from the profile
     argv += rng.choice((["--hardware", "l4-24gb", "--model", "llama-3.1-8b"],
                         ["--hardware", "h100-sxm-80gb", "--model", "llama-3.1-8b"],
+                        ["--hardware", "h100-sxm-80gb", "--model", "qwen3-30b-a3b"],  # experts: a step reads some
                         ["--hardware", "cpu-4vcpu", "--model", "smollm2-135m-q8_0"]))
     argv += [
              "--block-size", rng.choice(("4", "16")), "--max-num-seqs", str(rng.choice((2, 8, 64))),
@@ -88,8 +89,11 @@ def workload(seed):
     elif rng.random() < 0.15:
         argv += ["--disaggregate", "--kv-link-gbs", rng.choice(("1", "25")), "--disaggregate-min-prompt-tokens",
                  rng.choice(("0", "200"))]
-    if rng.random() < 0.15:
-        argv += ["--tensor-parallel-size", "2"]
+    if rng.random() < 0.15:  # tensor parallelism, pipeline stages (micro-batches in flight), or both
+        argv += rng.choice((["--tensor-parallel-size", "2"], ["--pipeline-parallel-size", "2"],
+                            ["--tensor-parallel-size", "2", "--pipeline-parallel-size", "2"]))
+        if "qwen3-30b-a3b" in argv and "--tensor-parallel-size" in argv and rng.random() < 0.5:
+            argv.append("--enable-expert-parallel")
     if "--disaggregate" not in argv and rng.random() < 0.2:
         argv += ["--replicas", rng.choice(("2", "3")), "--router", rng.choice(main.ROUTERS)]
     if rng.random() < 0.3:

@@ -315,6 +315,31 @@ class ParallelismTest(ScratchTest):
         across = main.pipeline_seconds(hardware, model.sharded(8, 2), 100)   # 16: over the NIC
         self.assertGreater(across, within)
 
+    def test_the_hand_overs_and_all_to_alls_cost_what_their_bytes_and_latency_add_up_to(self):
+        hardware = main.HARDWARE["h100-sxm-80gb"]  # 7.3 us per collective; NIC 50 GB/s, NVLink 450, at 0.239
+        # TP 8 x PP 2 is 16 devices, two servers: one hand-over of 100 x 4,096 x 2 bytes over the NIC
+        self.assertAlmostEqual(main.pipeline_seconds(hardware, main.MODELS["llama-3.1-8b"].sharded(8, 2), 100) * 1e6,
+                               7.3 + 100 * 4096 * 2 / (50e9 * 0.239) * 1e6, places=6)  # 75.85 us
+        # Qwen3-30B-A3B, experts over TP 2: 48 layers x (dispatch + combine) of 8 tokens x 8 experts x
+        # 2,048 x 2 bytes, half of them leaving the device, over NVLink
+        self.assertAlmostEqual(main.all_to_all_seconds(hardware, main.MODELS["qwen3-30b-a3b"].sharded(2, 1, 2), 8) * 1e6,
+                               2 * 48 * (7.3 + 8 * 8 * 2048 * 2 / 2 / (450e9 * 0.239) * 1e6), places=6)  # 817.8 us
+
+    def test_pipelined_sequences_go_as_micro_batches_that_win_back_compute_but_not_the_weight_read(self):
+        hardware, model = main.HARDWARE["h100-sxm-80gb"], main.MODELS["llama-3.1-8b"]
+        whole, staged = model.sharded(1), model.sharded(1, 2)
+        prefill = (8192, 8192, 4, 1, 4)  # four prompts of 2,048 tokens: compute-bound
+        self.assertLess(main.step_seconds(hardware, staged, *prefill), 0.6 * main.step_seconds(hardware, whole, *prefill))
+        # four decoding sequences: each pass reads its stage's weights, so the two micro-batches read
+        # them twice, and the weight read is not won back; their KV reads (and FLOPs) split
+        decode_whole, decode_staged = (main.step_cost_terms(hardware, spec, 4, 4, 4000) for spec in (whole, staged))
+        self.assertAlmostEqual(decode_staged["weights_ms"], decode_whole["weights_ms"])
+        self.assertAlmostEqual(decode_staged["kv_reads_ms"], decode_whole["kv_reads_ms"] / 2)
+        self.assertEqual((decode_staged["bound"], decode_staged["micro_batches"]), ("memory", 2))
+        self.assertEqual([main.step_cost_terms(hardware, staged, seqs, seqs, 100)["pipeline_bubble"]
+                          for seqs in (1, 2, 8)], [0.5, 0.0, 0.0])
+        self.assertNotIn("pipeline_bubble", main.step_cost_terms(hardware, whole, 1, 1, 100))
+
     def test_expert_parallelism_trades_the_expert_all_reduces_for_all_to_alls(self):
         hardware, model = main.HARDWARE["h100-sxm-80gb"], main.MODELS["qwen3-30b-a3b"]
         tp, ep = model.sharded(2), model.sharded(2, 1, 2)

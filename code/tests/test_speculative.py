@@ -119,6 +119,17 @@ class SpeculationAcceptanceTest(unittest.TestCase):
         self.assertEqual(figures["measured_acceptance"], figures["num_accepted_tokens"] / figures["num_draft_tokens"])
         self.assertGreater(figures["draft_s"], 0)
 
+    def test_replicas_that_drafted_nothing_add_nothing_to_the_fleets_figures(self):
+        report = run_json("simulate", "--replicas", "2", "--requests", "1", "--concurrency", "1", "--output-tokens", "64",
+                          "--speculative-config", '{"method": "eagle", "num_speculative_tokens": 3}', "--no-sensitivity")
+        idle, busy = sorted((replica["engine"]["speculative"] for replica in report["replicas"]["per_replica"]),
+                            key=lambda figures: figures["num_drafts"])
+        self.assertEqual((idle["num_drafts"], idle["measured_acceptance"]), (0, None))
+        merged = report["engine"]["speculative"]
+        self.assertEqual((merged["num_drafts"], merged["num_accepted_tokens"]), (busy["num_drafts"],
+                                                                               busy["num_accepted_tokens"]))
+        self.assertEqual(merged["measured_acceptance"], busy["measured_acceptance"])
+
     def test_the_eagle_head_and_its_kv_take_room_from_the_cache(self):
         plain, eagle = (self.runs[1, speculating]["capacity"] for speculating in (False, True))
         self.assertEqual(eagle["drafter"], "eagle head of llama-3.1-8b")
