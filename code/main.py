@@ -4364,6 +4364,13 @@ class RunTotals:
         if span is not None:
             self._add_latencies(r, *span)
 
+    def add_streamed(self, token_times: Sequence[float]) -> None:
+        """The gaps of tokens streamed by an attempt that was then lost (its replica failed and
+        the request was sent again): they were streamed, so they count in ITL, as an aborted
+        request's do. Only where gaps come from lists (a fast engine's TokenLog has them)."""
+        if self.itl_from_lists:
+            self.latencies_s["itl"].extend(later - earlier for earlier, later in zip(token_times, token_times[1:]))
+
     def _add_latencies(self, r, first: float, last: float) -> None:
         latencies, times = self.latencies_s, r.token_times
         latencies["ttft"].append(first - r.sent_s)
@@ -4762,6 +4769,7 @@ class ReplicaRun:
         self.engines = list(engines)
         self.router = router
         self.replica_of: Dict[Request, int] = {}
+        self.lost_attempts: List[Tuple[int, List[float]]] = []  # (replica, token times) of attempts a failure lost
 
     def run(self, requests: List[Request], concurrency: Optional[int] = None, timeout_s: Optional[float] = None) -> None:
         """Send requests open or closed loop (see Arrivals) until every one is done, refused or timed out."""
@@ -4879,17 +4887,27 @@ def _summed(parts: Sequence[dict], alike: Sequence[str]) -> dict:
     return merged
 
 
+def _summary_with(records: Sequence[Request], slo: Optional[Slo], token_log, lost: Sequence[List[float]]) -> dict:
+    """summarize(records), with the tokens that attempts lost to a failed replica streamed."""
+    totals = run_totals(records, slo, token_log)
+    for token_times in lost:
+        totals.add_streamed(token_times)
+    return totals.summary(token_log)
+
+
 def replicas_report(run: ReplicaRun, requests: List[Request], slo: Optional[Slo] = None) -> dict:
     """engine_report for replicas: the merged engine and summary, and each replica's own,
     with the load imbalance (busiest over mean) in requests served and in busy time."""
     per_replica = []
-    for engine, own in zip(run.engines, run.requests_of(requests)):
+    for index, (engine, own) in enumerate(zip(run.engines, run.requests_of(requests))):
+        lost = [times for replica, times in run.lost_attempts if replica == index]
         per_replica.append({"num_requests": len(own), "engine": engine.report(),
-                            "summary": summarize(own, slo, engine.token_log)})
+                            "summary": _summary_with(own, slo, engine.token_log, lost)})
     logs = [engine.token_log for engine in run.engines]
     engines = [replica["engine"] for replica in per_replica]
     return {"engine": merge_engine_reports(engines),
-            "summary": summarize(requests, slo, TokenLogs(logs) if logs[0] is not None else None),
+            "summary": _summary_with(requests, slo, TokenLogs(logs) if logs[0] is not None else None,
+                                     [times for _, times in run.lost_attempts]),
             "rejected": rejections(requests),
             "replicas": {"num_replicas": len(run.engines), "router": run.router.policy,
                          "request_imbalance": _imbalance([replica["num_requests"] for replica in per_replica]),
@@ -5172,6 +5190,8 @@ class Fleet(ReplicaRun):
         self.stop(index, now_s)
         for request in held:
             if self.policy.retry:
+                if request.token_times:  # a step engine's list: the gaps it streamed count where they were made
+                    self.lost_attempts.append((index, request.token_times))
                 start_over(request)
                 self.arrivals.resend(request, now_s)
             else:

@@ -84,6 +84,19 @@ class FleetTest(ScratchTest):
                 for key in fixed:  # settings, summary, engine, every replica's own, the step cost, ...
                     self.assertEqual(differences(fixed[key], pinned[key]), [], key)
 
+    def test_the_fast_engine_gives_every_figure_of_the_step_engine_in_a_fleet_that_scales_and_fails(self):
+        for seed, extra in ((0, ["--fail-replica", "20:0", "--restart-s", "15"]),
+                            (1, ["--scale-metric", "waiting", "--fail-replica", "30", "--no-retry"]),
+                            (2, ["--min-replicas", "0", "--router", "prefix-affinity", "--prefix-caching",
+                                 "--shared-prefix-tokens", "300"])):
+            argv = ["simulate", "--rate-schedule", "0:2,40:30,80:1", "--duration-s", "150", "--seed", seed,
+                    "--max-replicas", "4", "--scale-target", "4", "--scale-up-delay-s", "10", "--scale-period-s", "5",
+                    "--scale-down-delay-s", "20", "--router", "least-loaded", *extra, *SMALL]
+            with self.subTest(seed=seed):
+                step, fast = run_json(*argv, "--engine", "step"), run_json(*argv, "--engine", "fast")
+                self.assertGreater(len(fast["fleet"]["timeline"]), 2)
+                self.assertEqual(differences(step, fast), [])
+
     def test_a_failed_replicas_requests_are_retried_elsewhere_and_none_is_lost(self):
         report = run_json("simulate", "--rate", "8", "--requests", "1600", "--replicas", "2", "--fail-replica",
                           "100:0", "--restart-s", "30", *SMALL)
