@@ -4990,6 +4990,9 @@ class Fleet(ReplicaRun):
         super().__init__([], router)
         self.new_engine, self.policy = new_engine, policy
         self.state: List[str] = []
+        self.up_ids: List[int] = []    # replicas up, in order (the router's choice)
+        self.live_ids: List[int] = []  # replicas up or draining, in order (those that take steps)
+        self.num_starting = 0
         self.started_s: List[float] = []
         self.stopped_s: List[Optional[float]] = []
         self.events: List[Tuple[float, int, str, Optional[int]]] = []  # (when, order, kind, replica)
@@ -5014,7 +5017,8 @@ class Fleet(ReplicaRun):
     def add_replica(self, now_s: float, delay_s: float) -> int:
         """Ask for a replica at now_s; it serves from now_s + delay_s."""
         self.engines.append(self.new_engine())
-        self.state.append("starting")
+        self.state.append("down")
+        self.set_state(len(self.state) - 1, "starting")
         self.started_s.append(now_s)
         self.stopped_s.append(None)
         index = len(self.engines) - 1
@@ -5025,12 +5029,24 @@ class Fleet(ReplicaRun):
         return index
 
     def up(self) -> List[int]:
-        return [index for index, state in enumerate(self.state) if state == "up"]
+        return list(self.up_ids)
+
+    def set_state(self, index: int, state: str) -> None:
+        """Replica index is now state (starting, up, draining or down); the lists of those up
+        and of those live follow."""
+        before, self.state[index] = self.state[index], state
+        self.num_starting += (state == "starting") - (before == "starting")
+        for ids, states in ((self.up_ids, ("up",)), (self.live_ids, ("up", "draining"))):
+            if (before in states) != (state in states):
+                if state in states:
+                    bisect.insort(ids, index)
+                else:
+                    ids.remove(index)
 
     def _mark(self, now_s: float) -> None:
         """A point of the timeline: the replicas up from now_s (changes at one moment make one
         point, and none where they cancel out)."""
-        count = len(self.up())
+        count = len(self.up_ids)
         if self.timeline[-1][0] == now_s and len(self.timeline) > 1:
             self.timeline.pop()
         if self.timeline[-1][0] == now_s:
@@ -5041,14 +5057,14 @@ class Fleet(ReplicaRun):
     def replica_up(self, index: int, now_s: float) -> None:
         if self.state[index] != "starting":
             return  # cancelled while it started
-        self.state[index] = "up"
+        self.set_state(index, "up")
         self.engines[index].clock_s = now_s
         self._mark(now_s)
         while self.held:
             self.arrive(self.held.popleft(), now_s)
 
     def stop(self, index: int, now_s: float) -> None:
-        self.state[index] = "down"
+        self.set_state(index, "down")
         self.stopped_s[index] = now_s
         self._mark(now_s)
 
@@ -5064,12 +5080,12 @@ class Fleet(ReplicaRun):
         arrivals.start()
         while True:
             next_arrival_s = arrivals.next_arrival_s()
-            live = [index for index, state in enumerate(self.state) if state in ("up", "draining")]
+            live = self.live_ids
             clocks = [self.engines[index].clock_s if self.engines[index].scheduler.has_work() else math.inf
                       for index in live]
             if next_arrival_s == math.inf and min(clocks, default=math.inf) == math.inf and not self.held:
                 return self.finish()
-            if self.held and "starting" not in self.state and not self.up():
+            if self.held and not self.num_starting and not self.up_ids:
                 raise RuntimeError("requests wait at the router with no replica up or starting")
             now_s = min([next_arrival_s] + clocks + ([self.events[0][0]] if self.events else []))
             if self.events and self.events[0][0] == now_s:
@@ -5093,7 +5109,7 @@ class Fleet(ReplicaRun):
         self.arrivals.finished(finished, engine.clock_s)
         if self.progress is not None and finished:
             self.num_done += len(finished)
-            self.progress.update(self.num_done, f" at {engine.clock_s:,.0f} s simulated, {len(self.up())} replicas up")
+            self.progress.update(self.num_done, f" at {engine.clock_s:,.0f} s simulated, {len(self.up_ids)} replicas up")
         if self.state[index] == "draining" and not engine.scheduler.has_work():
             self.stop(index, engine.clock_s)
 
@@ -5108,10 +5124,10 @@ class Fleet(ReplicaRun):
             self._push(now_s + self.policy.period_s, "evaluate", None)
 
     def arrive(self, request: Request, now_s: float) -> bool:
-        up = self.up()
+        up = self.up_ids
         if not up:
             self.held.append(request)
-            if self.policy.min_replicas == 0 and "starting" not in self.state:  # scale from zero
+            if self.policy.min_replicas == 0 and not self.num_starting:  # scale from zero
                 self.add_replica(now_s, self.policy.scale_up_delay_s)
                 self.num_scale_ups += 1
             return True
@@ -5171,7 +5187,7 @@ class Fleet(ReplicaRun):
             if self.state[index] == "starting" or not self.engines[index].scheduler.has_work():
                 self.stop(index, now_s)
             else:
-                self.state[index] = "draining"
+                self.set_state(index, "draining")
                 self._mark(now_s)
         self.num_scale_downs += count
 
@@ -5213,7 +5229,8 @@ class Fleet(ReplicaRun):
                 self.failures.append({"at_s": at_s, "replica": replica, "skipped": "after the run ended"})
         for index, state in enumerate(self.state):
             if state != "down":
-                self.state[index], self.stopped_s[index] = "down", max(self.end_s, self.started_s[index])
+                self.set_state(index, "down")
+                self.stopped_s[index] = max(self.end_s, self.started_s[index])
 
     def replica_seconds(self) -> float:
         """Seconds paid for: each replica from the moment it was asked for until it stopped."""
