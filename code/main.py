@@ -5144,7 +5144,6 @@ class Fleet(ReplicaRun):
         else:
             super().abort(request)
 
-
     def metric(self, index: int) -> float:
         """The scale metric of one replica now: requests running or waiting, or the share of its KV blocks in use."""
         scheduler = self.engines[index].scheduler
