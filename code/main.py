@@ -8452,6 +8452,11 @@ def schedule_duration_s(args) -> float:
     if duration_s <= schedule[-1][0]:
         raise UsageError(f"--duration-s {duration_s:g}: expected more than the schedule's last start, "
                          f"{schedule[-1][0]:g} s")
+    ends = [start for start, _ in schedule[1:]] + [duration_s]
+    expected = sum(rate * (end - start) for (start, rate), end in zip(schedule, ends))
+    if expected > MAX_COUNT:
+        raise UsageError(f"--rate-schedule over --duration-s {duration_s:g}: about {expected:,.0f} requests; expected "
+                         f"at most {MAX_COUNT:,}")
     return duration_s
 
 
@@ -12600,6 +12605,10 @@ rate_schedule = _flag_type("rate_schedule", _parse_rate_schedule, lambda v: True
                            "(e.g. 0:2,21600:8)")
 fail_replica = _flag_type("fail_replica", _parse_fail_replica, lambda v: True,
                           "AT_S or AT_S:REPLICA (seconds >= 0, a replica number >= 0), e.g. 1800:0")
+scale_period = _flag_type("scale_period", float, lambda v: 1 <= v and math.isfinite(v),
+                          "seconds >= 1 (the scaler evaluates at most once a second)", 1e9)
+start_seconds = _flag_type("start_seconds", float, lambda v: v >= 0 and math.isfinite(v),
+                           "seconds >= 0 (a replica's start or window, at most a day)", 86_400)
 seconds = _flag_type("seconds", float, lambda v: v >= 0 and math.isfinite(v), "seconds >= 0")
 percentile_flag = _flag_type("percentile", float, lambda v: 0 < v <= 100, "a percentile in (0, 100]")
 attainment_flag = _flag_type("attainment", float, lambda v: 0 < v <= 100, "a share in (0, 100]")
@@ -12790,11 +12799,11 @@ def _add_scaler_flags(group) -> None:
     group.add_argument("--scale-metric", choices=SCALE_METRICS, default="running",
                        help="what the scaler averages over replicas: requests running, requests waiting, or "
                             "the share of KV blocks in use (default %(default)s)")
-    group.add_argument("--scale-up-delay-s", type=seconds,
+    group.add_argument("--scale-up-delay-s", type=start_seconds,
                        help="a new replica's cold start (default: its weights at 2 GB/s plus 60 s of engine start)")
-    group.add_argument("--scale-down-delay-s", type=seconds,
+    group.add_argument("--scale-down-delay-s", type=start_seconds,
                        help="scale down only to the most replicas wanted over this window (default 300, the HPA's)")
-    group.add_argument("--scale-period-s", type=positive_float, default=15.0,
+    group.add_argument("--scale-period-s", type=scale_period, default=15.0,
                        help="seconds between the scaler's evaluations (default 15, the HPA's)")
 
 
@@ -12813,7 +12822,7 @@ def _add_fleet_flags(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--fail-replica", type=fail_replica, action="append", metavar="AT_S[:REPLICA]",
                        help="replica REPLICA (numbered as started; default the lowest up) fails at AT_S, its KV "
                             "and running requests lost (repeatable)")
-    group.add_argument("--restart-s", type=seconds,
+    group.add_argument("--restart-s", type=start_seconds,
                        help="seconds before a failed replica's replacement serves (default: the cold start)")
     group.add_argument("--no-retry", dest="retry", action="store_false",
                        help="a failed replica's requests fail instead of being sent to another replica")

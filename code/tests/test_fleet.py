@@ -67,6 +67,8 @@ class RateScheduleTest(ScratchTest):
         self.assert_usage_error(["simulate", "--rate-schedule", "0:2,100:4", "--duration-s", "50"],
                                 "--duration-s 50", "last start, 100 s")
         self.assert_usage_error(["simulate", "--rate", "2", "--duration-s", "50"], "--duration-s", "--rate-schedule")
+        self.assert_usage_error(["simulate", "--rate-schedule", "0:10", "--duration-s", "1e9"],
+                                "about 10,000,000,000 requests", "at most 10,000,000")
 
 
 class FleetTest(ScratchTest):
@@ -231,6 +233,10 @@ class FleetTest(ScratchTest):
                                  "--scale-target", "80"], "--scale-target 80", "0 to 1")
         self.assert_usage_error(["simulate", "--rate", "2", "--fail-replica", "5", "--data-parallel-size", "2"],
                                 "--data-parallel-size")
+        self.assert_usage_error(["simulate", "--rate", "2", "--max-replicas", "2", "--scale-target", "4",
+                                 "--scale-period-s", "0.001"], "--scale-period-s", "at most once a second")
+        self.assert_usage_error(["simulate", "--rate", "2", "--max-replicas", "2", "--scale-target", "4",
+                                 "--scale-up-delay-s", "1e9"], "--scale-up-delay-s", "at most 86,400")
 
 
 class DayTest(ScratchTest):
