@@ -8321,6 +8321,8 @@ def build_plan(args, hardware: Optional[Hardware] = None, kv_tokens: Optional[in
     model = with_precision(model, getattr(args, "dtype", None) or "auto", getattr(args, "quantization", None),
                            getattr(args, "kv_cache_dtype", None) or "auto")
     tp, stages = getattr(args, "tensor_parallel_size", 1), getattr(args, "pipeline_parallel_size", 1)
+    if stages > model.layers:
+        raise UsageError(f"--pipeline-parallel-size {stages}: {model.name} has {model.layers} layers to split")
     if lacks_link(hardware, tp * stages):
         flag = f"--tensor-parallel-size {tp}" if stages == 1 else f"--pipeline-parallel-size {stages}"
         raise UsageError(f"{flag}: {hardware.name} names no link between devices; give --interconnect-gbs")
@@ -8502,8 +8504,13 @@ def run_replicas(spec: EngineSpec, requests: List[Request], concurrency: Optiona
 
 
 def num_engines(args) -> int:
-    """Engines a simulated fleet starts with: --replicas, each of --data-parallel-size engines."""
-    return getattr(args, "replicas", 1) * getattr(args, "data_parallel_size", 1)
+    """Engines a simulated fleet starts with: --replicas, each of --data-parallel-size engines;
+    UsageError past MAX_REPLICAS."""
+    replicas, ranks = getattr(args, "replicas", 1), getattr(args, "data_parallel_size", 1)
+    if replicas * ranks > MAX_REPLICAS:
+        raise UsageError(f"--replicas {replicas} x --data-parallel-size {ranks}: expected at most {MAX_REPLICAS} "
+                         f"engines")
+    return replicas * ranks
 
 
 def run_fleet(spec: EngineSpec, requests: List[Request], concurrency: Optional[int], slo: Optional[Slo],
@@ -8956,7 +8963,7 @@ def check_loadgen_report(report, where: str) -> dict:
     check_shape(data, LOADGEN_REPORT_SHAPE)
     settings = data.object("settings")
     check_shape(settings.object("server_info", None) or JsonObject({}, where), SERVER_INFO_SHAPE)
-    check_shape(data, {"server?": WINDOW_SHAPE})
+    check_shape(data, {"server?": WINDOW_SHAPE, "server_timings?": {"cached_prompt_tokens": "int?"}})
     if report["settings"].get("concurrency") == 0 or report["settings"]["max_tokens"] == 0:
         raise UsageError(f"{where}: settings.concurrency and settings.max_tokens must be at least 1")
     for name in ("ttft_ms", "tpot_ms"):  # NOTE: a p50 may be absent; reading it as null is what follows rely on

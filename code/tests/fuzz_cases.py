@@ -245,7 +245,9 @@ FLAGS = ("--requests", "--prompt-tokens", "--output-tokens", "--rate", "--concur
          "--kv-link-gbs", "--hardware", "--model", "--scheduler", "--ubatch-size", "--tolerance", "--start-load",
          "--prompt-tokens=", "--by", "--trace-format", "--disaggregate-min-prompt-tokens", "--batch-size",
          "--replicas", "--router", "--quantization", "--dtype", "--kv-cache-dtype", "--price-per-hour",
-         "--max-num-seqs=", "--prefix-caching")
+         "--max-num-seqs=", "--prefix-caching", "--rate-schedule", "--duration-s", "--max-replicas", "--min-replicas",
+         "--scale-target", "--scale-metric", "--scale-period-s", "--fail-replica", "--restart-s",
+         "--pipeline-parallel-size", "--data-parallel-size", "--network-gbs", "--enable-expert-parallel")
 
 
 SERVER_COMMANDS = (
