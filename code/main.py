@@ -4941,7 +4941,8 @@ class FleetPolicy:
     KServe's raw deployments scale with) decides: every period_s it averages scale_metric
     over the replicas asked for (those still starting count 0), wants ceil(replicas x
     average / target) of them (no change within tolerance of the target), scales up at
-    once and down only to the most it wanted over the last scale_down_delay_s. With
+    once (at most doubling, or four more, an evaluation: the HPA's default scale-up
+    policy) and down only to the most it wanted over the last scale_down_delay_s. With
     min_replicas 0 the fleet scales to zero when idle, and a request that finds no replica
     up or starting asks for one at once (KServe's scale from zero, through Knative's
     activator), waiting at the router while it starts."""
@@ -5164,6 +5165,7 @@ class Fleet(ReplicaRun):
         wanted = len(asked) if abs(ratio - 1) <= policy.tolerance else math.ceil(total / policy.scale_target)
         # NOTE: requests held at the router keep one replica wanted, or a fleet scaled to zero would never serve them
         wanted = min(policy.max_replicas, max(policy.min_replicas, 1 if self.held else 0, wanted))
+        wanted = min(wanted, max(2 * len(asked), len(asked) + 4))  # the HPA's default: double, or four more, at most
         self.wanted.append((now_s, wanted))
         while self.wanted[0][0] < now_s - policy.scale_down_delay_s:
             self.wanted.popleft()
