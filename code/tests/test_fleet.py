@@ -176,6 +176,13 @@ class FleetTest(ScratchTest):
         self.assertTrue(all(r.error is None and r.generated == r.max_tokens for r in requests))
         self.assertLess(fleet.replica_seconds(), 0.5 * 1100.0)
 
+    def test_the_scaler_at_most_doubles_or_adds_four_an_evaluation(self):
+        policy = main.FleetPolicy(1, 20, 1, "waiting", 1.0, scale_up_delay_s=100.0, period_s=5.0)
+        fleet, requests, finishes = fleet_run(policy, num_requests=300, rate=1000.0, argv=("--max-num-seqs", "2"))
+        asked_at = [at_s for at_s in fleet.started_s if at_s > 0]
+        self.assertEqual([asked_at.count(at_s) for at_s in (5.0, 10.0, 15.0)], [4, 5, 10])  # 1 -> 5 -> 10 -> 20
+        self.assertEqual(set(finishes.values()), {1})
+
     def test_invariants_hold_over_many_random_fleets(self):
         """No request lost or served twice, across scale-downs, failures, retries and timeouts."""
         seen = {"retried": 0, "lost": 0, "scale_ups": 0, "scale_downs": 0, "timeouts": 0}
