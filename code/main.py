@@ -1784,8 +1784,9 @@ class StepProfile:
     decode: (sequences in the step, seconds) for steps that only decode, measured with
     decode_context_tokens of context per sequence, and context_s_per_token what each
     token of context beyond that adds, where measured; prefill: (prompt tokens, seconds)
-    for a prompt prefilled alone, and prefill_factors: (prompts, factor) what k prompts
-    prefilled together cost against one prompt of as many tokens (CPU kernels tile); mixed_overlap_s: how much less a prefill costs when it
+    for a prompt prefilled alone, and extra_prompt_s: (prompts, seconds) what each prompt
+    past the first adds to a step that prefills that many, beyond each alone sharing the
+    step's fixed cost (see extra_prompt_seconds); mixed_overlap_s: how much less a prefill costs when it
     shares its steps with decodes (0 when not measured; negative when it costs more).
     """
 
@@ -1798,7 +1799,7 @@ class StepProfile:
     measured: str          # where and when: "llama.cpp b11434 on AMD EPYC (2 CPUs), 2026-12-01"
     server_info: dict      # what the server told of its flags (SERVER_FLAGS, kind): the defaults of a prediction
     request_overhead_s: float = 0.0  # fixed front-end time of a request (network, HTTP, tokenizing)
-    prefill_factors: Tuple[Tuple[int, float], ...] = ((1, 1.0),)  # k prompts together / one prompt as long
+    extra_prompt_s: Tuple[Tuple[int, float], ...] = ()  # (prompts, s each past the first adds); (): none measured
     context_s_per_token: Optional[float] = None  # what a token of context adds to a decode step (None: not measured)
 
 
@@ -1822,12 +1823,39 @@ def read_step_profile(path: str) -> StepProfile:
                 + f" on {machine.string('cpu', 'an unnamed machine')}, {data.string('date', 'undated')[:10]}")
     info = dict({name: server.integer(name, 1, None) for name in SERVER_FLAGS}, kind=server.string("kind", "unknown"),
                 prefix_caching=server.boolean("prefix_caching", None))
-    factors = sorted([(1, 1.0)] + [(point.integer("num_prompts", 2), point.number("factor", above=0))
-                                   for point in data.objects("prefill_batch_factors", [])])
+    prompts_of = {point.integer("batch", 1): point.integer("prefill_tokens", 1, None) for point in data.objects("decode")}
+    factors = [(point.integer("num_prompts", 2), point.number("factor", above=0))
+               for point in data.objects("prefill_batch_factors", [])]
     return StepProfile(path, tuple(decode), tuple(prefill), data.number("decode_context_tokens", 0, 0.0),
                        data.number("mixed_overlap_ms", default=0.0) / 1000, info["kind"], measured, info,
-                       data.number("request_overhead_ms", 0, 0.0) / 1000, tuple(factors),
+                       data.number("request_overhead_ms", 0, 0.0) / 1000,
+                       extra_prompt_seconds(prefill, [(k, factor, prompts_of.get(k)) for k, factor in factors]),
                        _per_token_s(data.number("context_ms_per_token", 0, None)))
+
+
+def extra_prompt_seconds(prefill: Sequence[Tuple[int, float]],
+                         factors: Sequence[Tuple[int, float, Optional[int]]]) -> Tuple[Tuple[int, float], ...]:
+    """(k, seconds) what each prompt past the first adds to a step that prefills k, beyond
+    each alone sharing the step's fixed cost (the prefill table at 1 token), from the
+    profile's batch factors, each (k prompts, what they cost together against one prompt
+    of as many tokens, the tokens they had); () where none was measured. At the length
+    measured, a step of k prompts is priced as it was measured.
+
+    NOTE: the factors are measured on short prompts, where attention costs little; read
+    as a cost per extra prompt they carry over to long ones. Read as a share of one
+    prompt as long they do not: attention within one long prompt is what makes a CPU's
+    table grow faster than linearly, and separate prompts do not attend to each other
+    (three 263-token prompts in one step of vLLM 0.32 on two CPU cores: 990 ms measured
+    with a decode beside them; 961 ms this way, 1,163 ms as a share of one 789-token prompt)."""
+    extras = []
+    for num_prompts, factor, num_tokens in factors:
+        if num_prompts < 2 or not num_tokens:
+            continue
+        together_s, each_s, fixed_s = (_interpolate(prefill, x) for x in (num_tokens, num_tokens / num_prompts, 1))
+        if together_s is not None and each_s is not None and fixed_s is not None:
+            alone_s = num_prompts * each_s - (num_prompts - 1) * fixed_s
+            extras.append((num_prompts, (factor * together_s - alone_s) / (num_prompts - 1)))
+    return tuple(sorted(extras))
 
 
 def _per_token_s(value_ms: Optional[float]) -> Optional[float]:
@@ -1879,22 +1907,21 @@ class ProfileCost:
 
     def _several_prompts_s(self, as_one_s: float, num_prefill: int, num_prompts: int) -> float:
         """What num_prompts prompts of num_prefill tokens between them cost in one step:
-        the profile's measured factor times one prompt as long (as_one_s); where it
-        measured none, each prompt priced alone (as alike: their mean length), the step's
-        fixed cost, table(1), paid once.
+        each prompt priced alone (as alike: their mean length), the step's fixed cost,
+        table(1), paid once, and each prompt past the first what the profile's extra_prompt_s
+        says for that many (between two counts measured, in proportion; below the first,
+        the first's; past the last, the last's); never less than one of them alone. One prompt as long (as_one_s) where the
+        table does not reach so short a prompt.
 
-        NOTE: vLLM's engine core starts a step on the first request it sees, so prompts
-        sent together are never prefilled together and profile cannot measure the factor.
-        One prompt as long would charge attention across all of them: on a CPU, whose
-        table grows faster than linearly, that priced four 263-token prompts at 1.9 s
-        where four alone share a step for 1.6 s."""
-        factors = self.profile.prefill_factors
-        if len(factors) > 1:
-            return as_one_s * _interpolate(factors, min(num_prompts, factors[-1][0]))
+        NOTE: one prompt as long would charge attention across all of them: on a CPU,
+        whose table grows faster than linearly, that priced four 263-token prompts at
+        1.9 s where four alone share a step for 1.6 s."""
         each_s, fixed_s = (_interpolate(self.profile.prefill, x) for x in (num_prefill / num_prompts, 1))
         if each_s is None or fixed_s is None:
             return as_one_s
-        return num_prompts * each_s - (num_prompts - 1) * fixed_s
+        extras = self.profile.extra_prompt_s
+        extra_s = _interpolate(((1, extras[0][1]),) + extras, min(num_prompts, extras[-1][0])) if extras else 0.0
+        return max(each_s, num_prompts * each_s - (num_prompts - 1) * (fixed_s - extra_s))
 
     def _earlier_context_s(self, num_prefill: int, prefill_context_tokens: int, num_prefilling: int) -> float:
         """What the prompt tokens of a step pay for attending to context computed in earlier

@@ -179,17 +179,23 @@ class ProfileCostTest(ScratchTest):
         self.assertAlmostEqual(report["summary"]["tpot_ms"]["p50"], 10.0)
         self.assertAlmostEqual(report["summary"]["e2e_ms"]["p50"], 3.0 + 20.0 + 2 * 10.0)
 
-    def test_several_prompts_in_one_step_cost_the_measured_factor_of_one_as_long(self):
+    def test_a_measured_batch_factor_is_what_each_prompt_past_the_first_adds(self):
         path = write_profile(self, [(1, 10.0), (4, 30.0)], [(100, 20.0), (400, 80.0)])
         with open(path) as file:
             data = json.load(file)
+        data["decode"][1]["prefill_tokens"] = 400  # batch 4's four 100-token prompts, prefilled together
         data["prefill_batch_factors"] = [{"num_prompts": 4, "factor": 0.8}]
-        cost = main.ProfileCost(main.read_step_profile(self.write("f.json", data)),
-                                main.RooflineCost(self.H100, self.LLAMA))
-        self.assertAlmostEqual(cost.step_s(400, 400, 4, 0, 0, 4), 0.080 * 0.8)
-        self.assertAlmostEqual(cost.step_s(400, 400, 2, 0, 0, 2), 0.080 * (1 - 0.2 / 3))  # a third of the way
+        profile = main.read_step_profile(self.write("f.json", data))
+        # together 0.8 x 80 = 64 ms; alone, sharing one fixed cost, 4 x 20 - 3 x 10 = 50 ms: 14 ms over 3 prompts
+        ((num_prompts, extra_s),) = profile.extra_prompt_s
+        self.assertEqual(num_prompts, 4)
+        self.assertAlmostEqual(extra_s, 0.014 / 3)
+        cost = main.ProfileCost(profile, main.RooflineCost(self.H100, self.LLAMA))
+        self.assertAlmostEqual(cost.step_s(400, 400, 4, 0, 0, 4), 0.064)  # the measured step itself
+        self.assertAlmostEqual(cost.step_s(400, 400, 2, 0, 0, 2), 2 * 0.040 - (0.010 - 0.014 / 3))  # 200 tokens each
         self.assertAlmostEqual(cost.step_s(400, 400, 1, 0, 0, 1), 0.080)
-        self.assertAlmostEqual(cost.step_s(400, 400, 6, 0, 0, 6), 0.080 * 0.8)  # beyond 4: the last factor
+        del data["decode"][1]["prefill_tokens"]  # a factor whose prompts are not known says nothing
+        self.assertEqual(main.read_step_profile(self.write("g.json", data)).extra_prompt_s, ())
 
     def test_a_bad_profile_is_one_line_naming_the_field(self):
         path = write_profile(self, [(1, -3.0)], [])
