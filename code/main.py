@@ -1548,12 +1548,13 @@ def compute_seconds(hardware: Hardware, model: ModelSpec, num_tokens: int, num_s
     for tokens that sample; of a mixture of experts, only the experts a token runs, whose
     grouped GEMMs run at moe_efficiency of the dense rate; with expert parallelism, the
     experts run every data-parallel rank's tokens routed to this device). One stage's."""
-    expert_params = model.num_experts_per_tok * model.expert_params * model.num_moe_layers * model.num_expert_batches
+    expert_params = model.num_experts_per_tok * model.expert_params * model.num_moe_layers  # one token's
     dense_flops = 2 * ((model.body_params - expert_params) * num_tokens + model.head_params * num_sampled)
     rate = flop_rate(hardware, model)
     if not expert_params:
         return dense_flops / rate
-    return dense_flops / rate + 2 * expert_params * num_tokens / (rate * hardware.moe_efficiency)
+    expert_tokens = num_tokens * model.num_expert_batches
+    return dense_flops / rate + 2 * expert_params * expert_tokens / (rate * hardware.moe_efficiency)
 
 
 def kv_read_bytes(model: ModelSpec, num_context_tokens: int, num_seqs: int) -> float:

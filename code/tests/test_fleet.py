@@ -384,6 +384,17 @@ class ParallelismTest(ScratchTest):
                         "--data-parallel-size", "2", "--enable-expert-parallel")["capacity"]
         self.assertEqual(plan["expert_parallel_size"], 4)
 
+    def test_expert_parallelism_over_data_parallel_ranks_runs_their_tokens_through_the_experts_only(self):
+        hardware, model = main.HARDWARE["h100-sxm-80gb"], main.MODELS["qwen3-30b-a3b"]
+        tp, over_dp = model.sharded(2), model.sharded(2, 1, 4)  # experts over TP 2 x DP 2
+        dense = lambda spec: 2 * (spec.body_params - spec.num_experts_per_tok * spec.expert_params  # noqa: E731
+                                  * spec.num_moe_layers) * 8 / main.flop_rate(hardware, spec)
+        # the dense part (attention, shared weights) is this rank's 8 tokens alone, as under TP
+        self.assertAlmostEqual(dense(over_dp), dense(tp))
+        experts = lambda spec: main.compute_seconds(hardware, spec, 8, 0) - dense(spec)  # noqa: E731
+        # the experts run both ranks' 16 tokens, each device holding half the experts TP would: the same FLOPs
+        self.assertAlmostEqual(experts(over_dp), experts(tp))
+
     def test_expert_parallelism_without_experts_or_a_second_device_exits_2(self):
         self.assert_usage_error(["capacity", "--model", "llama-3.1-8b", "--tensor-parallel-size", "2",
                                  "--enable-expert-parallel"], "--enable-expert-parallel", "no routed experts")
