@@ -5530,15 +5530,18 @@ def _check_turns(requests: Sequence[Request], path: str) -> None:
             request.turn = number  # NOTE: a slice (--start, --limit) may cut early turns: the first kept is 1
 
 
+def arrival_gap_s(rate: float, burstiness: float, rng: random.Random) -> float:
+    """One gap between open-loop sends: exponential at rate (Poisson), or gamma-shaped of
+    shape burstiness with the same mean."""
+    return rng.expovariate(rate) if burstiness == 1 else rng.gammavariate(burstiness, 1 / (rate * burstiness))
+
+
 def iter_arrival_offsets(num_requests: int, rate: float, burstiness: float, rng: random.Random) -> Iterator[float]:
     """arrival_offsets(), drawn one at a time."""
     at = 0.0
     for _ in range(num_requests):
         yield at
-        if burstiness == 1:
-            at += rng.expovariate(rate)
-        else:
-            at += rng.gammavariate(burstiness, 1 / (rate * burstiness))
+        at += arrival_gap_s(rate, burstiness, rng)
 
 
 def arrival_offsets(num_requests: int, rate: float, burstiness: float, rng: random.Random) -> List[float]:
@@ -5548,16 +5551,21 @@ def arrival_offsets(num_requests: int, rate: float, burstiness: float, rng: rand
     return list(iter_arrival_offsets(num_requests, rate, burstiness, rng))
 
 
+def schedule_stretches(schedule: Sequence[Tuple[float, float]], duration_s: float) -> List[Tuple[float, float, float]]:
+    """A rate schedule's (start_s, end_s, rate) stretches: each start until the next, the
+    last until duration_s."""
+    ends = [start for start, _ in schedule[1:]] + [duration_s]
+    return [(start_s, min(end_s, duration_s), rate) for (start_s, rate), end_s in zip(schedule, ends)]
+
+
 def iter_scheduled_arrivals(schedule: Sequence[Tuple[float, float]], duration_s: float, burstiness: float,
                             rng: random.Random) -> Iterator[float]:
-    """Send times before duration_s under a piecewise-constant rate: from each (start_s,
-    rate) until the next start, gaps of mean 1/rate drawn as arrival_offsets() draws
-    them, begun afresh at each start (exact for Poisson arrivals, which have no memory)."""
-    ends = [start for start, _ in schedule[1:]] + [duration_s]
-    for (start_s, rate), end_s in zip(schedule, ends):
-        at_s, end_s = start_s, min(end_s, duration_s)
+    """Send times before duration_s under a piecewise-constant rate: in each stretch, gaps
+    drawn as arrival_offsets() draws them, begun afresh at its start (exact for Poisson
+    arrivals, which have no memory)."""
+    for at_s, end_s, rate in schedule_stretches(schedule, duration_s):
         while rate and at_s < end_s:
-            at_s += rng.expovariate(rate) if burstiness == 1 else rng.gammavariate(burstiness, 1 / (rate * burstiness))
+            at_s += arrival_gap_s(rate, burstiness, rng)
             if at_s < end_s:
                 yield at_s
 
@@ -8484,8 +8492,7 @@ def schedule_duration_s(args) -> float:
     if duration_s <= schedule[-1][0]:
         raise UsageError(f"--duration-s {duration_s:g}: expected more than the schedule's last start, "
                          f"{schedule[-1][0]:g} s")
-    ends = [start for start, _ in schedule[1:]] + [duration_s]
-    expected = sum(rate * (end - start) for (start, rate), end in zip(schedule, ends))
+    expected = sum(rate * (end_s - start_s) for start_s, end_s, rate in schedule_stretches(schedule, duration_s))
     if expected > MAX_COUNT:
         raise UsageError(f"--rate-schedule over --duration-s {duration_s:g}: about {expected:,.0f} requests; expected "
                          f"at most {MAX_COUNT:,}")
@@ -10647,8 +10654,7 @@ def day_figures(args: argparse.Namespace) -> dict:
 def peak_stretch_s(schedule: Sequence[Tuple[float, float]], duration_s: float) -> float:
     """The longest time the schedule holds its peak rate."""
     peak = max(rate for _, rate in schedule)
-    ends = [start for start, _ in schedule[1:]] + [duration_s]
-    return max(end - start for (start, rate), end in zip(schedule, ends) if rate == peak)
+    return max(end_s - start_s for start_s, end_s, rate in schedule_stretches(schedule, duration_s) if rate == peak)
 
 
 def peak_fleet_size(args, point: PlanPoint, peak_rate: float) -> int:
