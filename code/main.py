@@ -4787,9 +4787,10 @@ class Router:
 class ReplicaRun:
     """Replicas (engines that share nothing) behind a router, on one virtual clock.
 
-    Each engine keeps its own clock; the next event goes first: an arrival (routed on
-    the spot, so the router sees each replica as of the end of the step it is in), or
-    the step of the engine whose clock is earliest (the lowest index among equals).
+    Each engine keeps its own clock; the next event goes first: one of the run's own
+    (none here; a Fleet's scaler, replicas coming up, failures), an arrival (routed on the
+    spot, so the router sees each replica as of the end of the step it is in), or the
+    step of the live engine whose clock is earliest (the lowest index among equals).
     With one replica this is run_engine exactly.
     """
 
@@ -4799,29 +4800,64 @@ class ReplicaRun:
         self.replica_of: Dict[Request, int] = {}
         self.lost_attempts: List[Tuple[int, List[float]]] = []  # (replica, token times) of attempts a failure lost
 
-    def run(self, requests: List[Request], concurrency: Optional[int] = None, timeout_s: Optional[float] = None) -> None:
-        """Send requests open or closed loop (see Arrivals) until every one is done, refused or timed out."""
-        engines = self.engines
-        arrivals = Arrivals(requests, concurrency, self.arrive, engines[0].cost.request_overhead_s, None, timeout_s,
-                            self.abort)
+    def run(self, requests: List[Request], concurrency: Optional[int] = None, timeout_s: Optional[float] = None,
+            progress: Optional[RunProgress] = None, done: Optional[Callable[[Request], None]] = None) -> None:
+        """Send requests open or closed loop (see Arrivals) until every one is done, refused
+        or timed out (progress: told the requests done as they finish; done: called with
+        each request once it has finished, failed or timed out)."""
+        self.progress, self.num_done = progress, 0
+        self.arrivals = arrivals = Arrivals(requests, concurrency, self.arrive, self.engines[0].cost.request_overhead_s,
+                                            done, timeout_s, self.abort)
         arrivals.start()
         while True:
-            next_arrival_s = arrivals.next_arrival_s()
-            clocks = [engine.clock_s if engine.scheduler.has_work() else math.inf for engine in engines]
-            now_s = min(next_arrival_s, min(clocks))
-            if now_s == math.inf:
-                return
-            if next_arrival_s == now_s:
+            next_arrival_s, next_event_s, live = arrivals.next_arrival_s(), self.next_event_s(), self.live()
+            clocks = [self.engines[index].clock_s if self.engines[index].scheduler.has_work() else math.inf
+                      for index in live]
+            if next_arrival_s == math.inf and min(clocks, default=math.inf) == math.inf and not self.waiting():
+                return self.finish()
+            now_s = min([next_event_s, next_arrival_s] + clocks)
+            if next_event_s == now_s:
+                self.handle_event(now_s)
+            elif next_arrival_s == now_s:
                 arrivals.arrive_until(now_s)
-                continue
-            index = clocks.index(now_s)
-            # NOTE: a fast engine may take several steps at once, but none that starts after
-            # the next arrival or another replica's next step (whose end may send a request).
-            horizon_s = min([next_arrival_s] + clocks[:index] + clocks[index + 1:])
-            finished = engines[index].advance(horizon_s, arrivals.finishes_send)
-            if finished is None:
-                raise RuntimeError(f"replica {index} has work but can schedule none of it")
-            arrivals.finished(finished, engines[index].clock_s)
+            else:
+                position = clocks.index(now_s)
+                # NOTE: a fast engine may take several steps at once, but none that starts after the
+                # next event, the next arrival or another replica's next step (whose end may send one).
+                self.step(live[position], min([next_event_s, next_arrival_s] + clocks[:position] + clocks[position + 1:]))
+
+    def step(self, index: int, horizon_s: float) -> None:
+        """Replica index's next step (or its run of steps before horizon_s), its finished requests told."""
+        engine = self.engines[index]
+        finished = engine.advance(horizon_s, self.arrivals.finishes_send)
+        if finished is None:
+            raise RuntimeError(f"replica {index} has work but can schedule none of it")
+        self.arrivals.finished(finished, engine.clock_s)
+        if self.progress is not None and finished:
+            self.num_done += len(finished)
+            self.progress.update(self.num_done, f" at {engine.clock_s:,.0f} s simulated{self.progress_detail()}")
+
+    def live(self) -> Sequence[int]:
+        """The replicas that take steps, in order: every one."""
+        return range(len(self.engines))
+
+    def next_event_s(self) -> float:
+        """When the run's own next event is due (inf: it has none)."""
+        return math.inf
+
+    def handle_event(self, now_s: float) -> None:
+        """The run's own event due at now_s."""
+        raise AssertionError("a ReplicaRun has no events of its own")
+
+    def waiting(self) -> bool:
+        """Whether requests wait outside every engine (none here)."""
+        return False
+
+    def finish(self) -> None:
+        """The run is over."""
+
+    def progress_detail(self) -> str:
+        return ""
 
     def arrive(self, request: Request, now_s: float) -> bool:
         index = self.router.choose(request, [engine.scheduler for engine in self.engines])
@@ -5097,53 +5133,15 @@ class Fleet(ReplicaRun):
         self.stopped_s[index] = now_s
         self._mark(now_s)
 
-    def run(self, requests: List[Request], concurrency: Optional[int] = None, timeout_s: Optional[float] = None,
-            progress: Optional[RunProgress] = None, done: Optional[Callable[[Request], None]] = None) -> None:
-        """ReplicaRun.run with the fleet's own events (evaluations, replicas up, failures)
-        first among equals; it ends once no request is left anywhere (progress: told the
-        requests done and the replicas up as they finish; done: called with each request
-        once it has finished, failed or timed out)."""
-        self.progress, self.num_done = progress, 0
-        self.arrivals = arrivals = Arrivals(requests, concurrency, self.arrive, self.engines[0].cost.request_overhead_s,
-                                            done, timeout_s, self.abort)
-        arrivals.start()
-        while True:
-            next_arrival_s = arrivals.next_arrival_s()
-            live = self.live_ids
-            clocks = [self.engines[index].clock_s if self.engines[index].scheduler.has_work() else math.inf
-                      for index in live]
-            if next_arrival_s == math.inf and min(clocks, default=math.inf) == math.inf and not self.held:
-                return self.finish()
-            if self.held and not self.num_starting and not self.up_ids:
-                raise RuntimeError("requests wait at the router with no replica up or starting")
-            now_s = min([next_arrival_s] + clocks + ([self.events[0][0]] if self.events else []))
-            if self.events and self.events[0][0] == now_s:
-                self.handle(heapq.heappop(self.events), now_s)
-            elif next_arrival_s == now_s:
-                arrivals.arrive_until(now_s)
-            else:
-                self.step(live, clocks, now_s, next_arrival_s)
+    def live(self) -> Sequence[int]:
+        return self.live_ids
 
-    def step(self, live: List[int], clocks: List[float], now_s: float, next_arrival_s: float) -> None:
-        """The step of the live replica whose clock is earliest (see ReplicaRun.run)."""
-        position = clocks.index(now_s)
-        index = live[position]
-        horizon_s = min([next_arrival_s] + clocks[:position] + clocks[position + 1:]
-                        + ([self.events[0][0]] if self.events else []))
-        engine = self.engines[index]
-        finished = engine.advance(horizon_s, self.arrivals.finishes_send)
-        if finished is None:
-            raise RuntimeError(f"replica {index} has work but can schedule none of it")
-        self.end_s = max(self.end_s, engine.clock_s)
-        self.arrivals.finished(finished, engine.clock_s)
-        if self.progress is not None and finished:
-            self.num_done += len(finished)
-            self.progress.update(self.num_done, f" at {engine.clock_s:,.0f} s simulated, {len(self.up_ids)} replicas up")
-        if self.state[index] == "draining" and not engine.scheduler.has_work():
-            self.stop(index, engine.clock_s)
+    def next_event_s(self) -> float:
+        return self.events[0][0] if self.events else math.inf
 
-    def handle(self, event: Tuple[float, int, str, Optional[int]], now_s: float) -> None:
-        _, _, kind, replica = event
+    def handle_event(self, now_s: float) -> None:
+        """The scaler's evaluation, a replica coming up or a failure."""
+        _, _, kind, replica = heapq.heappop(self.events)
         if kind == "up":
             self.replica_up(replica, now_s)
         elif kind == "fail":
@@ -5151,6 +5149,23 @@ class Fleet(ReplicaRun):
         else:
             self.evaluate(now_s)
             self._push(now_s + self.policy.period_s, "evaluate", None)
+
+    def waiting(self) -> bool:
+        """Whether requests wait at the router; RuntimeError when none is up or coming for them."""
+        if self.held and not self.num_starting and not self.up_ids:
+            raise RuntimeError("requests wait at the router with no replica up or starting")
+        return bool(self.held)
+
+    def step(self, index: int, horizon_s: float) -> None:
+        """ReplicaRun.step; a draining replica that has finished its last request stops."""
+        super().step(index, horizon_s)
+        engine = self.engines[index]
+        self.end_s = max(self.end_s, engine.clock_s)
+        if self.state[index] == "draining" and not engine.scheduler.has_work():
+            self.stop(index, engine.clock_s)
+
+    def progress_detail(self) -> str:
+        return f", {len(self.up_ids)} replicas up"
 
     def arrive(self, request: Request, now_s: float) -> bool:
         up = self.up_ids
@@ -8526,7 +8541,7 @@ def run_replicas(spec: EngineSpec, requests: List[Request], concurrency: Optiona
         token_log = engines[0].token_log
     else:
         run = ReplicaRun(engines, Router(router))
-        run.run(requests, concurrency, timeout_s)
+        run.run(requests, concurrency, timeout_s, progress)
         report = replicas_report(run, requests, slo)
         token_log = TokenLogs([engine.token_log for engine in run.engines]) if spec.fast else None
     if charts is not None:
