@@ -299,6 +299,8 @@ class DayTest(ScratchTest):
         run = result["run"]["settings"]["arrivals"]
         self.assertEqual((run["mode"], run["rate_scale"]), ("schedule", result["max_load"]))
         self.assertGreater(result["first_failing_load"], result["max_load"])
+        expected = (1 * 60 + 2 * 60) * result["max_load"]  # every stretch's rate times the load
+        self.assertLess(abs(result["run"]["settings"]["num_requests"] - expected), 5 * math.sqrt(expected))
 
     def test_the_html_page_charts_the_replicas_up_and_each_hour(self):
         page = self.write("fleet.html", "")
