@@ -4799,6 +4799,7 @@ class ReplicaRun:
         self.router = router
         self.replica_of: Dict[Request, int] = {}
         self.lost_attempts: List[Tuple[int, List[float]]] = []  # (replica, token times) of attempts a failure lost
+        self.all_ids = list(range(len(self.engines)))  # live(): every replica takes steps
 
     def run(self, requests: List[Request], concurrency: Optional[int] = None, timeout_s: Optional[float] = None,
             progress: Optional[RunProgress] = None, done: Optional[Callable[[Request], None]] = None) -> None:
@@ -4809,37 +4810,41 @@ class ReplicaRun:
         self.arrivals = arrivals = Arrivals(requests, concurrency, self.arrive, self.engines[0].cost.request_overhead_s,
                                             done, timeout_s, self.abort)
         arrivals.start()
+        next_event, live_now = self.next_event_s, self.live  # NOTE: looked up once: this loop is hot
         while True:
-            next_arrival_s, next_event_s, live = arrivals.next_arrival_s(), self.next_event_s(), self.live()
-            clocks = [self.engines[index].clock_s if self.engines[index].scheduler.has_work() else math.inf
-                      for index in live]
-            if next_arrival_s == math.inf and min(clocks, default=math.inf) == math.inf and not self.waiting():
-                return self.finish()
-            now_s = min([next_event_s, next_arrival_s] + clocks)
+            next_arrival_s, next_event_s, (live, live_engines) = arrivals.next_arrival_s(), next_event(), live_now()
+            clocks = [engine.clock_s if engine.scheduler.has_work() else math.inf for engine in live_engines]
+            next_step_s = min(clocks) if clocks else math.inf
+            if next_arrival_s == next_step_s == math.inf and not self.waiting():
+                return self.finish()  # NOTE: whatever events are still to come (a scaler evaluates for ever)
+            now_s = min(next_event_s, next_arrival_s, next_step_s)
             if next_event_s == now_s:
                 self.handle_event(now_s)
             elif next_arrival_s == now_s:
                 arrivals.arrive_until(now_s)
             else:
                 position = clocks.index(now_s)
+                index, engine = live[position], live_engines[position]
                 # NOTE: a fast engine may take several steps at once, but none that starts after the
                 # next event, the next arrival or another replica's next step (whose end may send one).
-                self.step(live[position], min([next_event_s, next_arrival_s] + clocks[:position] + clocks[position + 1:]))
+                horizon_s = min([next_event_s, next_arrival_s] + clocks[:position] + clocks[position + 1:])
+                finished = engine.advance(horizon_s, arrivals.finishes_send)
+                if finished is None:
+                    raise RuntimeError(f"replica {index} has work but can schedule none of it")
+                arrivals.finished(finished, engine.clock_s)
+                if finished:
+                    self.stepped(index, finished)
 
-    def step(self, index: int, horizon_s: float) -> None:
-        """Replica index's next step (or its run of steps before horizon_s), its finished requests told."""
-        engine = self.engines[index]
-        finished = engine.advance(horizon_s, self.arrivals.finishes_send)
-        if finished is None:
-            raise RuntimeError(f"replica {index} has work but can schedule none of it")
-        self.arrivals.finished(finished, engine.clock_s)
-        if self.progress is not None and finished:
+    def stepped(self, index: int, finished: List[Request]) -> None:
+        """Replica index's step finished requests (progress told)."""
+        if self.progress is not None:
             self.num_done += len(finished)
-            self.progress.update(self.num_done, f" at {engine.clock_s:,.0f} s simulated{self.progress_detail()}")
+            self.progress.update(self.num_done, f" at {self.engines[index].clock_s:,.0f} s simulated"
+                                                f"{self.progress_detail()}")
 
-    def live(self) -> Sequence[int]:
-        """The replicas that take steps, in order: every one."""
-        return range(len(self.engines))
+    def live(self) -> Tuple[Sequence[int], Sequence[Engine]]:
+        """The replicas that take steps, in order, and their engines: every one."""
+        return self.all_ids, self.engines
 
     def next_event_s(self) -> float:
         """When the run's own next event is due (inf: it has none)."""
@@ -5057,6 +5062,7 @@ class Fleet(ReplicaRun):
         self.state: List[str] = []
         self.up_ids: List[int] = []    # replicas up, in order (the router's choice)
         self.live_ids: List[int] = []  # replicas up or draining, in order (those that take steps)
+        self.live_engines: List[Engine] = []  # their engines, in the same order
         self.num_starting = 0
         self.started_s: List[float] = []
         self.stopped_s: List[Optional[float]] = []
@@ -5107,6 +5113,7 @@ class Fleet(ReplicaRun):
                     bisect.insort(ids, index)
                 else:
                     ids.remove(index)
+        self.live_engines = [self.engines[live] for live in self.live_ids]
 
     def _mark(self, now_s: float) -> None:
         """A point of the timeline: the replicas up from now_s (changes at one moment make one
@@ -5133,8 +5140,8 @@ class Fleet(ReplicaRun):
         self.stopped_s[index] = now_s
         self._mark(now_s)
 
-    def live(self) -> Sequence[int]:
-        return self.live_ids
+    def live(self) -> Tuple[Sequence[int], Sequence[Engine]]:
+        return self.live_ids, self.live_engines
 
     def next_event_s(self) -> float:
         return self.events[0][0] if self.events else math.inf
@@ -5156,9 +5163,9 @@ class Fleet(ReplicaRun):
             raise RuntimeError("requests wait at the router with no replica up or starting")
         return bool(self.held)
 
-    def step(self, index: int, horizon_s: float) -> None:
-        """ReplicaRun.step; a draining replica that has finished its last request stops."""
-        super().step(index, horizon_s)
+    def stepped(self, index: int, finished: List[Request]) -> None:
+        """ReplicaRun.stepped; a draining replica that has finished its last request stops."""
+        super().stepped(index, finished)
         engine = self.engines[index]
         self.end_s = max(self.end_s, engine.clock_s)
         if self.state[index] == "draining" and not engine.scheduler.has_work():
