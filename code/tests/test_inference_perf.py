@@ -192,6 +192,15 @@ class CompareTest(ScratchTest):
         self.assertIn("mean |error| over 2 stages: ttft mean 0.0%, ttft p50 0.0%, e2e mean 0.0%, tpot mean 0.0%, "
                       "out tok/s 0.0%; failed share within 0.0 points", out)
 
+    def test_runs_of_several_models_each_report_the_capacity_of_their_own_engine(self):
+        folders = [write_run(self.directory, name, model, config, tp, [(2, 5)], output=20)
+                   for name, model, config, tp in (("one", "mha", MHA, 1), ("two", "deep", DEEP, 2))]
+        hardware = self.write("known.json", dataclasses.asdict(KNOWN))
+        report = run_json("compare", *folders, "--model-dir", os.path.join(self.directory, "models"),
+                          "--hardware-file", hardware, "--no-sensitivity")
+        self.assertEqual([(row["run"], row["model"], row["capacity"]["model"], row["capacity"]["num_devices"])
+                          for row in report["rows"]], [("one", "mha", "mha", 1), ("two", "deep", "deep", 2)])
+
     def test_an_overloaded_run_is_predicted_overloaded_with_its_failed_share(self):
         folder = write_run(self.directory, "busy", "mha", MHA, 1, [(2, 10), (300, 10)], timeout="2.0", output=100)
         run = main.read_inference_perf(folder)
