@@ -9331,7 +9331,7 @@ def predict_inference_perf_rows(run: dict, spec: EngineSpec, timeout_s: Optional
         bands = [sensitivity(*(run_figures(stage["summary"]) for stage in stages))
                  for stages in zip(predictions, cheaper, dearer)]
     rows = inference_perf_rows(run, predictions, bands)
-    for row in rows:  # NOTE: each run's own engine (--model-dir): the report's top-level capacity is the flags'
+    for row in rows:  # each run's own engine (with --model-dir, not the command line's model)
         row.update(model=spec.plan.model.name, devices=spec.plan.devices, capacity=spec.plan.to_dict())
     return rows
 
