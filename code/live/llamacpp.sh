@@ -104,9 +104,13 @@ else
 fi
 
 reports=()
+seen=" "
 for point in 1 2 3 4 8 4; do
+    # NOTE: named by this run's points, never by what the folder holds: a reused SERVESIM_OUT
+    # keeps an earlier run's reports, which are overwritten, never compared
     name="c$point"
-    [ -e "$out/$name.json" ] && name="c$point-again"
+    case "$seen" in *" $point "*) name="c$point-again" ;; esac
+    seen="$seen$point "
     say "loadgen --concurrency $point --requests $requests --max-tokens 64 --ignore-eos"
     run python3 "$here/code/main.py" loadgen --url "$url" --concurrency "$point" --requests "$requests" \
         --max-tokens 64 --ignore-eos --quiet --json-requests > "$out/$name.json"

@@ -140,9 +140,13 @@ say "profile: the step cost of this server on this machine"
 run python3 "$here/code/main.py" profile --url "$url" --endpoint /v1/completions --out "$out/profile.json"
 
 reports=()
+seen=" "
 for point in 1 2 3 4 8 4; do
+    # NOTE: named by this run's points, never by what the folder holds: a reused SERVESIM_OUT
+    # keeps an earlier run's reports, which are overwritten, never compared
     name="c$point"
-    [ -e "$out/$name.json" ] && name="c$point-again"
+    case "$seen" in *" $point "*) name="c$point-again" ;; esac
+    seen="$seen$point "
     say "loadgen --concurrency $point --requests $requests --prompt-tokens 256 --max-tokens 64 --ignore-eos"
     run python3 "$here/code/main.py" loadgen --url "$url" --endpoint /v1/completions --concurrency "$point" \
         --requests "$requests" --prompt-tokens 256 --max-tokens 64 --ignore-eos --quiet --json-requests \
