@@ -1256,10 +1256,12 @@ def _hf_sliding(text: JsonObject, layers: int) -> dict:
     return {"sliding_window": window, "num_sliding_layers": sliding}
 
 
-def model_from_config(path: str) -> ModelSpec:
+def model_from_config(path: str, quantization_given: bool = False) -> ModelSpec:
     """A decoder from a Hugging Face config.json, dense or mixture of experts, with
     grouped-query or latent attention: parameters counted from the dimensions
-    (embeddings, attention, MLPs or experts, norms), bytes from torch_dtype."""
+    (embeddings, attention, MLPs or experts, norms), bytes from torch_dtype and
+    quantization_config (one servesim cannot size is an error unless quantization_given:
+    the caller's --quantization sets the width)."""
     where = f"--model-file {path}"
     config = JsonObject(read_json_file(path, where), where)
     nested = config.object("text_config", None)  # multimodal configs nest the decoder
@@ -1284,32 +1286,90 @@ def model_from_config(path: str) -> ModelSpec:
     name = config.string("_name_or_path", "") or os.path.basename(os.path.dirname(os.path.abspath(path)))
     latent = {"kv_lora_rank": text.integer("kv_lora_rank", 1, 0), "rope_head_dim": text.integer("qk_rope_head_dim", 1, 0)}
     params = embeddings + attention + mlp + routed + shared + hidden
-    bytes_per_param, fp8 = _hf_weight_bytes(config, HF_DTYPE_BYTES[dtype], params, embeddings)
+    bytes_per_param, fp8 = _hf_weight_bytes(config, HF_DTYPE_BYTES[dtype], params, embeddings, quantization_given)
     return ModelSpec(name.lower(), params=params, layers=layers, kv_heads=kv_heads, head_dim=head_dim,
                      bytes_per_param=bytes_per_param, kv_dtype_bytes=2, head_params=vocab * hidden,
                      embedding_params=0 if tied else vocab * hidden, hidden_size=hidden, fp8_compute=fp8,
                      **experts, **_hf_sliding(text, layers), **(latent if latent["kv_lora_rank"] else {}))
 
 
-def _hf_weight_bytes(config: JsonObject, dtype_bytes: float, params: float, embeddings: float) -> Tuple[float, bool]:
+def _group_scale_bits(bits: int, group_size: int, scale_bits: int = 16) -> float:
+    """Bits per weight of a format's scales: one scale of scale_bits per group of group_size
+    weights (a group_size below 1 is one scale per output channel: next to nothing)."""
+    return bits + (scale_bits / group_size if group_size > 0 else 0.0)
+
+
+def _compressed_tensors_bits(quantization: JsonObject) -> Tuple[float, bool]:
+    """(bits per weight, FP8 compute) of llm-compressor's format (quant_method
+    compressed-tensors): its first config group's weights, num_bits wide with a scale per
+    group_size (16-bit, or FP8 for 4-bit floats: NVFP4; a zero point too when asymmetric),
+    computing in FP8 when the activations are 8-bit floats as well (W8A8 FP8)."""
+    groups = quantization.object("config_groups")
+    if not groups.value:
+        raise quantization.fail("config_groups", "a JSON object with at least one quantization group", groups.value)
+    group = groups.object(next(iter(groups.value)))
+    weights, activations = group.object("weights"), group.object("input_activations", None)
+    bits, kind = weights.integer("num_bits", 1), weights.string("type", "int")
+    scale_bits = (8 if kind == "float" and bits == 4 else 16) * (1 if weights.boolean("symmetric", True) else 2)
+    fp8 = kind == "float" and bits == 8 and activations is not None and activations.string("type", "int") == "float" \
+        and activations.integer("num_bits", 1, 8) == 8
+    return _group_scale_bits(bits, weights.integer("group_size", -1, None) or 0, scale_bits), fp8
+
+
+def _hf_quantized_bits(quantization: JsonObject) -> Optional[Tuple[float, bool]]:
+    """(bits per quantized weight, FP8 compute) of a config.json's quantization_config, or
+    None for a method servesim does not size. AWQ and GPTQ read bits and group_size (a
+    16-bit scale and zero per group: 4.25 bits at 4 bits in groups of 128); FP8 checkpoints
+    (fp8, fbgemm_fp8, ModelOpt's FP8) hold a byte per weight and compute in FP8; NVFP4 is 4
+    bits with an FP8 scale per 16; bitsandbytes' NF4 a 32-bit scale per 64 (8-bit with
+    double quantisation) and its int8 a byte."""
+    method = quantization.string("quant_method", "").lower()
+    algo = quantization.string("quant_algo", "").upper() if method == "modelopt" else ""
+    if method in ("awq", "gptq", "awq_marlin", "gptq_marlin", "auto-round"):
+        bits = quantization.integer("bits", 1, 4)
+        return _group_scale_bits(bits, quantization.integer("group_size", -1, 128), 32), False
+    if method in ("fp8", "fbgemm_fp8", "ptpc_fp8") or algo.startswith("FP8"):
+        return 8.0, True
+    if method == "modelopt_fp4" or algo == "NVFP4":
+        return _group_scale_bits(4, 16, 8), False
+    if method == "compressed-tensors":
+        return _compressed_tensors_bits(quantization)
+    if method == "bitsandbytes":
+        if quantization.boolean("load_in_4bit", False):
+            return _group_scale_bits(4, 64, 8 if quantization.boolean("bnb_4bit_use_double_quant", False) else 32), False
+        return (8.0, False) if quantization.boolean("load_in_8bit", False) else None
+    if method in QUANTIZATIONS:
+        return QUANTIZATIONS[method][0] * 8, QUANTIZATIONS[method][1]
+    return None
+
+
+def _hf_weight_bytes(config: JsonObject, dtype_bytes: float, params: float, embeddings: float,
+                     overridden: bool) -> Tuple[float, bool]:
     """(bytes per parameter, FP8 compute): a quantization_config's method applies to every
-    weight but the embeddings and the head, which stay in torch_dtype (as vLLM loads them)."""
+    weight but the embeddings and the head, which stay in torch_dtype (as vLLM loads them).
+    A method servesim does not size is a UsageError unless overridden (a --quantization
+    will set the width instead)."""
     quantization = config.object("quantization_config", None)
-    method = quantization.string("quant_method", "") if quantization else ""
-    if method.lower() not in QUANTIZATIONS:
+    sized = _hf_quantized_bits(quantization) if quantization else None
+    if sized is None and quantization and not overridden:
+        method = quantization.string("quant_method", "")
+        raise UsageError(f"{config.where}: quantization_config.quant_method {_shown(method)} is a format servesim "
+                         f"does not size; give --quantization with the weights' format ({', '.join(QUANTIZATIONS)})")
+    if sized is None:
         return dtype_bytes, dtype_bytes == 1
-    quantized_bytes, fp8 = QUANTIZATIONS[method.lower()]
-    return (quantized_bytes * (params - embeddings) + dtype_bytes * embeddings) / params, fp8
+    bits, fp8 = sized
+    return (bits / 8 * (params - embeddings) + dtype_bytes * embeddings) / params, fp8
 
 
-def model_from_file(path: str) -> ModelSpec:
-    """A ModelSpec from a .gguf file or a config.json (told apart by content)."""
+def model_from_file(path: str, quantization_given: bool = False) -> ModelSpec:
+    """A ModelSpec from a .gguf file or a config.json (told apart by content);
+    quantization_given: a --quantization will set the weights' width (model_from_config)."""
     try:
         with open(path, "rb") as handle:
             magic = handle.read(4)
     except (OSError, ValueError) as error:
         raise UsageError(f"--model-file {path}: cannot read it ({_reason(error)})") from None
-    return model_from_gguf(path) if magic == b"GGUF" else model_from_config(path)
+    return model_from_gguf(path) if magic == b"GGUF" else model_from_config(path, quantization_given)
 
 
 # =============================================================================
@@ -8289,7 +8349,7 @@ def _resolve(args) -> Tuple[Hardware, ModelSpec]:
     if args.model_file is not None:
         if args.model is not None:
             raise UsageError("--model and --model-file: give one or the other")
-        return hardware, model_from_file(args.model_file)
+        return hardware, model_from_file(args.model_file, getattr(args, "quantization", None) is not None)
     return hardware, get_preset(MODELS, args.model or DEFAULT_MODEL, "--model")
 
 

@@ -216,6 +216,47 @@ class ConfigJsonTest(ScratchTest):
                                           "text_config": dict(LLAMA_31_8B_CONFIG)})
         self.assertEqual(main.model_from_file(path).params, 8_030_261_248)
 
+    # Llama 3.1 8B: of its 8,030,261,248 parameters, 2 x 128,256 x 4,096 = 1,050,673,152 are the
+    # embedding and the head (kept in BF16, two bytes each); the other 6,979,588,096 are quantized.
+    QUANTIZED, KEPT_BYTES = 6_979_588_096, 2 * 1_050_673_152
+
+    def quantized(self, quantization_config):
+        return main.model_from_file(self.config(quantization_config=quantization_config))
+
+    def test_fp8_checkpoints_hold_a_byte_per_weight_and_compute_in_fp8(self):
+        w8a8 = {"quant_method": "compressed-tensors", "config_groups": {"group_0": {
+            "targets": ["Linear"], "weights": {"num_bits": 8, "type": "float", "strategy": "channel"},
+            "input_activations": {"num_bits": 8, "type": "float", "dynamic": True}}}}
+        for config in (w8a8, {"quant_method": "fp8", "activation_scheme": "dynamic"},
+                       {"quant_method": "fbgemm_fp8"}, {"quant_method": "modelopt", "quant_algo": "FP8"}):
+            model = self.quantized(config)
+            self.assertAlmostEqual(model.weight_bytes, self.QUANTIZED + self.KEPT_BYTES, delta=1, msg=config)
+            self.assertTrue(model.fp8_compute, config)
+
+    def test_four_bit_checkpoints_count_their_scales(self):
+        w4a16 = {"quant_method": "compressed-tensors", "config_groups": {"group_0": {
+            "weights": {"num_bits": 4, "type": "int", "group_size": 128, "symmetric": True}}}}
+        nvfp4 = {"quant_method": "compressed-tensors", "config_groups": {"group_0": {
+            "weights": {"num_bits": 4, "type": "float", "group_size": 16},
+            "input_activations": {"num_bits": 4, "type": "float"}}}}
+        for config, bits in (({"quant_method": "awq", "bits": 4, "group_size": 128}, 4.25),  # + 32 / 128
+                             ({"quant_method": "gptq", "bits": 8, "group_size": -1}, 8),    # per channel
+                             (w4a16, 4.125),                                               # + 16 / 128
+                             (nvfp4, 4.5),                                                 # + 8 / 16
+                             ({"quant_method": "bitsandbytes", "load_in_4bit": True}, 4.5)):  # + 32 / 64
+            model = self.quantized(config)
+            self.assertAlmostEqual(model.weight_bytes, self.QUANTIZED * bits / 8 + self.KEPT_BYTES, delta=1, msg=config)
+            self.assertFalse(model.fp8_compute, config)
+
+    def test_a_quantization_servesim_cannot_size_exits_2_unless_the_flag_gives_it(self):
+        path = self.config(quantization_config={"quant_method": "hqq"})
+        code, _, err = run_cli("capacity", "--model-file", path)
+        self.assertEqual(code, 2)
+        self.assertIn("quantization_config.quant_method 'hqq' is a format servesim does not size; give --quantization",
+                      err)
+        code, out, _ = run_cli("capacity", "--model-file", path, "--quantization", "int4")
+        self.assertEqual(code, 0, out)
+
     def test_bad_configs_exit_2_naming_what_is_wrong(self):
         for changes, fragment in ((dict(num_hidden_layers=None), "num_hidden_layers must be a positive integer"),
                                   (dict(torch_dtype="int3"), "torch_dtype 'int3'"),
