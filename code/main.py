@@ -7966,8 +7966,6 @@ class Profiler:
         self.context: Optional[dict] = None  # decodes of the largest batch at a long context
         self.notes: List[str] = []
         self.max_num_seqs: Optional[int] = None  # the server's cap, when measure_sequence_cap saw it
-        self.num_loads = 0  # load runs so far: a run after the first starts the moment one ended
-        self.after_finish_s: List[float] = []  # front-end times of lone requests sent as a run ended
 
     def elapsed_s(self) -> float:
         return self.clock() - self.started
@@ -7992,7 +7990,6 @@ class Profiler:
             run.wait()
         finally:
             run.close()
-            self.num_loads += 1
         window = None
         if scrape and sampler.scrape():
             window = server_window(sampler.scrapes)
@@ -8035,7 +8032,7 @@ class Profiler:
         """One run of batch requests sent together: the mean gap while all of them
         decode (a request's TPOT is a mean of its gaps: a stall counts), the server's mean
         batch, and their TTFT when one step prefilled them all."""
-        settings, after_finish = self.settings, self.num_loads > 0
+        settings = self.settings
         records, window = self.load(self.bodies(batch, prompt_tokens or settings.prompt_tokens,
                                                 settings.output_tokens), batch, scrape=True)
         gaps = decoding_gaps_s(records)
@@ -8049,12 +8046,9 @@ class Profiler:
         # step measured (a stall or a queue can stretch the TTFT past a step).
         firsts = [r.token_times[0] for r in records]
         ttft_s = median(first - r.sent_s for first, r in zip(firsts, records))
-        server_s = _server_prompt_s(records)
-        if batch == 1 and after_finish and server_s:
-            self.after_finish_s.append(ttft_s - server_s[0])
         steps_s = [step for step in (fastest_step_s, sample["gap_s"]) if step]
         if batch > 1 and max(firsts) - min(firsts) <= min([0.1 * ttft_s] + [0.5 * step for step in steps_s]):
-            sample.update(ttft_s=ttft_s, server_s=server_s)
+            sample.update(ttft_s=ttft_s, server_s=_server_prompt_s(records))
         return sample
 
     def settle_decode(self, batch: int, samples: Sequence[dict]) -> None:
@@ -8248,8 +8242,7 @@ class Profiler:
 
     def result(self, server: dict, complete: bool) -> dict:
         """The profile as profile --out writes it (read back by read_step_profile)."""
-        idle_overhead_ms = self.split_prefill_ttfts()
-        overhead_ms = self.front_end_ms(idle_overhead_ms)
+        overhead_ms = self.split_prefill_ttfts()
         prefill = prefill_table([(p["batch"], p["step_ms"]) for p in self.decode],
                                 [(p["prompt_tokens"], p["step_ms"]) for p in self.prefill])
         decode_ms = dict((p["batch"], p["step_ms"]) for p in self.decode)
@@ -8269,7 +8262,7 @@ class Profiler:
                 timespec="seconds"), "server": dict(server, url=str(self.endpoint), model=self.model,
                                                     **({"max_num_seqs": self.max_num_seqs} if self.max_num_seqs else {})),
             "machine": machine_description(), "settings": asdict(self.settings), "complete": complete,
-            "request_overhead_ms": overhead_ms, "idle_request_overhead_ms": idle_overhead_ms, "decode": self.decode, "prefill": self.prefill, "mixed": self.mixed,
+            "request_overhead_ms": overhead_ms, "decode": self.decode, "prefill": self.prefill, "mixed": self.mixed,
             "decode_context_tokens": statistics.mean(p["context_tokens"] for p in self.decode) if self.decode else 0.0,
             "mixed_overlap_ms": median(overlaps) if overlaps else 0.0, "prefill_batch_factors": factors,
             "context": self.context, "context_ms_per_token": self.context_ms_per_token(),
@@ -8282,19 +8275,6 @@ class Profiler:
             self.notes.append(f"a prefill beside decodes measured {overlap_ms:.2f} ms cheaper than alone, more than "
                               f"the decodes' own {decode_ms:.2f} ms step: taken as {capped_ms:.2f} ms")
         return capped_ms
-
-    def front_end_ms(self, idle_ms: float) -> float:
-        """The front-end time a request is simulated with (ms): that of a lone request sent the
-        moment another run's last answer ended, where the server told its prompt time (a closed
-        loop's clients send just then), else idle_ms, that of the prefill points.
-
-        NOTE: the two differ: llama-server starts a request that arrives just as a
-        generation ended 7-13 ms later than one that finds it idle (two vCPUs, Gemma 3 270M;
-        its slot bookkeeping after a finish), a prefill probe of one output token sees none
-        of it, and at concurrency 1 that is 6% of the TTFT."""
-        if not self.after_finish_s:
-            return idle_ms
-        return max(0.0, median(self.after_finish_s) * 1000)
 
     def split_prefill_ttfts(self) -> float:
         """Split each prefill point's TTFT into the server's prefill step and the fixed
@@ -11643,9 +11623,7 @@ def format_profile(profile: dict, out: Optional[str]) -> List[str]:
         lines.append(f"decode batch {context['batch']} at {context['context_tokens']:,.0f} tokens of context: "
                      f"{context['step_ms']:.2f} ms per step ({context['min_ms']:.2f}-{context['max_ms']:.2f}){added}")
     overlap = profile["mixed_overlap_ms"]
-    idle_ms = profile["idle_request_overhead_ms"]
-    idle = f" ({idle_ms:.2f} ms to an idle server)" if idle_ms != profile["request_overhead_ms"] else ""
-    lines.append(f"front-end time per request {profile['request_overhead_ms']:.2f} ms{idle}; a prefill beside decodes "
+    lines.append(f"front-end time per request {profile['request_overhead_ms']:.2f} ms; a prefill beside decodes "
                  f"costs {abs(overlap):.2f} ms {'less' if overlap >= 0 else 'more'} than alone; decodes measured at "
                  f"{profile['decode_context_tokens']:,.0f} tokens of context")
     lines += [f"note: {note}" for note in profile["notes"]]

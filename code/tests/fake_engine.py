@@ -16,10 +16,7 @@ vLLM does instead: no /props or /slots, max_model_len in /v1/models, and vLLM's 
 running and waiting requests, its cache_config_info and its queue and prefill time
 histograms in /metrics (where vLLM states no --max-num-seqs: only a crowd of requests shows
 the slots). request_path_ms delays every request before the engine sees it (HTTP,
-tokenizing, the hop to the engine), outside the server's own queue and prefill times;
-after_generation_ms delays, as well, a request that arrives within that long of a
-generation of several tokens ending (llama-server starts such a request 7-13 ms late on
-two vCPUs, one after a one-token answer on time).
+tokenizing, the hop to the engine), outside the server's own queue and prefill times.
 """
 
 import json
@@ -73,7 +70,6 @@ class _Handler(BaseHTTPRequestHandler):
         body = json.loads(self.rfile.read(int(self.headers.get("Content-Length", 0))))
         prompt_tokens = len((body["messages"][-1]["content"] if "messages" in body else body["prompt"]).split())
         time.sleep(self.server.engine.request_path_ms / 1000)  # a fake's path: a real clock is its point
-        self.server.engine.hold_after_generation()
         stream = self.server.engine.submit(prompt_tokens, body.get("max_tokens", 16))
         def piece(text):  # a chat delta, or a completion's text
             return {"delta": {"content": text} if text else {}} if "messages" in body else {"text": text}
@@ -116,10 +112,9 @@ class FakeEngine:
 
     def __init__(self, decode_ms, prefill_ms_per_token=0.02, mixed_overlap_ms=0.0, slots=4,
                  slot_context_tokens=4096, timings=True, kind="llama.cpp", context_us_per_token=0.0,
-                 request_path_ms=0.0, after_generation_ms=0.0):
+                 request_path_ms=0.0):
         self.kind = kind
         self.request_path_ms = request_path_ms
-        self.after_generation_ms, self.generation_ended_s = after_generation_ms, -1e9
         self.num_ended, self.queue_s, self.prefill_s = 0, 0.0, 0.0  # vLLM's histograms, of ended requests
         self.context_us_per_token = context_us_per_token
         self.timings = timings and kind == "llama.cpp"
@@ -138,10 +133,6 @@ class FakeEngine:
         decode = self.decode_ms[num_decoding] if num_decoding else 0.0
         prefill = self.prefill_ms_per_token * num_prefill_tokens
         return decode + prefill - (self.mixed_overlap_ms if decode and prefill else 0.0)
-
-    def hold_after_generation(self):
-        """Sleep until after_generation_ms past the last generation of several tokens ended."""
-        time.sleep(max(0.0, self.generation_ended_s + self.after_generation_ms / 1000 - time.perf_counter()))
 
     def submit(self, prompt_tokens, max_tokens):
         stream = _Stream(prompt_tokens, max_tokens)
@@ -200,8 +191,6 @@ class FakeEngine:
                         self.prefill_s += stream.prompt_ms / 1000
                         stream.events.put("end")
                         self.running.remove(stream)
-                        if stream.max_tokens > 1:
-                            self.generation_ended_s = time.perf_counter()
 
     def __enter__(self):
         self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), _Handler)
