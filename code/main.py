@@ -8042,13 +8042,18 @@ class Profiler:
         # NOTE: prompts sent together and prefilled in one step (their first tokens come
         # together) tell what a step of `batch` prompts costs against one prompt as long.
         # Prompts prefilled in different steps sample their first tokens a step or more
-        # apart, so "together" is within a tenth of the TTFT and half the cheapest decode
-        # step measured (a stall or a queue can stretch the TTFT past a step).
+        # apart: at least the later one's own prompt time where the server tells it (the
+        # step that prefilled it lasted that long), else at least the cheapest decode step
+        # measured. So "together" is within a tenth of the TTFT (a stall or a queue can
+        # stretch it past a step) and half that least separation. Within one step the first
+        # tokens still come a few ms apart: the server samples and streams slot by slot
+        # (llama-server on two vCPUs with Gemma's 262k-token vocabulary: ~3 ms a slot, over
+        # half its 14 ms batch-1 step by four slots).
         firsts = [r.token_times[0] for r in records]
-        ttft_s = median(first - r.sent_s for first, r in zip(firsts, records))
-        steps_s = [step for step in (fastest_step_s, sample["gap_s"]) if step]
+        ttft_s, server_s = median(first - r.sent_s for first, r in zip(firsts, records)), _server_prompt_s(records)
+        steps_s = [min(server_s)] if server_s else [step for step in (fastest_step_s, sample["gap_s"]) if step]
         if batch > 1 and max(firsts) - min(firsts) <= min([0.1 * ttft_s] + [0.5 * step for step in steps_s]):
-            sample.update(ttft_s=ttft_s, server_s=_server_prompt_s(records))
+            sample.update(ttft_s=ttft_s, server_s=server_s)
         return sample
 
     def settle_decode(self, batch: int, samples: Sequence[dict]) -> None:

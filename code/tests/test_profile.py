@@ -225,6 +225,30 @@ class PrefillSplitTest(unittest.TestCase):
         self.assertAlmostEqual(overhead, 3.0)
         self.assertEqual([round(step, 6) for step in steps], [20.0, 40.0, 60.0])
 
+    def sample_of(self, first_token_times_s, prompt_ms):
+        """decode_sample's verdict on four requests sent at 0 whose first tokens came at
+        first_token_times_s, then every 35 ms; the cheapest decode step measured 14 ms."""
+        records = []
+        for index, first_s in enumerate(first_token_times_s):
+            record = main.MeasuredRequest(index, sent_s=0.0, prompt_tokens=63, output_tokens=8)
+            record.token_times = [first_s + 0.035 * step for step in range(8)]
+            record.timings = None if prompt_ms is None else {"prompt_ms": prompt_ms[index]}
+            records.append(record)
+        settings = main.ProfileSettings(batches=(4,), prefill_tokens=(64,), prompt_tokens=63, output_tokens=8,
+                                        repeat=1, budget_s=60.0, timeout_s=10.0)
+        profiler = main.Profiler(None, {}, "m", settings, print)
+        profiler.load = lambda bodies, concurrency, scrape=False: (records, None)
+        return profiler.decode_sample(4, 0.014)["ttft_s"]
+
+    def test_first_tokens_of_one_step_may_come_slot_by_slot_within_half_the_prompt_time(self):
+        # llama-server samples slot by slot: one step's four first tokens came 3 ms apart each,
+        # more than half the 14 ms batch-1 step, far less than half its 472 ms prompt time
+        together = (0.480, 0.483, 0.486, 0.489)
+        self.assertAlmostEqual(self.sample_of(together, [472.3, 472.6, 473.0, 481.9]), 0.483)  # the median, by nearest rank
+        self.assertIsNone(self.sample_of(together, None))  # without the server's word, 9 ms is too far
+        # prefilled in two steps: the later ones' first tokens a whole (140 ms) step later
+        self.assertIsNone(self.sample_of((0.140, 0.280, 0.283, 0.286), [140.0, 140.0, 140.0, 140.0]))
+
     def test_the_steady_gaps_are_those_while_every_request_decodes(self):
         early, late = main.MeasuredRequest(0), main.MeasuredRequest(1)
         early.token_times, late.token_times = [0.0, 1.0, 2.0, 3.0, 4.0], [1.5, 2.5, 3.5, 4.5]
