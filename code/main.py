@@ -9046,19 +9046,38 @@ def predict_inference_perf(run: dict, spec: EngineSpec, seed: int = 0, timeout_s
     one engine, as inference-perf runs them (a stage starts once the last one's requests
     are all answered; the KV cache, and so the prefix cache, carries over), the client
     giving up after the run's timeout (timeout_s overrides it)."""
-    engine, reports = spec.engine(), []
+    engine, reports, timeout_s = spec.engine(), [], timeout_s or run["timeout_s"]
     for requests in inference_perf_stages(run, seed):
         start_s = engine.clock_s + INFERENCE_PERF_STAGE_GAP_S
         for request in requests:
             request.arrival_s += start_s
         engine.restart_token_log()
         steps, seqs = engine.num_steps, engine.num_batched_seqs
-        totals = RunTotals(None, engine.token_log is None)
-        run_engine(engine, requests, None, None, totals.add, timeout_s or run["timeout_s"])
+        totals, last_end_s = RunTotals(None, engine.token_log is None), [0.0]
+
+        def done(request: Request) -> None:
+            totals.add(request)
+            last_end_s[0] = max(last_end_s[0], client_end_s(request, timeout_s))
+        run_engine(engine, requests, None, None, done, timeout_s)
         report = engine.report()
         report["mean_batch_seqs"] = (engine.num_batched_seqs - seqs) / max(1, engine.num_steps - steps)
-        reports.append({"summary": totals.summary(engine.token_log), "engine": report})
+        summary = totals.summary(engine.token_log)
+        # NOTE: inference-perf divides the successes' tokens by the time from the stage's first
+        # send to the last answer or give-up of any request, failed ones included; an overloaded
+        # stage's successes end long before its last client gives up
+        span_s = last_end_s[0] - totals.first_sent_s if requests else 0.0
+        summary["output_tok_per_s"] = summary["output_tokens"] / span_s if span_s > 0 else 0.0
+        reports.append({"summary": summary, "engine": report})
     return reports
+
+
+def client_end_s(request: Request, timeout_s: Optional[float]) -> float:
+    """When a simulated request's client was done with it: its last token, or the moment it
+    gave up (a timeout), or, refused, when it was sent."""
+    if request.error_kind == "timeout" and timeout_s is not None:
+        return request.sent_s + timeout_s
+    span = _token_span(request) if request.error is None else None
+    return span[1] if span is not None else request.sent_s
 
 
 # =============================================================================

@@ -211,6 +211,26 @@ class CompareTest(ScratchTest):
         self.assertGreater(rows[1]["predicted"]["failed share"], 0.3)
         self.assertEqual(rows[1]["error"]["failed share"], 0.0)
 
+    def test_an_overloaded_stage_spreads_its_successes_tokens_over_the_time_to_the_last_give_up(self):
+        # as inference-perf does: from the stage's first send to the end of its last request, failed ones included
+        folder = write_run(self.directory, "busy", "mha", MHA, 1, [(300, 10)], timeout="2.0", output=100)
+        run = main.read_inference_perf(folder)
+        spec = spec_for(os.path.join(self.directory, "models", "mha", "config.json"), 1, KNOWN)
+        (stage,) = main.predict_inference_perf(run, spec)
+        summary, sends = stage["summary"], [request.arrival_s for request in main.inference_perf_stages(run)[0]]
+        self.assertGreater(summary["num_failed"], summary["num_requests"] // 2)
+        self.assertAlmostEqual(summary["output_tokens"] / summary["output_tok_per_s"], max(sends) + 2.0 - min(sends),
+                               places=6)
+
+    def test_a_clients_end_is_its_last_token_its_give_up_or_its_refusal(self):
+        done, lost, refused = main.Request(0, 10, 2), main.Request(1, 10, 2), main.Request(2, 10, 2)
+        for request in (done, lost, refused):
+            request.sent_s = 5.0
+        done.token_times = [5.5, 6.0]
+        lost.error_kind, lost.error = "timeout", "gave up"
+        refused.error_kind, refused.error = "max-model-len", "too long"
+        self.assertEqual([main.client_end_s(request, 3.0) for request in (done, lost, refused)], [6.0, 8.0, 5.0])
+
 
 class FitTest(ScratchTest):
 
