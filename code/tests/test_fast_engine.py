@@ -9,11 +9,13 @@ every step), where the fast engine keeps the decoding requests as one group. Eac
 exactly, times to 1e-9 relative.
 """
 
+import dataclasses
 import json
 import math
 import multiprocessing
 import os
 import random
+import tempfile
 import unittest
 from unittest import mock
 
@@ -24,6 +26,12 @@ L4_8B = (main.HARDWARE["l4-24gb"], main.MODELS["llama-3.1-8b"])
 PROFILE = os.path.join(FIXTURES_DIR, "llamacpp", "profile.json")
 TRACES = [os.path.join(FIXTURES_DIR, name) for name in ("burst.jsonl", "mixed.jsonl", "burst.jsonl", "mixed.jsonl",
                                                          "mooncake_conversation_first500.jsonl")]
+# An H100 that prices decode attention's arithmetic (each process writes its own copy; removed at exit)
+_SCRATCH = tempfile.TemporaryDirectory()
+ATTENTION_H100 = os.path.join(_SCRATCH.name, "h100-attention.json")
+with open(ATTENTION_H100, "w") as _handle:
+    json.dump(dataclasses.asdict(dataclasses.replace(main.HARDWARE["h100-sxm-80gb"], attention_efficiency=0.04)),
+              _handle)
 
 
 def loaded_workload(rng, seed):
@@ -32,7 +40,8 @@ def loaded_workload(rng, seed):
     argv = ["simulate", "--requests", str(rng.randint(30, 80)), "--seed", str(seed),
             "--prompt-tokens", rng.choice(("20-400", "8-40", "500-3000")),
             "--output-tokens", rng.choice(("1-100", "60-300", "2-20")),
-            "--hardware", rng.choice(("l4-24gb", "h100-sxm-80gb")), "--model", "llama-3.1-8b",
+            *rng.choice((["--hardware", "l4-24gb"], ["--hardware", "h100-sxm-80gb"], ["--hardware-file", ATTENTION_H100])),
+            "--model", "llama-3.1-8b",
             "--block-size", rng.choice(("1", "4", "16")), "--max-num-seqs", rng.choice(("16", "64", "256")),
             "--max-num-batched-tokens", rng.choice(("64", "512", "8192")),
             "--kv-tokens", rng.choice(("4096", "12000", "30000"))]
@@ -74,6 +83,7 @@ def workload(seed):
     argv += rng.choice((["--hardware", "l4-24gb", "--model", "llama-3.1-8b"],
                         ["--hardware", "h100-sxm-80gb", "--model", "llama-3.1-8b"],
                         ["--hardware", "h100-sxm-80gb", "--model", "qwen3-30b-a3b"],  # experts: a step reads some
+                        ["--hardware-file", ATTENTION_H100, "--model", "llama-3.1-8b"],  # decode attention priced
                         ["--hardware", "cpu-4vcpu", "--model", "smollm2-135m-q8_0"]))
     argv += [
              "--block-size", rng.choice(("4", "16")), "--max-num-seqs", str(rng.choice((2, 8, 64))),
@@ -207,7 +217,8 @@ class FastEngineTest(unittest.TestCase):
         for mode in ("--prefix-caching", "--no-chunked-prefill", "--max-tokens-in-flight", "--disaggregate",
                      "--tensor-parallel-size", "--trace", "--rate", "--concurrency", "--step-profile", "--kv-tokens 512",
                      "--replicas", "prefix-affinity", "--request-timeout", "--no-async-scheduling",
-                     "--speculative-config", "draft_model", "--acceptance-rate 1", "--kv-offloading-size"):
+                     "--speculative-config", "draft_model", "--acceptance-rate 1", "--kv-offloading-size",
+                     "--hardware-file"):
             self.assertGreaterEqual(sum(mode in argv for argv in argvs), 10, mode)
         self.assertEqual(sum(int(argv.split()[2]) >= 30 for argv in argvs), 30)  # the loaded ones
 

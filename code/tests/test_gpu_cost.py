@@ -8,7 +8,7 @@ import dataclasses
 import math
 import unittest
 
-from support import main
+from support import main, run_cli, run_json
 
 HW = main.Hardware("tiny", memory_gib=16, bandwidth_gbs=100, tflops=1.0, mfu=0.5, mbu=0.5, step_overhead_ms=1.0,
                    reserve_gib=0.5, interconnect_gbs=10, layer_overhead_us=40, seq_overhead_us=5,
@@ -83,24 +83,81 @@ class MemoryAndComputeTest(unittest.TestCase):
         self.assertAlmostEqual(MOE.step_weight_bytes(4), (1e9 - 8 * 50e6 * 2 + touched) * 2, places=3)
 
 
+class DecodeAttentionTest(unittest.TestCase):
+    """Decode attention's arithmetic: 4 query heads of 100 over 1 KV head, at a quarter of the 1 TFLOPS peak."""
+
+    HEADS = dataclasses.replace(DENSE, num_heads=4)
+    PRICED = dataclasses.replace(HW, attention_efficiency=0.25)
+
+    def test_each_query_head_scores_and_weighs_every_token_of_context_in_every_layer(self):
+        # 2 layers x 4 heads x 2 x (100 key + 100 value) = 3,200 FLOPs a token of context; at 0.25 TFLOPS
+        # 12.8 ns, so 1,000 tokens of context add 12.8 us on top of the unpriced step
+        self.assertEqual(self.HEADS.attention_flops_per_token, 3200)
+        added = (main.step_seconds(self.PRICED, self.HEADS, 8, 1000, 8, 1, 8)
+                 - main.step_seconds(HW, self.HEADS, 8, 1000, 8, 1, 8))
+        self.assertAlmostEqual(added, 12.8e-6, places=15)
+
+    def test_tensor_parallelism_splits_the_query_heads(self):
+        self.assertEqual(self.HEADS.sharded(2).num_heads, 2)
+        self.assertAlmostEqual(main.decode_attention_seconds(self.PRICED, self.HEADS.sharded(2), 1000, 8), 6.4e-6,
+                               places=15)
+
+    def test_prompt_tokens_and_unpriced_hardware_or_heads_pay_nothing(self):
+        unpriced = main.step_seconds(HW, self.HEADS, 300, 1000, 1, 1, 1)
+        self.assertEqual(main.step_seconds(self.PRICED, self.HEADS, 300, 1000, 1, 1, 1, 0, 0), unpriced)
+        self.assertEqual(main.decode_attention_seconds(self.PRICED, DENSE, 1000, 8), 0.0)  # heads unknown
+        self.assertEqual(main.decode_attention_seconds(HW, self.HEADS, 1000, 8), 0.0)
+
+    def test_latent_attention_scores_against_the_latent_and_its_rotary_part(self):
+        latent = dataclasses.replace(self.HEADS, kv_lora_rank=512, rope_head_dim=64)
+        # 2 layers x 4 heads x 2 x (512 + 64 for the score + 512 for the value) = 17,408
+        self.assertEqual(latent.attention_flops_per_token, 17408)
+
+    def test_sliding_window_layers_attend_to_at_most_their_window(self):
+        sliding = dataclasses.replace(self.HEADS, layers=4, sliding_window=100, num_sliding_layers=2)
+        # 2 full layers over 3,000 tokens and 2 sliding ones over 3 sequences x 100: 1,600 FLOPs a token-layer pair
+        expected = (3000 * 3200 + 300 * 3200) / 0.25e12
+        self.assertAlmostEqual(main.decode_attention_seconds(self.PRICED, sliding, 3000, 3), expected, places=15)
+
+    def test_a_hardware_file_keeps_its_attention_efficiency_and_an_older_one_leaves_it_unpriced(self):
+        data = dict(dataclasses.asdict(self.PRICED))
+        self.assertEqual(main.hardware_from_json(main.JsonObject(data, "x"), "x").attention_efficiency, 0.25)
+        del data["attention_efficiency"]
+        self.assertEqual(main.hardware_from_json(main.JsonObject(data, "x"), "x").attention_efficiency, 0.0)
+
+
+    def test_the_flag_prices_it_on_a_preset_and_simulate_shows_it_in_the_mean_step(self):
+        argv = ["simulate", "--requests", "8", "--concurrency", "4", "--no-sensitivity"]
+        priced = run_json(*argv, "--attention-efficiency", "0.05")["step_cost"]
+        unpriced = run_json(*argv)["step_cost"]
+        # Llama 3.1 8B: 32 layers x 32 query heads x 4 x 128 = 524,288 FLOPs a token of context, at 5% of 989.4 TFLOPS
+        self.assertAlmostEqual(priced["attention_ms"], priced["num_context_tokens"] * 524288 / (0.05 * 989.4e12) * 1000,
+                               places=9)
+        self.assertEqual(unpriced["attention_ms"], 0.0)
+        code, out, err = run_cli(*argv, "--attention-efficiency", "2")
+        self.assertEqual((code, out), (2, ""))
+        self.assertIn("--attention-efficiency: expected 0, or a number from 1e-6 to 1, got '2'", err)
+
+
 class TermsTest(unittest.TestCase):
 
     def test_the_terms_add_up_to_the_step(self):
-        shard = DENSE.sharded(2)
-        terms = main.step_cost_terms(HW, shard, 8, 8, 8000)
+        shard = dataclasses.replace(DENSE, num_heads=2).sharded(2)
+        terms = main.step_cost_terms(dataclasses.replace(HW, attention_efficiency=0.25), shard, 8, 8, 8000)
         memory = terms["weights_ms"] + terms["kv_reads_ms"]
         fixed = terms["step_overhead_ms"] + terms["layer_overhead_ms"] + terms["seq_overhead_ms"]
-        self.assertAlmostEqual(terms["step_ms"], fixed + max(memory, terms["compute_ms"]) + terms["collectives_ms"],
-                               places=9)
+        self.assertAlmostEqual(terms["attention_ms"], 8000 * 2 * 1 * 4 * 100 / 0.25e12 * 1000, places=12)
+        self.assertAlmostEqual(terms["step_ms"], fixed + max(memory, terms["compute_ms"]) + terms["collectives_ms"]
+                               + terms["attention_ms"], places=9)
         self.assertEqual((terms["bound"], terms["request_path_ms"]), ("memory", 3.0))
         self.assertAlmostEqual(terms["layer_overhead_ms"], 0.08)
         self.assertAlmostEqual(terms["seq_overhead_ms"], 0.04)
 
     def test_a_slower_hardware_prices_every_step_that_much_dearer(self):
-        shard = DENSE.sharded(2)
+        shard, priced = dataclasses.replace(DENSE, num_heads=2).sharded(2), dataclasses.replace(HW, attention_efficiency=0.1)
         for tokens, context in ((1, 10), (64, 64_000), (2048, 2048)):
-            base = main.step_seconds(HW, shard, tokens, context, tokens, 1, 1)
-            slower = main.step_seconds(main.slower_by(HW, 1.05), shard, tokens, context, tokens, 1, 1)
+            base = main.step_seconds(priced, shard, tokens, context, tokens, 1, 1)
+            slower = main.step_seconds(main.slower_by(priced, 1.05), shard, tokens, context, tokens, 1, 1)
             self.assertAlmostEqual(slower / base, 1.05, places=9)
         self.assertEqual(main.RooflineCost(main.slower_by(HW, 1.05), DENSE).request_overhead_s, 0.003)
 

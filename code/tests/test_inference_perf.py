@@ -262,6 +262,22 @@ class FitTest(ScratchTest):
         self.assertLess(max(abs(r["error"]) for r in report["residuals"]), 0.04)
         self.assertAlmostEqual(report["hardware"]["request_overhead_ms"], KNOWN.request_overhead_ms, delta=0.4)
 
+    def test_calibrate_moves_decode_attention_from_its_prior_to_the_rate_that_made_the_runs(self):
+        # an MHA model and one of 8 query heads to each KV head, whose attention costs 4x as much per byte of KV
+        gqa = dict(MHA, num_key_value_heads=4)
+        made_by = dataclasses.replace(KNOWN, attention_efficiency=0.02)
+        folders = [write_run(self.directory, name, model, config, 1, [(2, 20), (12, 10)], hardware=made_by,
+                             output=300) for name, model, config in (("one", "mha", MHA), ("two", "gqa", gqa))]
+        prior = dataclasses.replace(KNOWN, attention_efficiency=0.05)
+        code, out, err = run_cli("calibrate", *folders, "--model-dir", os.path.join(self.directory, "models"),
+                                 "--hardware-file", self.write("prior.json", dataclasses.asdict(prior)), "--jobs",
+                                 "2", "--json")
+        self.assertEqual((code, err), (0, ""))
+        report = json.loads(out)
+        self.assertEqual(report["fitted"], ["memory", "compute", "attention", "step_overhead_ms", "request_overhead_ms"])
+        self.assertAlmostEqual(report["hardware"]["attention_efficiency"], 0.02, delta=0.005)
+        self.assertLess(max(abs(r["error"]) for r in report["residuals"]), 0.03)
+
 
 if __name__ == "__main__":
     unittest.main()
