@@ -247,7 +247,8 @@ FLAGS = ("--requests", "--prompt-tokens", "--output-tokens", "--rate", "--concur
          "--replicas", "--router", "--quantization", "--dtype", "--kv-cache-dtype", "--price-per-hour",
          "--max-num-seqs=", "--prefix-caching", "--rate-schedule", "--duration-s", "--max-replicas", "--min-replicas",
          "--scale-target", "--scale-metric", "--scale-period-s", "--fail-replica", "--restart-s",
-         "--pipeline-parallel-size", "--data-parallel-size", "--network-gbs", "--enable-expert-parallel")
+         "--pipeline-parallel-size", "--data-parallel-size", "--network-gbs", "--enable-expert-parallel",
+         "--attention-efficiency")
 
 
 SERVER_COMMANDS = (
