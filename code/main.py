@@ -10619,8 +10619,10 @@ def spec_from_dict(data: JsonObject) -> EngineSpec:
     if config.kv_offloading_blocks and not (config.prefix_caching and hardware.host_link_gbs):
         raise data.fail("scheduler.kv_offloading_blocks", "0 without prefix caching and a host link",
                         config.kv_offloading_blocks)
-    plan = plan_capacity(hardware, model,
-                         data.number("gpu_memory_utilization", above=0), config.block_size,
+    utilization = data.number("gpu_memory_utilization", above=0)
+    if utilization > 1:
+        raise data.fail("gpu_memory_utilization", "a number in (0, 1]", utilization)
+    plan = plan_capacity(hardware, model, utilization, config.block_size,
                          data.integer("kv_tokens", 1, None), data.integer("max_model_len", 1), 1, config.max_num_seqs,
                          dataclass_from_json(ModelSpec, drafter, MODEL_LEAST) if drafter is not None else None)
     return EngineSpec(plan, config, None, data.integer("ubatch_tokens", 1, None), data.boolean("fast"))

@@ -130,6 +130,9 @@ class PlanRunsAnywhereTest(ScratchTest):
         job["spec"]["scheduler"]["max_num_seqs"] = 0
         self.assert_usage_error(("simulate", "--job", self.write("zero.json", job)),
                                 "spec.scheduler.max_num_seqs must be a positive integer, got 0")
+        job["spec"]["scheduler"]["max_num_seqs"], job["spec"]["gpu_memory_utilization"] = 8, 1e308
+        self.assert_usage_error(("simulate", "--job", self.write("huge.json", job)),
+                                "spec.gpu_memory_utilization must be a number in (0, 1], got 1e+308")
         self.assert_usage_error(("simulate", "--job", self.write("other.json", {"format": "x"})),
                                 "not a servesim plan job")
 
