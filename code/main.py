@@ -1247,10 +1247,16 @@ def _hf_attention_params(text: JsonObject, hidden: int, heads: int, kv_heads: in
 
 
 def _hf_moe_layers(text: JsonObject, layers: int) -> int:
-    """How many layers have routed experts: DeepSeek's first_k_dense_replace and
-    moe_layer_freq, Qwen's decoder_sparse_step and mlp_only_layers; else all."""
+    """How many layers have routed experts: Llama 4's moe_layers (the layers by index) or
+    interleave_moe_layer_step (every Nth layer, the Nth first), DeepSeek's
+    first_k_dense_replace and moe_layer_freq, Qwen's decoder_sparse_step and
+    mlp_only_layers; else all."""
+    listed = text.items("moe_layers", int, None)
+    if listed is not None:
+        return len({index for index in listed if 0 <= index < layers})
     first_dense, every = text.integer("first_k_dense_replace", 0, 0), text.integer("moe_layer_freq", 1, 1)
-    step, dense_only = text.integer("decoder_sparse_step", 1, 1), set(text.items("mlp_only_layers", int, []))
+    step = text.integer("decoder_sparse_step", 1, 0) or text.integer("interleave_moe_layer_step", 1, 1)
+    dense_only = set(text.items("mlp_only_layers", int, []))
     return sum(1 for index in range(layers) if index >= first_dense and index % every == 0
                and (index + 1) % step == 0 and index not in dense_only)
 
@@ -1268,7 +1274,9 @@ def _hf_experts(text: JsonObject, hidden: int, layers: int) -> dict:
     if per_token > num_experts:
         raise text.fail(key, f"at most {names[0]} ({num_experts})", per_token)
     width = text.integer("moe_intermediate_size", 1, None) or text.integer("intermediate_size", 1)
-    num_shared = text.integer("n_shared_experts", 0, 0)
+    # NOTE: Llama 4's MoE layers always hold one shared expert as wide as a routed one; its
+    # config does not say so
+    num_shared = text.integer("n_shared_experts", 0, 1 if text.string("model_type", "").startswith("llama4") else 0)
     shared_width = text.integer("shared_expert_intermediate_size", 0, 0) or num_shared * width
     moe_layers, expert = _hf_moe_layers(text, layers), 3 * hidden * width
     return {"num_experts": num_experts, "num_experts_per_tok": per_token, "expert_params": expert,
@@ -1313,7 +1321,8 @@ def model_from_config(path: str, quantization_given: bool = False) -> ModelSpec:
     experts = _hf_experts(text, hidden, layers)
     routed, shared = experts.pop("routed"), experts.pop("shared")
     dense_layers = layers - experts.get("num_moe_layers", 0)
-    mlp = dense_layers * 3 * hidden * text.integer("intermediate_size", 1) if dense_layers else 0
+    dense_width = text.integer("intermediate_size_mlp", 1, None) or text.integer("intermediate_size", 1)  # Llama 4
+    mlp = dense_layers * 3 * hidden * dense_width if dense_layers else 0
     attention = layers * (_hf_attention_params(text, hidden, heads, kv_heads, head_dim) + 2 * hidden)
     embeddings = vocab * hidden * (1 if tied else 2)
     dtype = text.string("torch_dtype", None) or text.string("dtype", "bfloat16")
@@ -1322,7 +1331,9 @@ def model_from_config(path: str, quantization_given: bool = False) -> ModelSpec:
     name = config.string("_name_or_path", "") or os.path.basename(os.path.dirname(os.path.abspath(path)))
     latent = {"kv_lora_rank": text.integer("kv_lora_rank", 1, 0), "rope_head_dim": text.integer("qk_rope_head_dim", 1, 0)}
     params = embeddings + attention + mlp + routed + shared + hidden
-    bytes_per_param, fp8 = _hf_weight_bytes(config, HF_DTYPE_BYTES[dtype], params, embeddings, quantization_given)
+    kept = {"embeddings": embeddings, "attention": attention - layers * 2 * hidden,
+            "router": experts.get("num_moe_layers", 0) * hidden * experts.get("num_experts", 0)}
+    bytes_per_param, fp8 = _hf_weight_bytes(config, HF_DTYPE_BYTES[dtype], params, kept, quantization_given)
     return ModelSpec(name.lower(), params=params, layers=layers, kv_heads=kv_heads, head_dim=head_dim,
                      num_heads=heads, bytes_per_param=bytes_per_param, kv_dtype_bytes=2, head_params=vocab * hidden,
                      embedding_params=0 if tied else vocab * hidden, hidden_size=hidden, fp8_compute=fp8,
@@ -1379,12 +1390,44 @@ def _hf_quantized_bits(quantization: JsonObject) -> Optional[Tuple[float, bool]]
     return None
 
 
-def _hf_weight_bytes(config: JsonObject, dtype_bytes: float, params: float, embeddings: float,
+# Module names of the kinds a quantization's ignore list may keep in 16 bits, as the
+# checkpoints of the families servesim reads name them (Llama, Mixtral, Qwen, DeepSeek, Llama 4)
+IGNORABLE_MODULES = {"attention": ("model.layers.0.self_attn.q_proj", "language_model.model.layers.0.self_attn.o_proj"),
+                     "router": ("model.layers.0.mlp.gate", "model.layers.0.block_sparse_moe.gate",
+                                "language_model.model.layers.0.feed_forward.router")}
+
+
+def _ignored_kinds(quantization: JsonObject) -> List[str]:
+    """The kinds of module (IGNORABLE_MODULES) a quantization_config leaves unquantized:
+    its ignore list's regular expressions ("re:...", matched from a module name's start, as
+    llm-compressor matches them) and module class names (an attention or router class).
+    Names of single modules are not counted."""
+    key = next((name for name in ("ignore", "modules_to_not_convert", "exclude_modules")
+                if quantization.value.get(name)), None)
+    entries = quantization.items(key, str, []) if key else []
+    kinds = []
+    for kind, samples in IGNORABLE_MODULES.items():
+        for entry in entries:
+            if entry.startswith("re:"):
+                try:
+                    hit = any(re.match(entry[3:], sample) for sample in samples)
+                except re.error as error:
+                    raise quantization.fail(key, "regular expressions after re:", f"{entry} ({error})") from None
+            else:
+                hit = "." not in entry and ("attention" if kind == "attention" else "router") in entry.lower()
+            if hit:
+                kinds.append(kind)
+                break
+    return kinds
+
+
+def _hf_weight_bytes(config: JsonObject, dtype_bytes: float, params: float, kept: Dict[str, float],
                      overridden: bool) -> Tuple[float, bool]:
     """(bytes per parameter, FP8 compute): a quantization_config's method applies to every
-    weight but the embeddings and the head, which stay in torch_dtype (as vLLM loads them).
-    A method servesim does not size is a UsageError unless overridden (a --quantization
-    will set the width instead)."""
+    weight but the embeddings and the head, and the attention or the routers where its
+    ignore list keeps them (kept: each kind's parameters, "embeddings" among them), which
+    stay in torch_dtype (as vLLM loads them). A method servesim does not size is a
+    UsageError unless overridden (a --quantization will set the width instead)."""
     quantization = config.object("quantization_config", None)
     sized = _hf_quantized_bits(quantization) if quantization else None
     if sized is None and quantization and not overridden:
@@ -1394,7 +1437,8 @@ def _hf_weight_bytes(config: JsonObject, dtype_bytes: float, params: float, embe
     if sized is None:
         return dtype_bytes, dtype_bytes == 1
     bits, fp8 = sized
-    return (bits / 8 * (params - embeddings) + dtype_bytes * embeddings) / params, fp8
+    unquantized = kept["embeddings"] + sum(kept.get(kind, 0.0) for kind in _ignored_kinds(quantization))
+    return (bits / 8 * (params - unquantized) + dtype_bytes * unquantized) / params, fp8
 
 
 def model_from_file(path: str, quantization_given: bool = False) -> ModelSpec:

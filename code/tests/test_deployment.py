@@ -74,6 +74,56 @@ class MixtureOfExpertsTest(unittest.TestCase):
                          (128, 8, EXPERT, 48))
 
 
+    SCOUT = {"architectures": ["Llama4ForConditionalGeneration"], "model_type": "llama4", "torch_dtype": "bfloat16",
+             "text_config": {"model_type": "llama4_text", "hidden_size": 5120, "num_hidden_layers": 48,
+                             "num_attention_heads": 40, "num_key_value_heads": 8, "head_dim": 128,
+                             "intermediate_size": 8192, "intermediate_size_mlp": 16384, "num_local_experts": 16,
+                             "num_experts_per_tok": 1, "interleave_moe_layer_step": 1, "vocab_size": 202_048,
+                             "tie_word_embeddings": False}}
+
+    def llama4(self, **changes):
+        scratch = ScratchTest("run")
+        scratch.setUp()
+        self.addCleanup(scratch.doCleanups)
+        return main.model_from_file(scratch.write("config.json", dict(self.SCOUT, text_config=dict(
+            self.SCOUT["text_config"], **changes))))
+
+    def test_llama_4_scout_counts_the_shared_expert_its_config_does_not_name(self):
+        model = self.llama4()
+        # embeddings and head 2 x 202,048 x 5,120 = 2,068,971,520; per layer attention 5,120 x (5,120 + 2 x 1,024)
+        # + 5,120 x 5,120 and two norms = 62,924,800; 16 routed experts of 3 x 5,120 x 8,192 = 125,829,120;
+        # one shared expert as wide and a 5,120 x 16 router = 125,911,040; x 48 layers; a final norm of 5,120
+        self.assertEqual(model.params, 2_068_971_520 + 48 * (62_924_800 + 16 * 125_829_120 + 125_911_040) + 5120)
+        self.assertEqual((model.num_experts, model.num_experts_per_tok, model.num_moe_layers, model.num_shared_experts),
+                         (16, 1, 48, 1))
+        self.assertEqual(model.num_heads, 40)
+
+    def test_llama_4_scout_in_fp8_keeps_its_attention_and_routers_in_16_bits(self):
+        scratch = ScratchTest("run")
+        scratch.setUp()
+        self.addCleanup(scratch.doCleanups)
+        fp8 = dict(self.SCOUT, quantization_config={
+            "quant_method": "compressed-tensors", "ignore": ["re:.*lm_head", "re:.*self_attn", "re:.*router",
+                                                            "re:vision_model.*", "Llama4TextAttention"],
+            "config_groups": {"group_0": {"targets": ["Linear"], "weights": {"num_bits": 8, "type": "float"},
+                                          "input_activations": {"num_bits": 8, "type": "float", "dynamic": True}}}})
+        model = main.model_from_file(scratch.write("config.json", fp8))
+        # 16 bits: embeddings and head, 48 x 62,914,560 of attention, 48 x 5,120 x 16 of routers; a byte: the rest
+        kept = 2_068_971_520 + 48 * 62_914_560 + 48 * 5120 * 16
+        self.assertAlmostEqual(model.weight_bytes, 2 * kept + (self.llama4().params - kept), delta=1)
+        self.assertTrue(model.fp8_compute)
+
+    def test_llama_4_interleaves_dense_layers_of_intermediate_size_mlp(self):
+        every_other = self.llama4(interleave_moe_layer_step=2, num_local_experts=128)
+        listed = self.llama4(interleave_moe_layer_step=2, num_local_experts=128, moe_layers=list(range(1, 48, 2)))
+        self.assertEqual((every_other.num_moe_layers, listed.num_moe_layers), (24, 24))
+        # 24 dense layers of 3 x 5,120 x 16,384 in place of 24 MoE layers (128 experts, one shared, a router to 128)
+        moe_layer = 128 * 125_829_120 + 125_829_120 + 5120 * 128
+        self.assertEqual(every_other.params, 2_068_971_520 + 48 * 62_924_800 + 24 * moe_layer
+                         + 24 * 3 * 5120 * 16384 + 5120)
+        self.assertEqual(listed.params, every_other.params)
+
+
 class AttentionShapesTest(unittest.TestCase):
 
     def test_sliding_window_layers_hold_the_window_per_sequence_not_per_token(self):

@@ -248,6 +248,22 @@ class ConfigJsonTest(ScratchTest):
             self.assertAlmostEqual(model.weight_bytes, self.QUANTIZED * bits / 8 + self.KEPT_BYTES, delta=1, msg=config)
             self.assertFalse(model.fp8_compute, config)
 
+    def test_an_ignore_list_keeps_the_attention_it_names_in_16_bits(self):
+        w8a8 = {"quant_method": "compressed-tensors", "config_groups": {"group_0": {
+            "targets": ["Linear"], "weights": {"num_bits": 8, "type": "float"},
+            "input_activations": {"num_bits": 8, "type": "float", "dynamic": True}}}}
+        # Llama 3.1 8B's attention: 32 layers x (4,096 x (4,096 + 2 x 1,024) + 4,096 x 4,096) = 1,342,177,280
+        attention = 1_342_177_280
+        for ignore in (["re:.*lm_head", "re:.*self_attn", "re:vision_model.*"], ["lm_head", "LlamaAttention"]):
+            model = self.quantized(dict(w8a8, ignore=ignore))
+            self.assertAlmostEqual(model.weight_bytes, self.QUANTIZED + self.KEPT_BYTES + attention, delta=1, msg=ignore)
+        for ignore in (["lm_head"], ["re:.*mlp.*"], ["model.layers.0.self_attn.q_proj"]):  # single modules: not counted
+            model = self.quantized(dict(w8a8, ignore=ignore))
+            self.assertAlmostEqual(model.weight_bytes, self.QUANTIZED + self.KEPT_BYTES, delta=1, msg=ignore)
+        code, _, err = run_cli("capacity", "--model-file", self.config(quantization_config=dict(w8a8, ignore=["re:(("])))
+        self.assertEqual(code, 2)
+        self.assertIn("quantization_config.ignore must be regular expressions after re:, got 're:((", err)
+
     def test_a_quantization_servesim_cannot_size_exits_2_unless_the_flag_gives_it(self):
         path = self.config(quantization_config={"quant_method": "hqq"})
         code, _, err = run_cli("capacity", "--model-file", path)
