@@ -9638,17 +9638,15 @@ FIT_PRIOR = 0.02  # how hard a fit holds each figure at the base hardware's (see
 
 def fitted_figures(measured: Sequence[Measured], base: Hardware) -> List[str]:
     """The figures the runs can tell apart: the memory and FLOP rates and the step overhead
-    always; decode attention's rate where base prices it (its figure the prior: a rate
-    the runs can only time beside the KV read is not found from nothing) and the runs
-    hold models that spend different attention FLOPs per byte of KV they read (more query
-    heads to each KV head: else it is one with the KV read); per-layer overheads where
+    always; decode attention's rate where base prices it and the models' query heads are
+    known (base's figure is the prior: the runs time it only beside the KV read, apart
+    from it where their contexts differ or their models spend different attention FLOPs
+    per byte of KV, and a fit leaves it where they cannot tell); per-layer overheads where
     the runs hold models of different depths (else they are one with the step's); the
     all-reduce's terms where a run is tensor parallel; the request path where
     inference-perf runs give mean TTFTs of a loaded server."""
     names = ["memory", "compute", "step_overhead_ms"]
-    ratios = {item.spec.plan.model.layer_attention_flops / item.spec.plan.model.layer_kv_elements
-              for item in measured if item.spec.plan.model.num_heads}
-    if base.attention_efficiency and len(ratios) > 1:
+    if base.attention_efficiency and any(item.spec.plan.model.num_heads for item in measured):
         names.insert(2, "attention")
     if len({item.spec.plan.model.layers for item in measured}) > 1:
         names.append("layer_overhead_us")
