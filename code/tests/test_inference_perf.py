@@ -278,6 +278,19 @@ class FitTest(ScratchTest):
         self.assertAlmostEqual(report["hardware"]["attention_efficiency"], 0.02, delta=0.005)
         self.assertLess(max(abs(r["error"]) for r in report["residuals"]), 0.03)
 
+    def test_one_model_at_short_and_long_contexts_tells_decode_attention_from_the_kv_read(self):
+        gqa = dict(MHA, num_key_value_heads=4)
+        made_by = dataclasses.replace(KNOWN, attention_efficiency=0.02)
+        folders = [write_run(self.directory, name, "gqa", gqa, 1, [(2, 20), (8, 10)], hardware=made_by, output=output)
+                   for name, output in (("short", 40), ("long", 1000))]
+        code, out, err = run_cli("calibrate", *folders, "--model-dir", os.path.join(self.directory, "models"),
+                                 "--hardware-file", self.write("prior.json", dataclasses.asdict(
+                                     dataclasses.replace(KNOWN, attention_efficiency=0.05))), "--jobs", "2", "--json")
+        self.assertEqual((code, err), (0, ""))
+        report = json.loads(out)
+        self.assertAlmostEqual(report["hardware"]["attention_efficiency"], 0.02, delta=0.006)
+        self.assertLess(max(abs(r["error"]) for r in report["residuals"]), 0.02)
+
 
 if __name__ == "__main__":
     unittest.main()
