@@ -9043,9 +9043,9 @@ def read_inference_perf(path: str) -> dict:
         raise UsageError(f"{where}: data.type {kind!r} is a dataset servesim cannot rebuild; expected shared_prefix, "
                          f"random or synthetic")
     load_type = load.string("type", "constant")
-    if load_type not in ("constant", "poisson"):
-        raise UsageError(f"{where}: load.type must be constant or poisson, got {load_type!r}")
-    stages = [(stage.number("rate", above=0), stage.number("duration", above=0)) for stage in load.objects("stages")]
+    if load_type not in ("constant", "poisson", "concurrent"):
+        raise UsageError(f"{where}: load.type must be constant, poisson or concurrent, got {load_type!r}")
+    stages, concurrency = _inference_perf_stage_loads(load, load_type)
     if not stages:
         raise UsageError(f"{where}: load.stages has no stage")
     for rate, duration in stages:
@@ -9083,10 +9083,23 @@ def read_inference_perf(path: str) -> dict:
         measured.append(_stage_figures(JsonObject(read_json_file(stage_where, stage_where), stage_where), output_tokens))
     name = os.path.basename(os.path.normpath(path if results != path else os.path.dirname(os.path.normpath(path))))
     return {"source": "inference-perf", "path": path, "name": name or path, "kind": kind, "lengths": lengths,
-            "prompt_len": prompt_len, "prompt_mean": prompt_mean, "load_type": load_type, "stages": stages, "measured": measured,
+            "prompt_len": prompt_len, "prompt_mean": prompt_mean, "load_type": load_type, "stages": stages,
+            "concurrency": concurrency, "measured": measured,
             "server_info": served, "ignore_eos": server.boolean("ignore_eos", False),
             "timeout_s": timeout_s or INFERENCE_PERF_CLIENT_TIMEOUT_S,
             "timeout_from": "load.request_timeout" if timeout_s else "inference-perf's client default"}
+
+
+def _inference_perf_stage_loads(load: JsonObject, load_type: str) -> Tuple[List[Tuple[float, float]], List[Optional[int]]]:
+    """Each stage's (rate, duration) and its clients (None: an open loop). A concurrent
+    stage queues its num_requests within its first second, as inference-perf's constant
+    timer at that rate over one second does, and its concurrency_level clients send each
+    the moment one of theirs is answered: a closed loop."""
+    if load_type != "concurrent":
+        stages = [(stage.number("rate", above=0), stage.number("duration", above=0)) for stage in load.objects("stages")]
+        return stages, [None] * len(stages)
+    pairs = [(stage.integer("num_requests", 1), stage.integer("concurrency_level", 1)) for stage in load.objects("stages")]
+    return [(float(count), 1.0) for count, _ in pairs], [clients for _, clients in pairs]
 
 
 def _shared_prefix_prompts(run: dict, rng: random.Random) -> List[Tuple[int, int, int, int]]:
@@ -9173,10 +9186,11 @@ def inference_perf_stages(run: dict, seed: int = 0) -> List[List[Request]]:
 def predict_inference_perf(run: dict, spec: EngineSpec, seed: int = 0, timeout_s: Optional[float] = None) -> List[dict]:
     """Each stage's simulated summary and engine figures: the stages one after another on
     one engine, as inference-perf runs them (a stage starts once the last one's requests
-    are all answered; the KV cache, and so the prefix cache, carries over), the client
-    giving up after the run's timeout (timeout_s overrides it)."""
+    are all answered; the KV cache, and so the prefix cache, carries over), each an open
+    loop or a concurrent stage's clients, the client giving up after the run's timeout
+    (timeout_s overrides it)."""
     engine, reports, timeout_s = spec.engine(), [], timeout_s or run["timeout_s"]
-    for requests in inference_perf_stages(run, seed):
+    for requests, clients in zip(inference_perf_stages(run, seed), run["concurrency"]):
         start_s = engine.clock_s + INFERENCE_PERF_STAGE_GAP_S
         for request in requests:
             request.arrival_s += start_s
@@ -9187,7 +9201,7 @@ def predict_inference_perf(run: dict, spec: EngineSpec, seed: int = 0, timeout_s
         def done(request: Request) -> None:
             totals.add(request)
             last_end_s[0] = max(last_end_s[0], client_end_s(request, timeout_s))
-        run_engine(engine, requests, None, None, done, timeout_s)
+        run_engine(engine, requests, clients, None, done, timeout_s)
         report = engine.report()
         report["mean_batch_seqs"] = (engine.num_batched_seqs - seqs) / max(1, engine.num_steps - steps)
         summary = totals.summary(engine.token_log)
@@ -9515,16 +9529,16 @@ def inference_perf_rows(run: dict, predictions: Sequence[dict], bands: Sequence[
     predicted ones under the same labels and definitions, the relative error of each (the
     failed share's in points: predicted less measured), the sensitivity band."""
     rows = []
-    for index, ((rate, duration_s), measured, prediction, band) in enumerate(
-            zip(run["stages"], run["measured"], predictions, bands)):
+    for index, ((rate, duration_s), clients, measured, prediction, band) in enumerate(
+            zip(run["stages"], run["concurrency"], run["measured"], predictions, bands)):
         summary = prediction["summary"]
         predicted = dict(run_figures(summary), batch=prediction["engine"]["mean_batch_seqs"])
         measured_figures = dict({label: measured.get(label) for label in INFERENCE_PERF_LABELS}, batch=None)
         error = {label: relative_error(predicted[label], measured_figures[label]) for label in measured_figures}
         error["failed share"] = predicted["failed share"] - measured_figures["failed share"]
         completed = summary["num_completed"]
-        rows.append({"source": "inference-perf", "run": run["name"], "stage": index, "concurrency": None,
-                     "rate": rate, "duration_s": duration_s, "num_requests": measured["requests"], "num_runs": 1,
+        rows.append({"source": "inference-perf", "run": run["name"], "stage": index, "concurrency": clients,
+                     "rate": None if clients else rate, "duration_s": None if clients else duration_s, "num_requests": measured["requests"], "num_runs": 1,
                      "trace": None, "prompt_tokens": round(summary["prompt_tokens"] / completed) if completed else None,
                      "output_tokens": round(summary["output_tokens"] / completed) if completed else None,
                      "measured": measured_figures, "predicted": predicted, "error": error,
@@ -9693,7 +9707,8 @@ def hardware_with(base: Hardware, name: str, coordinates: Dict[str, float]) -> H
 
 def first_guess(measured: Sequence[Measured], base: Hardware, names: Sequence[str]) -> Dict[str, float]:
     """Coordinates to start a fit from: base's, with the step's terms solved from the
-    inference-perf runs' measured figures alone (each stage's batch by Little's law, each
+    inference-perf runs' measured figures alone (each stage's batch by Little's law, a
+    concurrent stage's the share of its clients' time spent decoding; each
     sequence holding its prompt and half its output; a decode step memory-bound) by least
     squares with no term below zero (a memory rate they cannot pin down stays base's), and
     the request path as what the least loaded stage's TTFT leaves beside the steps a
@@ -9704,10 +9719,11 @@ def first_guess(measured: Sequence[Measured], base: Hardware, names: Sequence[st
     for item in (item for item in measured if item.is_inference_perf):
         model, run = item.spec.plan.model, item.run
         output, tp = run["lengths"]["output"][2], model.tensor_parallel_size
-        for (rate, _), stage in zip(run["stages"], run["measured"]):
+        for (rate, _), clients, stage in zip(run["stages"], run["concurrency"], run["measured"]):
             if not stage.get("tpot mean"):
                 continue
-            batch = max(1, round(rate * (stage["e2e mean"] - stage["ttft mean"]) / 1000))
+            decoding_s = (stage["e2e mean"] - stage["ttft mean"]) / 1000  # a closed loop's clients decode this share
+            batch = max(1, round(clients * decoding_s * 1000 / stage["e2e mean"] if clients else rate * decoding_s))
             context = round(batch * ((run["prompt_mean"] or output) + output / 2))
             features = {"memory": model.step_weight_bytes(batch) + kv_read_bytes(model, context, batch),
                         "attention": context * model.attention_flops_per_token, "step_overhead_ms": 1e-3,
@@ -11573,13 +11589,14 @@ def format_inference_perf_compare(spec: EngineSpec, runs: Sequence[dict], rows: 
              f"server's (latency less TTFT over the output tokens after the first)"]
     if not hardware_named:
         lines.append(f"no --hardware given: the default {plan.hardware.name}'s roofline stands in for the server's")
-    header = ["run", "stage", "rate", "requests"]
+    header = ["run", "stage", "load", "requests"]
     for label in INFERENCE_PERF_SHOWN:
         header += [label, "pred", "err"]
     header += ["failed", "pred"]
     table = []
     for row in rows:
-        cells = [row["run"], str(row["stage"]), f"{row['rate']:g}", f"{row['num_requests']:,}"]
+        load = f"{row['rate']:g}/s" if row["concurrency"] is None else f"c={row['concurrency']}"
+        cells = [row["run"], str(row["stage"]), load, f"{row['num_requests']:,}"]
         for label in INFERENCE_PERF_SHOWN:
             cells += [_figure(row["measured"][label], "{:.1f}"), _figure(row["predicted"][label], "{:.1f}"),
                       _figure(row["error"][label], "{:+.1%}")]

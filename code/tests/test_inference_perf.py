@@ -72,7 +72,8 @@ def write_run(directory, name, model, config, tp, stages, hardware=KNOWN, load_t
     os.makedirs(os.path.join(directory, "models", model), exist_ok=True)
     with open(os.path.join(directory, "models", model, "config.json"), "w") as handle:
         json.dump(config, handle)
-    stage_text = "\n".join(f"  - rate: {rate}\n    duration: {duration}" for rate, duration in stages)
+    keys = ("num_requests", "concurrency_level") if load_type == "concurrent" else ("rate", "duration")
+    stage_text = "\n".join(f"  - {keys[0]}: {first}\n    {keys[1]}: {second}" for first, second in stages)
     results = os.path.join(folder, "results")
     with open(os.path.join(results, "config.yaml"), "w") as handle:
         handle.write(CONFIG.format(load_type=load_type, stages=stage_text, timeout=timeout, model=model, output=output))
@@ -200,6 +201,25 @@ class CompareTest(ScratchTest):
                           "--hardware-file", hardware, "--no-sensitivity")
         self.assertEqual([(row["run"], row["model"], row["capacity"]["model"], row["capacity"]["num_devices"])
                           for row in report["rows"]], [("one", "mha", "mha", 1), ("two", "deep", "deep", 2)])
+
+    def test_a_concurrent_stage_is_a_closed_loop_of_its_clients(self):
+        # the requests are queued within the stage's first second, so the clients are the limit
+        folder = write_run(self.directory, "clients", "small", SMALL, 1, [(200, 4), (400, 8)], load_type="concurrent")
+        run = main.read_inference_perf(folder)
+        self.assertEqual((run["stages"], run["concurrency"]), ([(200.0, 1.0), (400.0, 1.0)], [4, 8]))
+        hardware = self.write("known.json", dataclasses.asdict(KNOWN))
+        report = run_json("compare", folder, "--hardware-file", hardware, "--model-file",
+                          os.path.join(self.directory, "models", "small", "config.json"), "--no-sensitivity")
+        self.assertEqual([(row["concurrency"], row["rate"], row["num_requests"]) for row in report["rows"]],
+                         [(4, None, 200), (8, None, 400)])
+        for row, clients in zip(report["rows"], (4, 8)):
+            self.assertLessEqual(row["predicted"]["batch"], clients)
+            self.assertGreater(row["predicted"]["batch"], clients * 0.8)
+            self.assertAlmostEqual(row["error"]["e2e mean"], 0.0, places=6)
+        code, out, _ = run_cli("compare", folder, "--hardware-file", hardware, "--model-file",
+                               os.path.join(self.directory, "models", "small", "config.json"), "--no-sensitivity")
+        self.assertEqual(code, 0)
+        self.assertIn("c=8", out)
 
     def test_an_overloaded_run_is_predicted_overloaded_with_its_failed_share(self):
         folder = write_run(self.directory, "busy", "mha", MHA, 1, [(2, 10), (300, 10)], timeout="2.0", output=100)
