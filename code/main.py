@@ -8985,24 +8985,71 @@ def _at_quantile(points: Sequence[Tuple[float, float]], pct: float) -> float:
     return _interpolate(points, min(max(pct, 0.0), 100.0))
 
 
-def _clipped_normal(rng: random.Random, low: float, high: float, mean: float, std: float) -> int:
-    """A draw of inference-perf's length distributions: normal, rounded, clipped to [low, high]."""
-    return int(min(max(round(rng.gauss(mean, std) if std > 0 else mean), low), high))
+def _clipped_normal(rng: random.Random, low: float, high: float, mean: float, std: float, kind: str = "normal") -> int:
+    """A draw of inference-perf's length distributions, rounded and clipped to [low, high]:
+    uniform between them, fixed at the mean, Poisson or log-normal of that mean (and std),
+    normal otherwise (a skew-normal's skew left out)."""
+    if kind == "uniform":
+        value = rng.uniform(low, high)
+    elif kind == "fixed" or std <= 0 and kind != "poisson":
+        value = mean
+    elif kind == "poisson":
+        value = _poisson(rng, mean)
+    elif kind == "lognormal" and mean > 0:
+        sigma2 = math.log(1 + (std / mean) ** 2)
+        value = rng.lognormvariate(math.log(mean) - sigma2 / 2, math.sqrt(sigma2))
+    else:
+        value = rng.gauss(mean, std)
+    return int(min(max(round(value), low), high))
 
 
-def _distribution_spec(spread: JsonObject) -> Tuple[float, float, float, float]:
-    """(min, max, mean, std) of an inference-perf length distribution ({min, max, mean, std_dev})."""
-    return (spread.number("min", 1, 1), spread.number("max", 1, MAX_COUNT), spread.number("mean", 1),
-            spread.number("std_dev", 0, spread.number("std", 0, 0.0)))
+DISTRIBUTION_KINDS = ("normal", "skew_normal", "lognormal", "uniform", "poisson", "fixed")  # inference-perf's
 
 
-def _generator_length(generator: JsonObject, name: str) -> Optional[Tuple[float, float, float, float]]:
-    """(min, max, mean, std) of the shared-prefix generator's {name}_len, with its optional
-    _min, _max and _std; None when it names no such length."""
+def _distribution_spec(spread: JsonObject) -> Tuple[float, float, float, float, str]:
+    """(min, max, mean, std, kind) of an inference-perf length distribution ({min, max,
+    mean, std_dev or variance, type})."""
+    kind = spread.string("type", "normal")
+    if kind not in DISTRIBUTION_KINDS:
+        raise spread.fail("type", f"one of {', '.join(DISTRIBUTION_KINDS)}", kind)
+    variance = spread.number("variance", 0, None)
+    std = math.sqrt(variance) if variance is not None else spread.number("std_dev", 0, spread.number("std", 0, 0.0))
+    return (spread.number("min", 1, 1), spread.number("max", 1, MAX_COUNT), spread.number("mean", 1), std, kind)
+
+
+def _generator_length(generator: JsonObject, name: str) -> Optional[Tuple[float, float, float, float, str]]:
+    """(min, max, mean, std, kind) of the shared-prefix generator's {name}_len: a number
+    with its optional _min, _max and _std, or a distribution written in place, or the
+    older {name}_distribution beside it; None when it names no such length."""
+    legacy = generator.object(f"{name}_distribution", None)
+    if legacy is not None:
+        return _distribution_spec(legacy)
     if generator.value.get(f"{name}_len") is None:
         return None
+    if isinstance(generator.value[f"{name}_len"], dict):
+        return _distribution_spec(generator.object(f"{name}_len"))
     return (generator.number(f"{name}_len_min", 0, 0), generator.number(f"{name}_len_max", 0, MAX_COUNT),
-            generator.number(f"{name}_len", 0), generator.number(f"{name}_len_std", 0, 0.0))
+            generator.number(f"{name}_len", 0), generator.number(f"{name}_len_std", 0, 0.0), "normal")
+
+
+def _inference_perf_lengths(data: JsonObject, kind: str, where: str) -> dict:
+    """The lengths a run's data generator draws: the shared-prefix generator's groups,
+    prompts per group, system prompt, question and output; else its input and output
+    distributions."""
+    if kind != "shared_prefix":
+        return {"input": _distribution_spec(data.object("input_distribution")),
+                "output": _distribution_spec(data.object("output_distribution"))}
+    generator = data.object("shared_prefix")
+    # NOTE: newer inference-perf writes num_unique_system_prompts and num_users_per_system_prompt
+    groups_key = "num_unique_system_prompts" if "num_unique_system_prompts" in generator.value else "num_groups"
+    per_group_key = "num_users_per_system_prompt" if "num_users_per_system_prompt" in generator.value \
+        else "num_prompts_per_group"
+    lengths = {"groups": generator.integer(groups_key, 1), "prompts_per_group": generator.integer(per_group_key, 1),
+               "system": _generator_length(generator, "system_prompt"),
+               "question": _generator_length(generator, "question"), "output": _generator_length(generator, "output")}
+    if lengths["groups"] * lengths["prompts_per_group"] > 1_000_000 or lengths["question"] is None or lengths["output"] is None:
+        raise UsageError(f"{where}: data.shared_prefix needs question_len and output_len, and at most a million prompts")
+    return lengths
 
 
 def _stage_figures(stage: JsonObject, output_tokens: float) -> dict:
@@ -9056,17 +9103,7 @@ def read_inference_perf(path: str) -> dict:
     # NOTE: a vLLM V1 server caches prefixes unless started with --no-enable-prefix-caching,
     # which the run does not record: the prediction takes the default unless a flag says otherwise
     served = {"kind": "vllm", "prefix_caching": True} if server.string("type", "") == "vllm" else {}
-    if kind == "shared_prefix":
-        generator = data.object("shared_prefix")
-        lengths = {"groups": generator.integer("num_groups", 1),
-                   "prompts_per_group": generator.integer("num_prompts_per_group", 1),
-                   "system": _generator_length(generator, "system_prompt"),
-                   "question": _generator_length(generator, "question"), "output": _generator_length(generator, "output")}
-        if lengths["groups"] * lengths["prompts_per_group"] > 1_000_000 or lengths["question"] is None or lengths["output"] is None:
-            raise UsageError(f"{where}: data.shared_prefix needs question_len and output_len, and at most a million prompts")
-    else:
-        lengths = {"input": _distribution_spec(data.object("input_distribution")),
-                   "output": _distribution_spec(data.object("output_distribution"))}
+    lengths = _inference_perf_lengths(data, kind, where)
     summary_where = os.path.join(results, "summary_lifecycle_metrics.json")
     prompt_len = prompt_mean = None
     if os.path.isfile(summary_where):

@@ -151,6 +151,35 @@ class WorkloadTest(ScratchTest):
         self.assertEqual(first["summary"]["num_completed"], 40)
         self.assertGreater(second["engine"]["prefix_hit_rate"], first["engine"]["prefix_hit_rate"])
 
+    def rewrite_config(self, *replacements):
+        path = os.path.join(self.folder, "results", "config.yaml")
+        with open(path) as handle:
+            text = handle.read()
+        for old, new in replacements:
+            self.assertIn(old, text)
+            text = text.replace(old, new)
+        with open(path, "w") as handle:
+            handle.write(text)
+
+    def test_newer_configs_name_the_groups_by_their_aliases_and_write_lengths_as_distributions(self):
+        self.rewrite_config(("num_groups: 4", "num_unique_system_prompts: 4"),
+                            ("num_prompts_per_group: 5", "num_users_per_system_prompt: 5"),
+                            ("question_len: 300", "question_len:\n      min: 280\n      max: 320\n      mean: 300\n"
+                                                  "      variance: 100\n      type: uniform"),
+                            ("output_len: 40", "output_len: 40\n    output_distribution:\n      min: 40\n"
+                                               "      max: 40\n      mean: 40\n      std_dev: 0\n      type: fixed"))
+        lengths = main.read_inference_perf(self.folder)["lengths"]
+        self.assertEqual((lengths["groups"], lengths["prompts_per_group"]), (4, 5))
+        self.assertEqual((lengths["question"], lengths["output"]), ((280, 320, 300, 10.0, "uniform"), (40, 40, 40, 0, "fixed")))
+        rng = random.Random(3)
+        draws = [main._clipped_normal(rng, *lengths["question"]) for _ in range(200)]
+        self.assertEqual((min(draws) >= 280, max(draws) <= 320, len(set(draws)) > 20), (True, True, True))
+
+    def test_a_length_distribution_of_an_unknown_shape_exits_2_naming_it(self):
+        self.rewrite_config(("question_len: 300", "question_len:\n      mean: 300\n      type: bimodal"))
+        self.assert_usage_error(("compare", self.folder), "data.shared_prefix.question_len.type must be one of normal",
+                                "got 'bimodal'")
+
     def test_an_unsupported_dataset_exits_2_naming_it(self):
         path = os.path.join(self.folder, "results", "config.yaml")
         with open(path) as handle:
