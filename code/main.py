@@ -1730,10 +1730,10 @@ def decode_attention_seconds(hardware: Hardware, model: ModelSpec, num_context_t
     """The arithmetic of decode attention in a step whose decoding sequences (num_seqs of
     them) attend to num_context_tokens tokens between them: a score and a weighted value
     per query head per context token, in every layer (the sliding-window layers over at
-    most their window per sequence). Paid on top of the step's bytes and GEMMs: a decode
-    kernel puts the few query rows of a KV head through tiles made for many, far from the
-    tensor cores' rate, and does not hide that behind its KV read (attention_efficiency,
-    fitted where a preset says so). 0 where it is unpriced."""
+    most their window per sequence). Paid on top of the step's bytes and GEMMs, not hidden
+    behind its KV read, at attention_efficiency of the peak, far from the tensor cores' rate:
+    the shape of what long contexts add on H100 runs of grouped-query models beyond their KV
+    read (see the README). 0 where it is unpriced."""
     per_token_s = attention_seconds_per_token(hardware, model)
     if not per_token_s:
         return 0.0
