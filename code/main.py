@@ -9032,6 +9032,22 @@ def _generator_length(generator: JsonObject, name: str) -> Optional[Tuple[float,
             generator.number(f"{name}_len", 0), generator.number(f"{name}_len_std", 0, 0.0), "normal")
 
 
+GENERATED_DATA = ("shared_prefix", "random", "synthetic")  # inference-perf data servesim rebuilds from the config
+
+
+def _measured_lengths(results: str, name: str) -> Tuple[Optional[List[Tuple[float, float]]], Optional[float]]:
+    """(quantile points, mean) of a length the run's successes measured (prompt_len: the
+    server's counts; output_len: the client's), from summary_lifecycle_metrics.json;
+    (None, None) where it holds none."""
+    where = os.path.join(results, "summary_lifecycle_metrics.json")
+    if not os.path.isfile(where):
+        return None, None
+    successes = JsonObject(read_json_file(where, where), where).object("successes", None)
+    if successes is None or not successes.value.get(name):
+        return None, None
+    return _quantile_points(successes.object(name)), successes.object(name).number("mean", 0)
+
+
 def _inference_perf_lengths(data: JsonObject, kind: str, where: str) -> dict:
     """The lengths a run's data generator draws: the shared-prefix generator's groups,
     prompts per group, system prompt, question and output; else its input and output
@@ -9086,9 +9102,6 @@ def read_inference_perf(path: str) -> dict:
     config = JsonObject(read_yaml_file(where, where), where)
     load, data = config.object("load"), config.object("data")
     kind = data.string("type")
-    if kind not in ("shared_prefix", "random", "synthetic"):
-        raise UsageError(f"{where}: data.type {kind!r} is a dataset servesim cannot rebuild; expected shared_prefix, "
-                         f"random or synthetic")
     load_type = load.string("type", "constant")
     if load_type not in ("constant", "poisson", "concurrent"):
         raise UsageError(f"{where}: load.type must be constant, poisson or concurrent, got {load_type!r}")
@@ -9103,14 +9116,14 @@ def read_inference_perf(path: str) -> dict:
     # NOTE: a vLLM V1 server caches prefixes unless started with --no-enable-prefix-caching,
     # which the run does not record: the prediction takes the default unless a flag says otherwise
     served = {"kind": "vllm", "prefix_caching": True} if server.string("type", "") == "vllm" else {}
-    lengths = _inference_perf_lengths(data, kind, where)
-    summary_where = os.path.join(results, "summary_lifecycle_metrics.json")
-    prompt_len = prompt_mean = None
-    if os.path.isfile(summary_where):
-        successes = JsonObject(read_json_file(summary_where, summary_where), summary_where).object("successes", None)
-        if successes is not None and successes.value.get("prompt_len"):
-            prompt_len = _quantile_points(successes.object("prompt_len"))
-            prompt_mean = successes.object("prompt_len").number("mean", 0)
+    (prompt_len, prompt_mean), output_len = (_measured_lengths(results, name) for name in ("prompt_len", "output_len"))
+    if kind in GENERATED_DATA:
+        lengths = _inference_perf_lengths(data, kind, where)
+    elif prompt_len is None or output_len[0] is None:
+        raise UsageError(f"{where}: data.type {kind!r} is a dataset servesim rebuilds from the lengths the run "
+                         f"measured, and summary_lifecycle_metrics.json has no prompt_len and output_len to read")
+    else:  # NOTE: its output lengths are the client's counts, of the text it was streamed
+        lengths = {"input": None, "output": (output_len[0][0][1], output_len[0][-1][1], output_len[1], 0.0, "fixed")}
     output_tokens = lengths["output"][2]
     measured = []
     for index in range(len(stages)):
@@ -9120,7 +9133,8 @@ def read_inference_perf(path: str) -> dict:
         measured.append(_stage_figures(JsonObject(read_json_file(stage_where, stage_where), stage_where), output_tokens))
     name = os.path.basename(os.path.normpath(path if results != path else os.path.dirname(os.path.normpath(path))))
     return {"source": "inference-perf", "path": path, "name": name or path, "kind": kind, "lengths": lengths,
-            "prompt_len": prompt_len, "prompt_mean": prompt_mean, "load_type": load_type, "stages": stages,
+            "prompt_len": prompt_len, "prompt_mean": prompt_mean, "output_len": output_len[0],
+            "load_type": load_type, "stages": stages,
             "concurrency": concurrency, "measured": measured,
             "server_info": served, "ignore_eos": server.boolean("ignore_eos", False),
             "timeout_s": timeout_s or INFERENCE_PERF_CLIENT_TIMEOUT_S,
@@ -9198,14 +9212,16 @@ def inference_perf_stages(run: dict, seed: int = 0) -> List[List[Request]]:
     prompts cycled through from the first in every stage (a repeated prompt is the same
     text, so all of it may hit the prefix cache; a group's prompts share its system
     prompt), or random prompts; output lengths as asked (with ignore_eos the server makes
-    exactly that many)."""
+    exactly that many). A dataset's prompts and outputs take the lengths the run measured,
+    by quantile."""
     rng = random.Random(seed)
     prompts = _shared_prefix_prompts(run, rng) if run["kind"] == "shared_prefix" else None
     stages, next_id = [], 0
     for rate, duration_s in run["stages"]:
         requests = []
         for index, arrival_s in enumerate(inference_perf_arrivals(run["load_type"], rate, duration_s, rng)):
-            output_tokens = max(1, _clipped_normal(rng, *run["lengths"]["output"]))
+            output_tokens = max(1, round(_at_quantile(run["output_len"], 100 * rng.random()))
+                                if run["kind"] not in GENERATED_DATA else _clipped_normal(rng, *run["lengths"]["output"]))
             if prompts is None:
                 prompt_tokens = (round(_at_quantile(run["prompt_len"], 100 * rng.random())) if run["prompt_len"]
                                  else _clipped_normal(rng, *run["lengths"]["input"]))

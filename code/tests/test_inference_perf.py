@@ -180,13 +180,26 @@ class WorkloadTest(ScratchTest):
         self.assert_usage_error(("compare", self.folder), "data.shared_prefix.question_len.type must be one of normal",
                                 "got 'bimodal'")
 
-    def test_an_unsupported_dataset_exits_2_naming_it(self):
-        path = os.path.join(self.folder, "results", "config.yaml")
-        with open(path) as handle:
-            text = handle.read()
-        with open(path, "w") as handle:
-            handle.write(text.replace("type: shared_prefix", "type: shareGPT"))
-        self.assert_usage_error(("compare", self.folder), "data.type 'shareGPT'", "shared_prefix, random or synthetic")
+    def test_a_dataset_without_measured_lengths_exits_2_naming_it(self):
+        self.rewrite_config(("type: shared_prefix", "type: shareGPT"))
+        self.assert_usage_error(("compare", self.folder), "data.type 'shareGPT' is a dataset servesim rebuilds from the "
+                                "lengths the run measured", "no prompt_len and output_len")
+
+    def test_a_dataset_is_rebuilt_from_the_prompt_and_output_lengths_the_run_measured(self):
+        self.rewrite_config(("type: shared_prefix", "type: shareGPT"))
+        summary = os.path.join(self.folder, "results", "summary_lifecycle_metrics.json")
+        with open(summary) as handle:
+            data = json.load(handle)
+        data["successes"]["output_len"] = {"min": 10, "p25": 50, "median": 120, "p75": 200, "max": 400, "mean": 130}
+        with open(summary, "w") as handle:
+            json.dump(data, handle)
+        run = main.read_inference_perf(self.folder)
+        self.assertEqual((run["kind"], run["lengths"]["output"][2]), ("shareGPT", 130))
+        requests = main.inference_perf_stages(run)[0]
+        outputs, prompts = [r.max_tokens for r in requests], [r.prompt_tokens for r in requests]
+        self.assertEqual((min(outputs) >= 10, max(outputs) <= 400, min(prompts) >= 420, max(prompts) <= 440),
+                         (True, True, True, True))
+        self.assertEqual({r.prefix_tokens for r in requests}, {0})  # no shared prefix is made up
 
     def test_a_missing_stage_file_exits_2_naming_it(self):
         os.remove(os.path.join(self.folder, "results", "stage_1_lifecycle_metrics.json"))
