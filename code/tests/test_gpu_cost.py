@@ -125,7 +125,6 @@ class DecodeAttentionTest(unittest.TestCase):
         del data["attention_efficiency"]
         self.assertEqual(main.hardware_from_json(main.JsonObject(data, "x"), "x").attention_efficiency, 0.0)
 
-
     def test_the_flag_prices_it_on_a_preset_and_simulate_shows_it_in_the_mean_step(self):
         argv = ["simulate", "--requests", "8", "--concurrency", "4", "--no-sensitivity"]
         priced = run_json(*argv, "--attention-efficiency", "0.05")["step_cost"]
@@ -154,7 +153,8 @@ class TermsTest(unittest.TestCase):
         self.assertAlmostEqual(terms["seq_overhead_ms"], 0.04)
 
     def test_a_slower_hardware_prices_every_step_that_much_dearer(self):
-        shard, priced = dataclasses.replace(DENSE, num_heads=2).sharded(2), dataclasses.replace(HW, attention_efficiency=0.1)
+        shard = dataclasses.replace(DENSE, num_heads=2).sharded(2)
+        priced = dataclasses.replace(HW, attention_efficiency=0.1)
         for tokens, context in ((1, 10), (64, 64_000), (2048, 2048)):
             base = main.step_seconds(priced, shard, tokens, context, tokens, 1, 1)
             slower = main.step_seconds(main.slower_by(priced, 1.05), shard, tokens, context, tokens, 1, 1)

@@ -170,7 +170,8 @@ class WorkloadTest(ScratchTest):
                                                "      max: 40\n      mean: 40\n      std_dev: 0\n      type: fixed"))
         lengths = main.read_inference_perf(self.folder)["lengths"]
         self.assertEqual((lengths["groups"], lengths["prompts_per_group"]), (4, 5))
-        self.assertEqual((lengths["question"], lengths["output"]), ((280, 320, 300, 10.0, "uniform"), (40, 40, 40, 0, "fixed")))
+        self.assertEqual((lengths["question"], lengths["output"]),
+                         ((280, 320, 300, 10.0, "uniform"), (40, 40, 40, 0, "fixed")))
         rng = random.Random(3)
         draws = [main._clipped_normal(rng, *lengths["question"]) for _ in range(200)]
         self.assertEqual((min(draws) >= 280, max(draws) <= 320, len(set(draws)) > 20), (True, True, True))
@@ -182,8 +183,9 @@ class WorkloadTest(ScratchTest):
 
     def test_a_dataset_without_measured_lengths_exits_2_naming_it(self):
         self.rewrite_config(("type: shared_prefix", "type: shareGPT"))
-        self.assert_usage_error(("compare", self.folder), "data.type 'shareGPT' is a dataset servesim rebuilds from the "
-                                "lengths the run measured", "no prompt_len and output_len")
+        self.assert_usage_error(("compare", self.folder),
+                                "data.type 'shareGPT' is a dataset servesim rebuilds from the lengths the run measured",
+                                "no prompt_len and output_len")
 
     def test_a_dataset_is_rebuilt_from_the_prompt_and_output_lengths_the_run_measured(self):
         self.rewrite_config(("type: shared_prefix", "type: shareGPT"))
@@ -336,7 +338,8 @@ class FitTest(ScratchTest):
                                  "2", "--json")
         self.assertEqual((code, err), (0, ""))
         report = json.loads(out)
-        self.assertEqual(report["fitted"], ["memory", "compute", "attention", "step_overhead_ms", "request_overhead_ms"])
+        self.assertEqual(report["fitted"],
+                         ["memory", "compute", "attention", "step_overhead_ms", "request_overhead_ms"])
         self.assertAlmostEqual(report["hardware"]["attention_efficiency"], 0.02, delta=0.005)
         self.assertLess(max(abs(r["error"]) for r in report["residuals"]), 0.03)
 

@@ -256,11 +256,13 @@ class ConfigJsonTest(ScratchTest):
         attention = 1_342_177_280
         for ignore in (["re:.*lm_head", "re:.*self_attn", "re:vision_model.*"], ["lm_head", "LlamaAttention"]):
             model = self.quantized(dict(w8a8, ignore=ignore))
-            self.assertAlmostEqual(model.weight_bytes, self.QUANTIZED + self.KEPT_BYTES + attention, delta=1, msg=ignore)
+            self.assertAlmostEqual(model.weight_bytes, self.QUANTIZED + self.KEPT_BYTES + attention, delta=1,
+                                   msg=ignore)
         for ignore in (["lm_head"], ["re:.*mlp.*"], ["model.layers.0.self_attn.q_proj"]):  # single modules: not counted
             model = self.quantized(dict(w8a8, ignore=ignore))
             self.assertAlmostEqual(model.weight_bytes, self.QUANTIZED + self.KEPT_BYTES, delta=1, msg=ignore)
-        code, _, err = run_cli("capacity", "--model-file", self.config(quantization_config=dict(w8a8, ignore=["re:(("])))
+        broken = self.config(quantization_config=dict(w8a8, ignore=["re:(("]))
+        code, _, err = run_cli("capacity", "--model-file", broken)
         self.assertEqual(code, 2)
         self.assertIn("quantization_config.ignore must be regular expressions after re:, got 're:((", err)
 
