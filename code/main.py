@@ -1788,7 +1788,8 @@ def step_seconds(hardware: Hardware, model: ModelSpec, num_tokens: int, num_cont
     pass_bytes = weight_bytes + kv_read_bytes(model, num_context_tokens, num_seqs) / num_passes
     memory_s = pass_bytes / memory_rate(hardware)
     passes_s = num_passes * max(compute_s / num_passes, memory_s)  # exact for one pass: x / 1 * 1 == x
-    attention_s = decode_attention_seconds(hardware, model, num_decode_context_tokens, num_decodes or 0)
+    attention_s = (decode_attention_seconds(hardware, model, num_decode_context_tokens, num_decodes or 0)
+                   if hardware.attention_efficiency else 0.0)
     if stages > 1:
         passes_s, attention_s = passes_s * stages, attention_s * stages
     return fixed_s + passes_s + collective_seconds(hardware, model, num_tokens) + attention_s
@@ -3777,8 +3778,9 @@ class FastEngine(Engine):
                 duration_s = price(context_tokens)
             else:
                 memory_s = (weight_bytes + context_tokens * kv_bytes) / bytes_per_s
-                duration_s = overhead_s + (memory_s if memory_s > compute_s else compute_s) + allreduce_s \
-                    + context_tokens * attention_s
+                duration_s = overhead_s + (memory_s if memory_s > compute_s else compute_s) + allreduce_s
+                if attention_s:  # NOTE: x + 0.0 is x: an unpriced term skips the multiply, same bits
+                    duration_s += context_tokens * attention_s
             context_tokens += num_seqs
             used += new_blocks_by_phase[step % block_size]
             busy_s += duration_s
@@ -9249,19 +9251,16 @@ def predict_inference_perf(run: dict, spec: EngineSpec, seed: int = 0, timeout_s
             request.arrival_s += start_s
         engine.restart_token_log()
         steps, seqs = engine.num_steps, engine.num_batched_seqs
-        totals, last_end_s = RunTotals(None, engine.token_log is None), [0.0]
-
-        def done(request: Request) -> None:
-            totals.add(request)
-            last_end_s[0] = max(last_end_s[0], client_end_s(request, timeout_s))
-        run_engine(engine, requests, clients, None, done, timeout_s)
+        totals = RunTotals(None, engine.token_log is None)
+        run_engine(engine, requests, clients, None, totals.add, timeout_s)
         report = engine.report()
         report["mean_batch_seqs"] = (engine.num_batched_seqs - seqs) / max(1, engine.num_steps - steps)
         summary = totals.summary(engine.token_log)
         # NOTE: inference-perf divides the successes' tokens by the time from the stage's first
         # send to the last answer or give-up of any request, failed ones included; an overloaded
         # stage's successes end long before its last client gives up
-        span_s = last_end_s[0] - totals.first_sent_s if requests else 0.0
+        last_end_s = max((client_end_s(request, timeout_s) for request in requests), default=0.0)
+        span_s = last_end_s - totals.first_sent_s if requests else 0.0
         summary["output_tok_per_s"] = summary["output_tokens"] / span_s if span_s > 0 else 0.0
         reports.append({"summary": summary, "engine": report})
     return reports
