@@ -856,7 +856,8 @@ HARDWARE: Dict[str, Hardware] = {
                  fp8_tflops=2614.9, price_per_hour=1.99, host_link_gbs=64, **HGX_NODE, **DATASHEET_GPU),
         # A100 SXM4 80GB: nvidia-smi 81,920 MiB; HBM2e 2,039 GB/s; 312 TFLOPS dense BF16; no FP8;
         # NVLink 3, 600 GB/s both ways. Price: middle of the $1.49-2.49 typical on-demand range,
-        # pricegpu.pages.dev, early 2026.
+        # pricegpu.pages.dev, early 2026. Against one public vLLM run (Mixtral-8x7B TP 2, see the
+        # README) its steps came out 12-15% dearer than these figures price them.
         Hardware("a100-sxm-80gb", memory_gib=80.0, bandwidth_gbs=2039, tflops=312, reserve_gib=2.0,
                  interconnect_gbs=300, price_per_hour=1.99, host_link_gbs=32, devices_per_node=8,
                  network_gbs=25, **FITTED_H100),
