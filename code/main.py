@@ -15,7 +15,7 @@ Usage:
     python3 code/main.py sweep --concurrency 1,8,32 [options]
     python3 code/main.py loadgen --url URL [--concurrency N | --rate R | --trace FILE] [options]
     python3 code/main.py compare (REPORT.json | RUN_DIR)... [--hardware H] [--model M] [options]
-    python3 code/main.py calibrate (REPORT.json | RUN_DIR)... [--model-dir DIR] [options] [--out FILE]
+    python3 code/main.py calibrate (REPORT.json | RUN_DIR)... [--model-dir DIR]... [--hold FIGURE,...] [options] [--out FILE]
     python3 code/main.py explain (SCRAPE... | REPORT.json | --url URL) [server flags]
     python3 code/main.py search --slo-ttft-ms MS --slo-tpot-ms MS [--by rate|concurrency] [options]
     python3 code/main.py profile --url URL [--out FILE] [--budget-s S]
@@ -801,21 +801,23 @@ class ModelSpec:
 # How a GPU's datasheet becomes a step cost. DATASHEET_GPU: the lesson's generic roofline,
 # mfu 0.5 and mbu 0.75 (a ratio of 2/3 puts the compute knee of Llama 3.1 8B at ~269 tokens
 # per step on an L4, the figure the capacity report is tested against) and 1 ms a step;
-# not fitted anywhere. FITTED_H100: what `calibrate` fitted to eight vLLM v0.15.1 runs on
-# H100 SXM (inference-perf, shared/data/vllm-h100: Llama-2-7B TP 1, Llama-2-70B TP 4,
-# Mixtral-8x7B TP 2, CodeLlama-34B TP 2, two workloads each; see the README's "Predicting
-# a GPU server"), rounded: mbu, the per-layer floor, the all-reduce's latency and link
-# efficiency, the request path (step_overhead_ms fitted to 0: with async scheduling the
-# CPU's work per step hides behind the GPU's). Not pinned down by those runs (their
-# prefills hit the prefix cache, their MoE steps are memory-bound), so set by hand: mfu
-# 0.545, which keeps the lesson's compute knee (~197 tokens for Llama 3.1 8B) at the fitted
-# mbu and is within what dense BF16 GEMMs reach on an H100; moe_efficiency 0.7, between
-# the 215 and 523 TFLOPS two published grouped-GEMM kernels reach on an H100 (VeOmni PR
-# 460, Liger-Kernel PR 1294). Decode attention's arithmetic is left unpriced: fitted on
-# those runs from a prior of 0.0369 (the datasheet's 66.9 TFLOPS of FP32 CUDA cores at
-# mfu), their contexts (under 900 tokens) moved its efficiency to 0.325, next to nothing
-# (and mbu to 0.826, every residual within 0.3 points of these figures'); runs with long
-# contexts are what can pin it (see the README). The other NVIDIA HBM presets carry
+# not fitted anywhere. FITTED_H100: what `calibrate` fitted to nine vLLM v0.15.1 runs on
+# H100 SXM (inference-perf): the eight of shared/data/vllm-h100 (Llama-2-7B TP 1, Llama-2-70B
+# TP 4, Mixtral-8x7B TP 2, CodeLlama-34B TP 2, two short-context workloads each) and one
+# published run of the same campaign with long contexts, Llama-3.1-8B TP 1 at ~1,800 tokens
+# (code/fixtures/gpu/llama-3-1-8b-tp1-reasoning); see the README's "Predicting a GPU
+# server". Rounded: mbu, decode attention's efficiency (from a prior of 0.0369, the
+# datasheet's 66.9 TFLOPS of FP32 CUDA cores at mfu: it came to 62.5 TFLOPS, far from the
+# tensor cores' rate; the short contexts alone could not tell it from the weights), the
+# per-step and per-layer overheads, the all-reduce's link efficiency, the request path. The
+# all-reduce's latency is held at 7.3 us, what the eight runs alone fit: with a second
+# single-GPU model of another depth the per-layer floor and that latency trade against each
+# other, and a free fit drove the latency to 0.4 us, below what any all-reduce takes. Not
+# pinned down by those runs (their prefills hit the prefix cache, their MoE steps are
+# memory-bound), so set by hand: mfu 0.556, which keeps the lesson's compute knee (~197
+# tokens for Llama 3.1 8B) at the fitted mbu and is within what dense BF16 GEMMs reach on an
+# H100; moe_efficiency 0.7, between the 215 and 523 TFLOPS two published grouped-GEMM kernels
+# reach on an H100 (VeOmni PR 460, Liger-Kernel PR 1294). The other NVIDIA HBM presets carry
 # FITTED_H100 (the same serving stack; not fitted on those GPUs). Prices are on-demand USD
 # per GPU-hour as one public source listed them on the date given; they move, so
 # --price-per-hour overrides.
@@ -823,8 +825,8 @@ class ModelSpec:
 # 64 GB/s (H100 SXM, H200, B200 and MI300X datasheets: PCIe Gen5 x16), 4.0 x16 32 GB/s (A100,
 # L40S, L4); pinned copies reach about 80-90% of it, which --host-link-gbs can say.
 DATASHEET_GPU = dict(mfu=0.5, mbu=0.75, step_overhead_ms=1.0)
-FITTED_H100 = dict(mfu=0.545, mbu=0.818, step_overhead_ms=0.0, layer_overhead_us=30.6, allreduce_latency_us=7.3,
-                   link_efficiency=0.239, request_overhead_ms=6.56, moe_efficiency=0.7)
+FITTED_H100 = dict(mfu=0.556, mbu=0.835, step_overhead_ms=0.245, layer_overhead_us=23.0, allreduce_latency_us=7.3,
+                   link_efficiency=0.25, request_overhead_ms=6.56, moe_efficiency=0.7, attention_efficiency=0.0632)
 # Servers of eight GPUs: HGX H100/H200/B200 and MI300X platforms hold 8 devices on one
 # NVLink/Infinity Fabric; DGX H100, DGX B200 and MI300X nodes give each GPU a 400 Gb/s NIC
 # (ConnectX-7 or Pollara: 50 GB/s each way). A100 (DGX A100: 200 Gb/s HDR per GPU, 25 GB/s),
@@ -9075,7 +9077,9 @@ def _stage_figures(stage: JsonObject, output_tokens: float) -> dict:
     """What an inference-perf stage measured, under compare's labels (ms, tok/s, shares):
     TTFT and request latency as the client timed them, the time per output token as the
     server produced them ((mean latency - mean TTFT) / (output tokens - 1): the client's
-    own per-token figures count its re-tokenisation of the text), the failed share."""
+    own per-token figures count its re-tokenisation of the text), the failed share. A
+    percentile or the throughput a stage file leaves out (a published result that gives
+    only some figures) is unknown, None; the means are required."""
     successes, failures = stage.object("successes"), stage.object("failures", None) or JsonObject({}, stage.where)
     num_ok, num_failed = successes.integer("count"), failures.integer("count", 0, 0)
     figures = {"requests": num_ok + num_failed, "completed": num_ok,
@@ -9087,10 +9091,13 @@ def _stage_figures(stage: JsonObject, output_tokens: float) -> dict:
         spread = latency.object(key)
         figures[f"{label} mean"] = spread.number("mean", 0) * 1000
         for pct, name in ((50, "median"), (90, "p90"), (99, "p99")):
-            figures[f"{label} p{pct}"] = spread.number(name, 0) * 1000
+            value = spread.number(name, 0, None)
+            figures[f"{label} p{pct}"] = None if value is None else value * 1000
     figures["tpot mean"] = ((figures["e2e mean"] - figures["ttft mean"]) / (output_tokens - 1)
                             if output_tokens > 1 else None)
-    figures["out tok/s"] = successes.object("throughput").number("requests_per_sec", 0) * output_tokens
+    throughput = successes.object("throughput", None)
+    figures["out tok/s"] = (None if throughput is None else
+                            throughput.number("requests_per_sec", 0) * output_tokens)
     return figures
 
 
@@ -9703,8 +9710,9 @@ FIT_TYPICAL = {"step_overhead_ms": 1.0, "layer_overhead_us": 10.0, "allreduce_la
 FIT_PRIOR = 0.02  # how hard a fit holds each figure at the base hardware's (see fit_hardware)
 
 
-def fitted_figures(measured: Sequence[Measured], base: Hardware) -> List[str]:
-    """The figures the runs can tell apart: the memory and FLOP rates and the step overhead
+def fitted_figures(measured: Sequence[Measured], base: Hardware, held: Sequence[str] = ()) -> List[str]:
+    """The figures the runs can tell apart, less those held at base's value (calibrate
+    --hold: a figure known better than these runs can time it): the memory and FLOP rates and the step overhead
     always; decode attention's rate where base prices it and the models' query heads are
     known (base's figure is the prior: the runs time it only beside the KV read, apart
     from it where their contexts differ or their models spend different attention FLOPs
@@ -9721,7 +9729,7 @@ def fitted_figures(measured: Sequence[Measured], base: Hardware) -> List[str]:
         names += ["allreduce_latency_us", "link"]
     if any(item.is_inference_perf for item in measured):
         names.append("request_overhead_ms")
-    return names
+    return [name for name in names if name not in held]
 
 
 def fit_coordinates(hardware: Hardware) -> Dict[str, float]:
@@ -9871,14 +9879,14 @@ def solve_linear(matrix: List[List[float]], vector: List[float]) -> List[float]:
     return solution
 
 
-def fit_hardware(measured: Sequence[Measured], base: Hardware, name: str,
-                 workers: Optional["Workers"] = None, progress: Optional[RunProgress] = None) -> Tuple[Hardware, List[dict]]:
+def fit_hardware(measured: Sequence[Measured], base: Hardware, name: str, workers: Optional["Workers"] = None,
+                 progress: Optional[RunProgress] = None, held: Sequence[str] = ()) -> Tuple[Hardware, List[dict]]:
     """Least-squares fit of the figures the runs can tell apart (fitted_figures) to every
     measured point: residuals are log(predicted / measured), minimised by Levenberg-
     Marquardt from first_guess; every trial replays every run in the simulator, so
     queueing, growing context, chunking and the prefix cache are priced exactly as
-    simulate prices them. Figures that move no prediction keep base's value."""
-    names = fitted_figures(measured, base)
+    simulate prices them. Figures that move no prediction, and the held ones, keep base's value."""
+    names = fitted_figures(measured, base, held)
     measured_values = [value for item in measured for _, value in item.points]
     start, known = first_guess(measured, base, names), fit_coordinates(base)
     scale = {key: value or FIT_TYPICAL.get(key, 1.0) for key, value in known.items()}
@@ -12588,18 +12596,21 @@ def campaign_flags(path: str) -> dict:
 def _run_spec(args, path: str, run: dict) -> EngineSpec:
     """The engine that replays one inference-perf run: the command line's flags, or with
     --model-dir the model and server flags its exp-config.yaml records (each model's
-    config.json found as MODEL_DIR/<the name after the last slash>/config.json), the
-    command line's scheduler flags first."""
+    config.json found as MODEL_DIR/<the name after the last slash>/config.json, in the
+    first --model-dir that has it), the command line's scheduler flags first."""
     flags = campaign_flags(path) if args.model_dir else {}
     if args.model_dir and "model" not in flags:
         raise UsageError(f"{path}: no exp-config.yaml naming the model; --model-dir needs one per run")
     changes = {name: flags[name] for name in ("max_model_len", "max_num_batched_tokens", "max_num_seqs")
                if name in flags and getattr(args, name) is None}
     if args.model_dir:
-        model_file = os.path.join(args.model_dir, flags["model"].rstrip("/").split("/")[-1], "config.json")
-        if not os.path.isfile(model_file):
-            raise UsageError(f"--model-dir {args.model_dir}: no {model_file} for {path}'s model {flags['model']!r}")
-        changes.update(model_file=model_file, model=None, tensor_parallel_size=flags.get("tensor_parallel_size", 1))
+        name = flags["model"].rstrip("/").split("/")[-1]
+        found = [os.path.join(folder, name, "config.json") for folder in args.model_dir
+                 if os.path.isfile(os.path.join(folder, name, "config.json"))]
+        if not found:
+            raise UsageError(f"--model-dir {', '.join(args.model_dir)}: no {name}/config.json there for {path}'s "
+                             f"model {flags['model']!r}")
+        changes.update(model_file=found[0], model=None, tensor_parallel_size=flags.get("tensor_parallel_size", 1))
     return build_engine_spec(argparse.Namespace(**dict(vars(args), **changes)), server=run["server_info"])
 
 
@@ -12661,12 +12672,12 @@ def cmd_calibrate(args) -> int:
     base, name = spec.plan.hardware, args.name or f"{spec.plan.hardware.name}-calibrated"
     progress = RunProgress(0, "trials", _shows_progress(args))
     with Workers(args.jobs) as workers:
-        hardware, residuals = fit_hardware(measured, base, name, workers, progress)
+        hardware, residuals = fit_hardware(measured, base, name, workers, progress, args.hold)
     progress.close()
     models = list(dict.fromkeys(item.spec.plan.model.name for item in measured))
     if args.out:
         write_json_file(args.out, asdict(hardware), "--out")
-    fitted = fitted_figures(measured, base)
+    fitted = fitted_figures(measured, base, args.hold)
     if args.json:
         _print_json({"hardware": asdict(hardware), "fitted": fitted, "models": models, "residuals": residuals})
     else:
@@ -12958,6 +12969,11 @@ def _parse_fail_replica(text: str) -> Optional[Tuple[float, Optional[int]]]:
     return (at_s, index) if math.isfinite(at_s) and at_s >= 0 and (index is None or 0 <= index <= MAX_COUNT) else None
 
 
+def _parse_fit_terms(text: str) -> Optional[Tuple[str, ...]]:
+    names = tuple(part.strip() for part in text.split(","))
+    return names if all(name in FIT_TERMS for name in names) else None
+
+
 def _parse_float_list(text: str) -> Optional[List[float]]:
     values = [float(part) for part in text.split(",")]
     return values if len(values) <= 1000 and all(1e-9 <= value <= 1e12 for value in values) else None
@@ -12965,6 +12981,8 @@ def _parse_float_list(text: str) -> Optional[List[float]]:
 
 float_list = _flag_type("float_list", _parse_float_list, lambda v: True,
                         "positive numbers separated by commas (e.g. 1,2,4)")
+fit_term_list = _flag_type("fit_term_list", _parse_fit_terms, lambda v: True,
+                          f"figures from {', '.join(FIT_TERMS)}, separated by commas")
 token_range = _flag_type("token_range", _parse_range, lambda v: True,
                          f"N or LO-HI with 0 < LO <= HI <= {MAX_COUNT:,} (e.g. 256-1024)")
 int_list = _flag_type("int_list", _parse_int_list, lambda v: True,
@@ -13427,10 +13445,10 @@ def _compare_flags(parser: argparse.ArgumentParser) -> None:
 
 
 def _add_model_dir_flag(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--model-dir", metavar="DIR",
+    parser.add_argument("--model-dir", metavar="DIR", action="append",
                         help="take each inference-perf run's model and server flags from the exp-config.yaml beside "
                              "its results/ (a campaign's record), the model's config.json from DIR/<model name>/"
-                             "config.json: runs of several models at once")
+                             "config.json: runs of several models at once (repeat it to look in several folders)")
 
 
 def _calibrate_flags(parser: argparse.ArgumentParser) -> None:
@@ -13443,6 +13461,9 @@ def _calibrate_flags(parser: argparse.ArgumentParser) -> None:
     _add_model_dir_flag(parser)
     parser.add_argument("--name", help="name of the calibrated hardware (default: HARDWARE-calibrated)")
     parser.add_argument("--out", help="write the calibrated hardware as JSON, for --hardware-file")
+    parser.add_argument("--hold", type=fit_term_list, default=(), metavar="FIGURE[,FIGURE]",
+                        help=f"keep these figures at the hardware's value instead of fitting them (a figure you know "
+                             f"better than the runs can time it): {', '.join(FIT_TERMS)}")
 
 
 def _profile_flags(parser: argparse.ArgumentParser) -> None:

@@ -84,6 +84,14 @@ class CalibrateTest(ScratchTest):
         self.assertEqual((code, out), (2, ""))
         self.assertIn("calibrate needs at least two loadgen reports", err)
 
+    def test_holding_a_figure_calibrate_does_not_know_exits_2(self):
+        paths = [self.write(f"c{c}.json", simulated_report(c)) for c in (1, 8)]
+        code, out, err = run_cli("calibrate", *paths, *FLAGS, "--hold", "memory,speed")
+        self.assertEqual((code, out), (2, ""))
+        self.assertEqual(err.splitlines()[-1], "servesim: error: argument --hold: expected figures from memory, "
+                         "compute, attention, step_overhead_ms, layer_overhead_us, allreduce_latency_us, link, "
+                         "request_overhead_ms, separated by commas, got 'memory,speed'")
+
     def test_reports_at_the_same_concurrency_exit_2(self):
         paths = [self.write(f"r{i}.json", simulated_report(4)) for i in range(2)]
         code, _, err = run_cli("calibrate", *paths, *FLAGS)

@@ -107,11 +107,13 @@ class RooflineTest(unittest.TestCase):
         # 1 ms + 16.06 GB / (300 GB/s x 0.75)
         self.assertAlmostEqual(main.step_seconds(self.L4, self.LLAMA_8B, 1, 0), 0.07238, places=5)
 
-    def test_context_tokens_add_their_kv_read(self):
+    def test_context_tokens_add_their_kv_read_and_attention_arithmetic(self):
         base = main.step_seconds(self.H100, self.LLAMA_8B, 1, 0)
         with_context = main.step_seconds(self.H100, self.LLAMA_8B, 1, 10_000)
-        # 10,000 x 128 KiB / (3,350 GB/s x 0.818, the fitted mbu)
-        self.assertAlmostEqual(with_context - base, 10_000 * 131072 / (3350e9 * 0.818))
+        # 10,000 x 128 KiB / (3,350 GB/s x 0.835, the fitted mbu), and 10,000 x 32 layers x 4 x 32
+        # heads x 128 FLOPs at 989.4 TFLOPS x 0.0632, the fitted share decode attention reaches
+        self.assertAlmostEqual(with_context - base, 10_000 * 131072 / (3350e9 * 0.835)
+                               + 10_000 * 32 * 4 * 32 * 128 / (989.4e12 * 0.0632))
 
     def test_batching_16_decodes_costs_barely_more_than_one(self):
         one = main.step_seconds(self.H100, self.LLAMA_8B, 1, 1000)
@@ -119,9 +121,11 @@ class RooflineTest(unittest.TestCase):
         self.assertLess(sixteen / one, 1.15)
 
     def test_a_prefill_chunk_is_compute_bound(self):
-        # 32 layers x 30.6 us + 2 x 8.03e9 x 8192 / (989.4e12 x 0.545)
+        # 0.245 ms + 32 layers x 23 us + 2 x 8.03e9 x 8192 / (989.4e12 x 0.556), and the attention of
+        # the one sequence over its 8,192 tokens of context
         self.assertAlmostEqual(main.step_seconds(self.H100, self.LLAMA_8B, 8192, 8192),
-                               32 * 30.6e-6 + 2 * 8.03e9 * 8192 / (989.4e12 * 0.545))
+                               0.245e-3 + 32 * 23e-6 + 2 * 8.03e9 * 8192 / (989.4e12 * 0.556)
+                               + 8192 * 32 * 4 * 32 * 128 / (989.4e12 * 0.0632))
 
     def test_the_lm_head_is_priced_only_for_tokens_that_sample(self):
         cpu = main.HARDWARE["cpu-4vcpu"]
@@ -190,13 +194,13 @@ class TensorParallelTest(unittest.TestCase):
     def test_tp2_halves_the_weight_read_per_device_and_adds_the_all_reduce(self):
         one_device = main.step_seconds(self.H100, self.LLAMA_70B, 1, 0)
         shard = self.LLAMA_70B.sharded(2)
-        fixed = 80 * 30.6e-6  # the fitted floor of each layer
-        # 2 x 80 all-reduces of 8,192 x 2 bytes, a ring moving 2 x (1/2) of it over 450 GB/s x 0.239,
+        fixed = 0.245e-3 + 80 * 23e-6  # the fitted cost of a step and floor of each layer
+        # 2 x 80 all-reduces of 8,192 x 2 bytes, a ring moving 2 x (1/2) of it over 450 GB/s x 0.25,
         # each after its 7.3 us of latency
-        allreduce = 2 * 80 * (7.3e-6 + 2 * 0.5 * 8192 * 2 / (450e9 * 0.239))
+        allreduce = 2 * 80 * (7.3e-6 + 2 * 0.5 * 8192 * 2 / (450e9 * 0.25))
         self.assertAlmostEqual(main.allreduce_seconds(self.H100, shard, 1), allreduce)
         self.assertAlmostEqual(main.step_seconds(self.H100, shard, 1, 0),
-                               fixed + 70.6e9 / (3350e9 * 0.818) + allreduce)
+                               fixed + 70.6e9 / (3350e9 * 0.835) + allreduce)
         self.assertAlmostEqual(one_device - fixed, 2 * (main.step_seconds(self.H100, shard, 1, 0) - fixed - allreduce))
 
     def test_kv_heads_fewer_than_devices_are_replicated(self):

@@ -29,7 +29,7 @@ class DisaggregateTest(unittest.TestCase):
         _, _, link = disaggregated([request], 25.0)
         self.assertEqual(len(link.waits_s), 1)
         self.assertAlmostEqual(link.waits_s[0], 2000 * 131072 / 25e9)   # 10.49 ms
-        prefill_s = main.step_seconds(H100, LLAMA_8B, 2000, 2000, 1)
+        prefill_s = main.step_seconds(H100, LLAMA_8B, 2000, 2000, 1, num_decodes=0, num_decode_context_tokens=0)
         first_decode_s = main.step_seconds(H100, LLAMA_8B, 1, 2000, 1)  # the last prompt token, recomputed
         path_s = H100.request_overhead_ms / 1000  # HTTP, tokenising, the hops: before the prefill engine sees it
         self.assertAlmostEqual(request.token_times[0], path_s + prefill_s + 2000 * 131072 / 25e9 + first_decode_s)

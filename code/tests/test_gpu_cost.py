@@ -125,13 +125,15 @@ class DecodeAttentionTest(unittest.TestCase):
         del data["attention_efficiency"]
         self.assertEqual(main.hardware_from_json(main.JsonObject(data, "x"), "x").attention_efficiency, 0.0)
 
-    def test_the_flag_prices_it_on_a_preset_and_simulate_shows_it_in_the_mean_step(self):
+    def test_the_flag_sets_or_unprices_it_on_a_preset_and_simulate_shows_it_in_the_mean_step(self):
         argv = ["simulate", "--requests", "8", "--concurrency", "4", "--no-sensitivity"]
-        priced = run_json(*argv, "--attention-efficiency", "0.05")["step_cost"]
-        unpriced = run_json(*argv)["step_cost"]
-        # Llama 3.1 8B: 32 layers x 32 query heads x 4 x 128 = 524,288 FLOPs a token of context, at 5% of 989.4 TFLOPS
-        self.assertAlmostEqual(priced["attention_ms"], priced["num_context_tokens"] * 524288 / (0.05 * 989.4e12) * 1000,
-                               places=9)
+        preset, priced, unpriced = (run_json(*argv, *flags)["step_cost"] for flags in (
+            (), ("--attention-efficiency", "0.05"), ("--attention-efficiency", "0")))
+        # Llama 3.1 8B: 32 layers x 32 query heads x 4 x 128 = 524,288 FLOPs a token of context, at 5% of
+        # 989.4 TFLOPS, and at the h100-sxm-80gb preset's fitted 6.32%
+        for cost, share in ((priced, 0.05), (preset, 0.0632)):
+            self.assertAlmostEqual(cost["attention_ms"], cost["num_context_tokens"] * 524288 / (share * 989.4e12) * 1000,
+                                   places=9)
         self.assertEqual(unpriced["attention_ms"], 0.0)
         code, out, err = run_cli(*argv, "--attention-efficiency", "2")
         self.assertEqual((code, out), (2, ""))

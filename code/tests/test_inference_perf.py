@@ -17,10 +17,10 @@ from support import ScratchTest, main, run_cli, run_json
 
 KNOWN = dataclasses.replace(main.HARDWARE["h100-sxm-80gb"], name="known", mbu=0.8, mfu=0.6, step_overhead_ms=0.3,
                             layer_overhead_us=30.0, allreduce_latency_us=15.0, link_efficiency=0.3,
-                            request_overhead_ms=4.0)
+                            request_overhead_ms=4.0, attention_efficiency=0.0)
 BASE = dataclasses.replace(main.HARDWARE["h100-sxm-80gb"], mbu=0.75, mfu=0.6, step_overhead_ms=1.0,
                            layer_overhead_us=0.0, allreduce_latency_us=0.0, link_efficiency=1.0,
-                           request_overhead_ms=0.0)
+                           request_overhead_ms=0.0, attention_efficiency=0.0)
 SMALL = {"architectures": ["LlamaForCausalLM"], "hidden_size": 2048, "intermediate_size": 5632, "num_hidden_layers": 16,
          "num_attention_heads": 16, "num_key_value_heads": 4, "vocab_size": 32000, "torch_dtype": "bfloat16"}
 DEEP = dict(SMALL, hidden_size=4096, intermediate_size=11008, num_hidden_layers=40, num_key_value_heads=8)
@@ -246,6 +246,40 @@ class CompareTest(ScratchTest):
         self.assertEqual([(row["run"], row["model"], row["capacity"]["model"], row["capacity"]["num_devices"])
                           for row in report["rows"]], [("one", "mha", "mha", 1), ("two", "deep", "deep", 2)])
 
+    def test_runs_find_their_models_in_whichever_model_dir_holds_them(self):
+        folders = [write_run(self.directory, name, model, config, 1, [(2, 5)], output=20)
+                   for name, model, config in (("one", "mha", MHA), ("two", "small", SMALL))]
+        elsewhere = os.path.join(self.directory, "elsewhere")
+        os.makedirs(elsewhere)
+        os.rename(os.path.join(self.directory, "models", "small"), os.path.join(elsewhere, "small"))
+        hardware = self.write("known.json", dataclasses.asdict(KNOWN))
+        models = os.path.join(self.directory, "models")
+        report = run_json("compare", *folders, "--model-dir", models, "--model-dir", elsewhere,
+                          "--hardware-file", hardware, "--no-sensitivity")
+        self.assertEqual([(row["run"], row["model"]) for row in report["rows"]], [("one", "mha"), ("two", "small")])
+        code, _, err = run_cli("compare", *folders, "--model-dir", models, "--hardware-file", hardware)
+        self.assertEqual(code, 2)
+        self.assertIn(f"--model-dir {models}: no small/config.json there for {folders[1]}'s model 'org/small'", err)
+
+    def test_a_published_stage_of_means_and_tails_alone_compares_those_and_shows_the_rest_unknown(self):
+        folder = write_run(self.directory, "published", "small", SMALL, 1, [(2, 10)])
+        where = os.path.join(folder, "results", "stage_0_lifecycle_metrics.json")
+        with open(where) as handle:
+            stage = json.load(handle)
+        for spread in stage["successes"]["latency"].values():
+            del spread["median"]
+        del stage["successes"]["throughput"]
+        with open(where, "w") as handle:
+            json.dump(stage, handle)
+        report = run_json("compare", folder, "--hardware-file", self.write("known.json", dataclasses.asdict(KNOWN)),
+                          "--model-file", os.path.join(self.directory, "models", "small", "config.json"),
+                          "--no-sensitivity")
+        (row,) = report["rows"]
+        self.assertEqual([row["measured"][label] for label in ("ttft p50", "e2e p50", "out tok/s")], [None] * 3)
+        self.assertEqual([row["error"][label] for label in ("ttft p50", "e2e p50", "out tok/s")], [None] * 3)
+        for label in ("ttft mean", "ttft p90", "e2e p99", "tpot mean"):
+            self.assertAlmostEqual(row["error"][label], 0.0, places=6, msg=label)
+
     def test_a_concurrent_stage_is_a_closed_loop_of_its_clients(self):
         # the requests are queued within the stage's first second, so the clients are the limit
         folder = write_run(self.directory, "clients", "small", SMALL, 1, [(200, 4), (400, 8)], load_type="concurrent")
@@ -325,6 +359,20 @@ class FitTest(ScratchTest):
                          ["stage 0 tpot mean", "stage 0 ttft mean", "stage 1 tpot mean", "stage 1 ttft mean"])
         self.assertLess(max(abs(r["error"]) for r in report["residuals"]), 0.04)
         self.assertAlmostEqual(report["hardware"]["request_overhead_ms"], KNOWN.request_overhead_ms, delta=0.4)
+
+    def test_a_held_figure_keeps_the_base_value_while_the_rest_fit_around_it(self):
+        folders = [write_run(self.directory, name, model, config, tp, [(2, 20), (40, 10)], output=100)
+                   for name, model, config, tp in (("one", "mha", MHA, 1), ("two", "deep", DEEP, 2))]
+        base = dataclasses.replace(BASE, allreduce_latency_us=KNOWN.allreduce_latency_us)
+        code, out, err = run_cli("calibrate", *folders, "--model-dir", os.path.join(self.directory, "models"),
+                                 "--hardware-file", self.write("base.json", dataclasses.asdict(base)),
+                                 "--hold", "allreduce_latency_us", "--jobs", "2", "--json")
+        self.assertEqual((code, err), (0, ""))
+        report = json.loads(out)
+        self.assertEqual(report["fitted"], ["memory", "compute", "step_overhead_ms", "layer_overhead_us", "link",
+                                            "request_overhead_ms"])
+        self.assertEqual(report["hardware"]["allreduce_latency_us"], KNOWN.allreduce_latency_us)
+        self.assertLess(max(abs(r["error"]) for r in report["residuals"]), 0.05)
 
     def test_calibrate_moves_decode_attention_from_its_prior_to_the_rate_that_made_the_runs(self):
         # an MHA model and one of 8 query heads to each KV head, whose attention costs 4x as much per byte of KV

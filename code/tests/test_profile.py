@@ -165,7 +165,7 @@ class ProfileCostTest(ScratchTest):
     def test_a_step_outside_the_table_is_priced_by_the_roofline_and_counted(self):
         cost = self.cost()
         self.assertEqual(cost.step_s(5, 500, 5, 5, 500), main.step_seconds(self.H100, self.LLAMA, 5, 500, 5))
-        self.assertEqual(cost.step_s(400, 400, 1, 0, 0), main.step_seconds(self.H100, self.LLAMA, 400, 400, 1))
+        self.assertEqual(cost.step_s(400, 400, 1, 0, 0), main.step_seconds(self.H100, self.LLAMA, 400, 400, 1, 1, 1, 0, 0))
         report = cost.describe()
         self.assertEqual((report["num_steps"], report["num_steps_outside"]), (2, 2))
         self.assertIn("2 of 2 steps lay outside it (up to 5 decoding, 400 prefill tokens) and were priced by the "
