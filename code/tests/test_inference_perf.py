@@ -361,7 +361,7 @@ class FitTest(ScratchTest):
         self.assertAlmostEqual(report["hardware"]["request_overhead_ms"], KNOWN.request_overhead_ms, delta=0.4)
 
     def test_a_held_figure_keeps_the_base_value_while_the_rest_fit_around_it(self):
-        folders = [write_run(self.directory, name, model, config, tp, [(2, 20), (40, 10)], output=100)
+        folders = [write_run(self.directory, name, model, config, tp, [(2, 10), (40, 10)], output=60)
                    for name, model, config, tp in (("one", "mha", MHA, 1), ("two", "deep", DEEP, 2))]
         base = dataclasses.replace(BASE, allreduce_latency_us=KNOWN.allreduce_latency_us)
         code, out, err = run_cli("calibrate", *folders, "--model-dir", os.path.join(self.directory, "models"),
@@ -372,7 +372,7 @@ class FitTest(ScratchTest):
         self.assertEqual(report["fitted"], ["memory", "compute", "step_overhead_ms", "layer_overhead_us", "link",
                                             "request_overhead_ms"])
         self.assertEqual(report["hardware"]["allreduce_latency_us"], KNOWN.allreduce_latency_us)
-        self.assertLess(max(abs(r["error"]) for r in report["residuals"]), 0.05)
+        self.assertLess(max(abs(r["error"]) for r in report["residuals"]), 0.03)
 
     def test_calibrate_moves_decode_attention_from_its_prior_to_the_rate_that_made_the_runs(self):
         # an MHA model and one of 8 query heads to each KV head, whose attention costs 4x as much per byte of KV
