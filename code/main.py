@@ -11688,9 +11688,10 @@ def hardware_preset_line(hardware: Hardware) -> str:
     return f'Hardware("{hardware.name}", {", ".join(fields)})'
 
 
-def format_calibration(hardware: Hardware, base: Hardware, figures: Sequence[str], models: Sequence[str],
-                       num_runs: int, residuals: Sequence[dict], out: Optional[str]) -> List[str]:
-    """The fitted figures, a preset line to paste, and how far each fitted point is off."""
+def format_calibration(hardware: Hardware, base: Hardware, figures: Tuple[Sequence[str], Sequence[str]],
+                       models: Sequence[str], num_runs: int, residuals: Sequence[dict], out: Optional[str]) -> List[str]:
+    """The fitted figures and those held (figures: both lists), a preset line to paste, and
+    how far each fitted point is off."""
     shown = {"memory": f"memory {hardware.bandwidth_gbs * hardware.mbu:.4g} GB/s (mbu {hardware.mbu:.3g})",
              "compute": f"compute {hardware.tflops * hardware.mfu:.4g} TFLOPS (mfu {hardware.mfu:.3g})",
              "attention": (f"decode attention {hardware.tflops * hardware.attention_efficiency:.4g} TFLOPS "
@@ -11702,8 +11703,10 @@ def format_calibration(hardware: Hardware, base: Hardware, figures: Sequence[str
              "link": f"link {hardware.interconnect_gbs * hardware.link_efficiency:.4g} GB/s "
                      f"(efficiency {hardware.link_efficiency:.3g})",
              "request_overhead_ms": f"{hardware.request_overhead_ms:.3g} ms per request"}
+    fitted, held = figures
     lines = [f"calibrated {hardware.name} for {', '.join(models)} from {num_runs} runs: "
-             + ", ".join(shown[figure] for figure in figures) + f"; the rest as {base.name}",
+             + ", ".join(shown[figure] for figure in fitted)
+             + (f"; held: {', '.join(shown[figure] for figure in held)}" if held else "") + f"; the rest as {base.name}",
              hardware_preset_line(hardware)]
     rows = [[os.path.basename(os.path.normpath(r["report"])),
              "" if r["concurrency"] is None else f"concurrency {r['concurrency']}",
@@ -12670,6 +12673,10 @@ def cmd_calibrate(args) -> int:
                 for (path, report), points in zip(reports, loadgen_points(reports))]
     measured += [Measured(path, run, _run_spec(args, path, run), tuple(inference_perf_points(run))) for path, run in runs]
     base, name = spec.plan.hardware, args.name or f"{spec.plan.hardware.name}-calibrated"
+    fitted, held = fitted_figures(measured, base, args.hold), [f for f in fitted_figures(measured, base) if f in args.hold]
+    if not fitted:
+        raise UsageError(f"--hold {','.join(args.hold)}: leaves nothing to fit; these runs can tell apart "
+                         f"{', '.join(held)}")
     progress = RunProgress(0, "trials", _shows_progress(args))
     with Workers(args.jobs) as workers:
         hardware, residuals = fit_hardware(measured, base, name, workers, progress, args.hold)
@@ -12677,11 +12684,11 @@ def cmd_calibrate(args) -> int:
     models = list(dict.fromkeys(item.spec.plan.model.name for item in measured))
     if args.out:
         write_json_file(args.out, asdict(hardware), "--out")
-    fitted = fitted_figures(measured, base, args.hold)
     if args.json:
-        _print_json({"hardware": asdict(hardware), "fitted": fitted, "models": models, "residuals": residuals})
+        _print_json({"hardware": asdict(hardware), "fitted": fitted, "held": held, "models": models,
+                     "residuals": residuals})
     else:
-        _print_lines(format_calibration(hardware, base, fitted, models, len(measured), residuals, args.out))
+        _print_lines(format_calibration(hardware, base, (fitted, held), models, len(measured), residuals, args.out))
     return 0
 
 

@@ -92,6 +92,14 @@ class CalibrateTest(ScratchTest):
                          "compute, attention, step_overhead_ms, layer_overhead_us, allreduce_latency_us, link, "
                          "request_overhead_ms, separated by commas, got 'memory,speed'")
 
+    def test_holding_every_figure_the_runs_can_tell_apart_exits_2(self):
+        paths = [self.write(f"c{c}.json", simulated_report(c)) for c in (1, 8)]
+        code, out, err = run_cli("calibrate", *paths, *FLAGS, "--hardware", "cpu-4vcpu", "--hold",
+                                 "step_overhead_ms,memory,compute")
+        self.assertEqual((code, out, err), (2, "", "servesim: error: --hold step_overhead_ms,memory,compute: leaves "
+                                                   "nothing to fit; these runs can tell apart memory, compute, "
+                                                   "step_overhead_ms\n"))
+
     def test_reports_at_the_same_concurrency_exit_2(self):
         paths = [self.write(f"r{i}.json", simulated_report(4)) for i in range(2)]
         code, _, err = run_cli("calibrate", *paths, *FLAGS)
