@@ -859,7 +859,7 @@ HARDWARE: Dict[str, Hardware] = {
         # A100 SXM4 80GB: nvidia-smi 81,920 MiB; HBM2e 2,039 GB/s; 312 TFLOPS dense BF16; no FP8;
         # NVLink 3, 600 GB/s both ways. Price: middle of the $1.49-2.49 typical on-demand range,
         # pricegpu.pages.dev, early 2026. Against one public vLLM run (Mixtral-8x7B TP 2, see the
-        # README) its steps came out 12-15% dearer than these figures price them.
+        # README) its steps came out 12-13% dearer than these figures price them.
         Hardware("a100-sxm-80gb", memory_gib=80.0, bandwidth_gbs=2039, tflops=312, reserve_gib=2.0,
                  interconnect_gbs=300, price_per_hour=1.99, host_link_gbs=32, devices_per_node=8,
                  network_gbs=25, **FITTED_H100),
@@ -9712,13 +9712,13 @@ FIT_PRIOR = 0.02  # how hard a fit holds each figure at the base hardware's (see
 
 def fitted_figures(measured: Sequence[Measured], base: Hardware, held: Sequence[str] = ()) -> List[str]:
     """The figures the runs can tell apart, less those held at base's value (calibrate
-    --hold: a figure known better than these runs can time it): the memory and FLOP rates and the step overhead
-    always; decode attention's rate where base prices it and the models' query heads are
-    known (base's figure is the prior: the runs time it only beside the KV read, apart
-    from it where their contexts differ or their models spend different attention FLOPs
-    per byte of KV, and a fit leaves it where they cannot tell); per-layer overheads where
-    the runs hold models of different depths (else they are one with the step's); the
-    all-reduce's terms where a run is tensor parallel; the request path where
+    --hold: a figure known better than these runs can time it): the memory and FLOP rates
+    and the step overhead always; decode attention's rate where base prices it and the
+    models' query heads are known (base's figure is the prior: the runs time it only beside
+    the KV read, apart from it where their contexts differ or their models spend different
+    attention FLOPs per byte of KV, and a fit leaves it where they cannot tell); per-layer
+    overheads where the runs hold models of different depths (else they are one with the
+    step's); the all-reduce's terms where a run is tensor parallel; the request path where
     inference-perf runs give mean TTFTs of a loaded server."""
     names = ["memory", "compute", "step_overhead_ms"]
     if base.attention_efficiency and any(item.spec.plan.model.num_heads for item in measured):
