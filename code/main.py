@@ -8410,8 +8410,9 @@ class Profiler:
     def _overlap_ms(self, overlap_ms: float, decode_ms: Optional[float]) -> float:
         capped_ms = capped_overlap_ms(overlap_ms, decode_ms)
         if capped_ms != overlap_ms:
-            self.notes.append(f"a prefill beside decodes measured {overlap_ms:.2f} ms cheaper than alone, more than "
-                              f"the decodes' own {decode_ms:.2f} ms step: taken as {capped_ms:.2f} ms")
+            way = "cheaper" if overlap_ms > 0 else "dearer"
+            self.notes.append(f"a prefill beside decodes measured {abs(overlap_ms):.2f} ms {way} than alone, more than "
+                              f"the decodes' own {decode_ms:.2f} ms step: taken as {abs(capped_ms):.2f} ms {way}")
         return capped_ms
 
     def split_prefill_ttfts(self) -> float:

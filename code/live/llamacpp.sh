@@ -12,7 +12,9 @@
 # 4. Measures it separately with loadgen at concurrency 1, 2, 3, 4 and 8, and once more at 4
 #    to see how much two identical runs differ.
 # 5. Prints servesim compare: the prediction from the profile beside each measurement, with
-#    the error and, at concurrency 4, the run-to-run noise beside it.
+#    the error and, at concurrency 4, the run-to-run noise beside it; then profiles once more
+#    and prints the median errors with that later profile, so the machine's own drift over the
+#    minutes of the runs shows beside the model's error.
 # The server is always stopped on exit or Ctrl-C.
 #
 # Settings (environment):
@@ -120,5 +122,15 @@ done
 echo
 run python3 "$here/code/main.py" compare --step-profile "$profile" --hardware "$hardware" --model-file "$model" \
     "${reports[@]}"
+if [ -z "${SERVESIM_PROFILE:-}" ]; then
+    # NOTE: a shared VM's speed drifts by a tenth within minutes: a second, quicker profile taken
+    # after the runs brackets how much of the error above is the machine, not the model
+    say "profile again, after the runs (one pass, no context points): how far the machine drifted"
+    run python3 "$here/code/main.py" profile --url "$url" --repeat 1 --context-tokens 0 --quiet \
+        --out "$out/profile-after.json"
+    run python3 "$here/code/main.py" compare --step-profile "$out/profile-after.json" --hardware "$hardware" \
+        --model-file "$model" "${reports[@]}" > "$out/compare-after.txt"
+    echo "with the profile taken after the runs instead: $(grep '^median |error|' "$out/compare-after.txt")"
+fi
 echo
 say "profile and reports in $out"

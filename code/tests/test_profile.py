@@ -147,6 +147,16 @@ class ProfileCostTest(ScratchTest):
                          [-31.0, -4.0, 12.5, 31.0])
         self.assertEqual(main.capped_overlap_ms(45.0, None), 45.0)
 
+    def test_a_capped_prefill_beside_decodes_is_noted_the_way_it_was_measured(self):
+        profiler = object.__new__(main.Profiler)  # only its notes are used here
+        profiler.notes = []
+        self.assertEqual([profiler._overlap_ms(-174.51, 50.06), profiler._overlap_ms(60.0, 50.06)], [-50.06, 50.06])
+        self.assertEqual(profiler.notes, [
+            "a prefill beside decodes measured 174.51 ms dearer than alone, more than the decodes' own 50.06 ms step: "
+            "taken as 50.06 ms dearer",
+            "a prefill beside decodes measured 60.00 ms cheaper than alone, more than the decodes' own 50.06 ms step: "
+            "taken as 50.06 ms cheaper"])
+
     def test_context_beyond_what_the_profile_measured_costs_what_the_profile_measured_a_token_to_add(self):
         path = write_profile(self, [(1, 10.0), (2, 14.0), (4, 30.0)], [(100, 20.0)], context_tokens=100.0)
         with open(path) as handle:
