@@ -12674,7 +12674,8 @@ def cmd_calibrate(args) -> int:
                 for (path, report), points in zip(reports, loadgen_points(reports))]
     measured += [Measured(path, run, _run_spec(args, path, run), tuple(inference_perf_points(run))) for path, run in runs]
     base, name = spec.plan.hardware, args.name or f"{spec.plan.hardware.name}-calibrated"
-    fitted, held = fitted_figures(measured, base, args.hold), [f for f in fitted_figures(measured, base) if f in args.hold]
+    tellable = fitted_figures(measured, base)
+    fitted, held = [f for f in tellable if f not in args.hold], [f for f in tellable if f in args.hold]
     if not fitted:
         raise UsageError(f"--hold {','.join(args.hold)}: leaves nothing to fit; these runs can tell apart "
                          f"{', '.join(held)}")
