@@ -7597,7 +7597,10 @@ def discover_server(endpoint: Endpoint, headers: Dict[str, str], timeout_s: floa
     return {}
 
 
-def finish_in_flight(run: LoadRun, grace_s: float) -> None:
+INTERRUPT_GRACE_S = 2.0  # after Ctrl-C, how long streams in flight get to end before they count as interrupted
+
+
+def finish_in_flight(run: LoadRun, grace_s: float = INTERRUPT_GRACE_S) -> None:
     """After Ctrl-C: give streams in flight grace_s to end, then mark the rest interrupted."""
     run.settle(grace_s)
     for record in run.measured():
@@ -7757,7 +7760,7 @@ def _load_worker(plan: LoadPlan, connection, on_event=None) -> None:
         unreachable = str(error)
     except KeyboardInterrupt:
         run.stop()
-        finish_in_flight(run, grace_s=2.0)
+        finish_in_flight(run)
     finally:
         run.close()
     connection.send((run.records, run.reader_lag_s(), unreachable, on_event))
@@ -12475,7 +12478,7 @@ def cmd_loadgen(args) -> int:
     except KeyboardInterrupt:
         interrupted = True
         run.stop()
-        finish_in_flight(run, grace_s=2.0)
+        finish_in_flight(run)
     finally:
         run.close()
     progress.close()

@@ -23,7 +23,7 @@ import json
 import queue
 import threading
 import time
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 
 import fake_server
 
@@ -193,8 +193,7 @@ class FakeEngine:
                         self.running.remove(stream)
 
     def __enter__(self):
-        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), _Handler)
-        self.httpd.daemon_threads = True
+        self.httpd = fake_server.ListeningServer(("127.0.0.1", 0), _Handler)
         self.httpd.engine = self
         self.threads = [threading.Thread(target=self.httpd.serve_forever, kwargs={"poll_interval": 0.02},
                                          daemon=True), threading.Thread(target=self._loop, daemon=True)]

@@ -205,6 +205,14 @@ class _Handler(BaseHTTPRequestHandler):
         send_json(self, status, payload)
 
 
+class ListeningServer(ThreadingHTTPServer):
+    """A ThreadingHTTPServer with a real server's listen backlog (uvicorn's is 2048): with the
+    standard library's 5, a client opening more connections at once than that waits a SYN
+    retransmission (1 s) for the rest."""
+    request_queue_size = 128
+    daemon_threads = True
+
+
 class FakeServer:
     """Context manager: a ThreadingHTTPServer on 127.0.0.1:0 serving in a thread.
 
@@ -231,11 +239,10 @@ class FakeServer:
         self.arrived = threading.Condition(self.lock)
 
     def __enter__(self):
-        server_class = ThreadingHTTPServer
+        server_class = ListeningServer
         if ":" in self.host:
-            server_class = type("IPv6Server", (ThreadingHTTPServer,), {"address_family": socket.AF_INET6})
+            server_class = type("IPv6Server", (ListeningServer,), {"address_family": socket.AF_INET6})
         self.httpd = server_class((self.host, 0), _Handler)
-        self.httpd.daemon_threads = True
         self.httpd.fake = self
         if self.tls is not None:
             context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)

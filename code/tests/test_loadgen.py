@@ -807,7 +807,7 @@ class OpenLoopTest(unittest.TestCase):
 class InterruptTest(unittest.TestCase):
 
     def test_ctrl_c_stops_sending_reports_what_finished_and_exits_130(self):
-        gate = threading.Event()  # never opened while loadgen runs: both streams stay in flight
+        gate = threading.Event()  # opened only once loadgen is interrupted: both streams end within the grace
         with FakeServer(chat=stream_of(sse(chunk("a"), done=False), sse(chunk(finish="stop", usage=(9, 2))),
                                        gate=gate)) as server:
             process = start_interruptible("loadgen", "--url", server.url, "--model", "m", "--concurrency", "2",
@@ -815,6 +815,7 @@ class InterruptTest(unittest.TestCase):
             try:
                 self.assertTrue(server.wait_for_requests(2))
                 process.send_signal(signal.SIGINT)
+                gate.set()
                 out, err = process.communicate(timeout=30)
             finally:
                 process.kill()
@@ -823,7 +824,24 @@ class InterruptTest(unittest.TestCase):
         self.assertEqual(process.returncode, 130, err)
         self.assertNotIn("Traceback", err)
         self.assertIn(" 2 requests closed loop concurrency 2", out.splitlines()[0])
-        self.assertIn("errors 2: interrupted 2", out)
+        self.assertNotIn("errors", out)
+
+    def test_streams_still_open_after_the_grace_count_as_interrupted(self):
+        gate = threading.Event()  # never opened while the run is measured
+        with FakeServer(chat=stream_of(sse(chunk("a"), done=False), sse(chunk(finish="stop", usage=(9, 2))),
+                                       gate=gate)) as server:
+            plan = main.LoadPlan(main.Endpoint.parse(server.url), [main.chat_body("m", "hi", 4, False, 0.0)] * 2,
+                                 {"Content-Type": "application/json"}, 0, 2, None, 10.0)
+            try:
+                with main.LoadRun(plan) as run:
+                    run.start()
+                    self.assertTrue(server.wait_for_requests(2))
+                    run.stop()
+                    main.finish_in_flight(run, grace_s=0.05)
+                    errors = [(record.error_kind, record.error) for record in run.measured()]
+            finally:
+                gate.set()
+        self.assertEqual(errors, [("interrupted", "still streaming when the run was interrupted")] * 2)
 
 
 if __name__ == "__main__":

@@ -26,8 +26,8 @@ class ReplayTest(ScratchTest):
         return json.loads(out)
 
     def test_requests_reach_the_server_within_5_ms_of_their_schedule(self):
-        rows = [{"arrival_s": round(index * 0.05 + (index % 3) * 0.011, 3), "prompt_tokens": 60, "output_tokens": 3}
-                for index in range(40)]  # 2 s of uneven gaps
+        rows = [{"arrival_s": round(index * 0.025 + (index % 3) * 0.006, 3), "prompt_tokens": 60, "output_tokens": 3}
+                for index in range(40)]  # 1 s of uneven gaps
         trace = self.write("t.jsonl", rows_text(rows))
         with FakeServer(chat=counting_chat(), tokenizer=word_tokens) as server:
             report = self.loadgen(server, trace)
