@@ -9545,8 +9545,10 @@ def asked_workload(report: dict) -> tuple:
 
 def compare_rows(reports: Sequence[dict], predictions: Sequence[dict]) -> List[dict]:
     """One row per workload: measured (the median over reports of the same workload,
-    repeated runs), predicted, the relative error of each figure and the run-to-run
-    spread of the measurement, (max - min) / median, where the workload ran more than once."""
+    repeated runs), predicted (the median over their predictions: a replay of each run's
+    own send times differs from run to run), the relative error of each figure and the
+    run-to-run spread of the measurement, (max - min) / median, where the workload ran
+    more than once."""
     groups: Dict[tuple, List[Tuple[dict, dict]]] = {}
     for report, prediction in zip(reports, predictions):
         groups.setdefault(asked_workload(report), []).append((report, prediction))
@@ -9555,14 +9557,15 @@ def compare_rows(reports: Sequence[dict], predictions: Sequence[dict]) -> List[d
         concurrency, rate, num_requests, prompt_tokens, output_tokens = measured_workload(runs[0][0])
         measured_runs = [dict({label: figure(report["summary"]) for label, figure in COMPARED},
                               batch=(report.get("server") or {}).get("mean_batch")) for report, _ in runs]
+        predicted_runs = [dict({label: figure(prediction["summary"]) for label, figure in COMPARED},
+                               batch=prediction["engine"]["mean_batch_seqs"]) for _, prediction in runs]
         prediction = runs[0][1]
         replay = runs[0][0].get("replay")
         row = {"concurrency": concurrency, "rate": rate, "num_requests": num_requests, "num_runs": len(runs),
                "trace": os.path.basename(replay["trace"]) if replay else None,
                "prompt_tokens": prompt_tokens, "output_tokens": output_tokens,
                "measured": {label: _median_or_none([run[label] for run in measured_runs]) for label in measured_runs[0]},
-               "predicted": dict({label: figure(prediction["summary"]) for label, figure in COMPARED},
-                                 batch=prediction["engine"]["mean_batch_seqs"])}
+               "predicted": {label: _median_or_none([run[label] for run in predicted_runs]) for label in predicted_runs[0]}}
         row["error"] = {label: relative_error(row["predicted"][label], row["measured"][label])
                         for label in row["measured"]}
         row["spread"] = {label: _spread([run[label] for run in measured_runs]) for label, _ in COMPARED}

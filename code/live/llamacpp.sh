@@ -9,10 +9,11 @@
 #    cache folder outside the repository, so later runs start in seconds. No docker needed.
 # 2. Starts the server with --parallel 4 --ctx-size 4096 -cb --metrics.
 # 3. Profiles it (servesim profile): the step cost of this machine, measured now.
-# 4. Measures it separately with loadgen at concurrency 1, 2, 3, 4 and 8, and once more at 4
-#    to see how much two identical runs differ.
-# 5. Prints servesim compare: the prediction from the profile beside each measurement, with
-#    the error and, at concurrency 4, the run-to-run noise beside it; then profiles once more
+# 4. Measures it separately with loadgen at concurrency 1, 2, 3, 4 and 8, in rounds (three by
+#    default): every concurrency once per round, so a stretch of minutes in which the machine
+#    runs slow touches one run of each point, not every run of one.
+# 5. Prints servesim compare: the prediction from the profile beside the median of each
+#    point's runs, with the error and the run-to-run noise beside it; then profiles once more
 #    and prints the median errors with that later profile, so the machine's own drift over the
 #    minutes of the runs shows beside the model's error.
 # The server is always stopped on exit or Ctrl-C.
@@ -26,7 +27,8 @@
 #   SERVESIM_HARDWARE      hardware preset for steps outside the profile (default cpu-2vcpu)
 #   SERVESIM_PROFILE       a step profile to predict with instead of measuring one now (it was
 #                          measured where and when it says; compare prints that)
-#   SERVESIM_REQUESTS      requests per concurrency (default 16)
+#   SERVESIM_REQUESTS      requests per concurrency and round (default 16)
+#   SERVESIM_ROUNDS        rounds of the five concurrencies (default 3; 1: one run each)
 #   SERVESIM_OUT           folder for the profile and the loadgen --json reports (default: a new temp folder)
 set -euo pipefail
 shopt -s inherit_errexit  # a failure inside $(...) stops the script too
@@ -38,6 +40,11 @@ threads=${SERVESIM_THREADS:-$(nproc 2>/dev/null || echo 4)}
 port=${SERVESIM_PORT:-8080}
 hardware=${SERVESIM_HARDWARE:-cpu-2vcpu}
 requests=${SERVESIM_REQUESTS:-16}
+rounds=${SERVESIM_ROUNDS:-3}
+case "$rounds" in
+    ''|*[!0-9]*|0) echo "llamacpp.sh: SERVESIM_ROUNDS must be a whole number of rounds, 1 or more; got '$rounds'" >&2
+                   exit 2 ;;
+esac
 out=${SERVESIM_OUT:-$(mktemp -d)}
 url="http://127.0.0.1:$port"
 mkdir -p "$cache" "$out"
@@ -106,17 +113,17 @@ else
 fi
 
 reports=()
-seen=" "
-for point in 1 2 3 4 8 4; do
-    # NOTE: named by this run's points, never by what the folder holds: a reused SERVESIM_OUT
-    # keeps an earlier run's reports, which are overwritten, never compared
-    name="c$point"
-    case "$seen" in *" $point "*) name="c$point-again" ;; esac
-    seen="$seen$point "
-    say "loadgen --concurrency $point --requests $requests --max-tokens 64 --ignore-eos"
-    run python3 "$here/code/main.py" loadgen --url "$url" --concurrency "$point" --requests "$requests" \
-        --max-tokens 64 --ignore-eos --quiet --json-requests > "$out/$name.json"
-    reports+=("$out/$name.json")
+for round in $(seq 1 "$rounds"); do
+    for point in 1 2 3 4 8; do
+        # NOTE: named by this run's points, never by what the folder holds: a reused SERVESIM_OUT
+        # keeps an earlier run's reports, which are overwritten, never compared
+        name="c$point"
+        [ "$round" -eq 1 ] || name="c$point-round$round"
+        say "round $round of $rounds: loadgen --concurrency $point --requests $requests --max-tokens 64 --ignore-eos"
+        run python3 "$here/code/main.py" loadgen --url "$url" --concurrency "$point" --requests "$requests" \
+            --max-tokens 64 --ignore-eos --quiet --json-requests > "$out/$name.json"
+        reports+=("$out/$name.json")
+    done
 done
 
 echo

@@ -357,6 +357,20 @@ class CompareWithLlamaCppReportsTest(ScratchTest):
         self.assertRegex(text[-2], r"^median \|error\|: out tok/s [+-]?\d+% \(noise 0%\), ttft p50 \d+% \(noise 0%\), "
                                    r"tpot p50 \d+% \(noise 10%\)$")
 
+    def test_repeated_runs_replayed_from_their_own_sends_are_predicted_by_the_median_of_their_replays(self):
+        paths = []
+        for index, gap_s in enumerate((0.5, 2.0, 4.0)):  # the same command; the server kept each client waiting longer
+            report = self.report(1, 20.0)
+            report["requests"] = [{"sent_s": n * gap_s, "prompt_tokens": 40, "output_tokens": 16, "error": None}
+                                  for n in range(8)]
+            paths.append(self.write(f"r{index}.json", report))
+        alone = [run_json("compare", path, *GEMMA, "--kv-tokens", "4096", "--max-num-seqs", "4")["rows"][0]["predicted"]
+                 for path in paths]
+        (row,) = run_json("compare", *paths, *GEMMA, "--kv-tokens", "4096", "--max-num-seqs", "4")["rows"]
+        rates = [predicted["out tok/s"] for predicted in alone]
+        self.assertEqual(len(set(rates)), 3)  # each replay spreads its requests over its own time
+        self.assertEqual(row["predicted"]["out tok/s"], sorted(rates)[1])
+
     def test_runs_of_one_command_are_one_row_when_the_server_counted_a_token_more(self):
         first, second = loadgen_report(2, 20.0), loadgen_report(2, 22.0)
         first["settings"]["prompt_tokens"] = second["settings"]["prompt_tokens"] = 32
