@@ -9119,7 +9119,11 @@ def read_inference_perf(path: str) -> dict:
     load_type = load.string("type", "constant")
     if load_type not in ("constant", "poisson", "concurrent"):
         raise UsageError(f"{where}: load.type must be constant, poisson or concurrent, got {load_type!r}")
-    stages, concurrency = _inference_perf_stage_loads(load, load_type)
+    sweep = load.object("sweep", None)
+    if sweep is not None and not load.value.get("stages") and load_type != "concurrent":
+        stages, concurrency = _swept_stage_loads(results, sweep)
+    else:
+        stages, concurrency = _inference_perf_stage_loads(load, load_type)
     if not stages:
         raise UsageError(f"{where}: load.stages has no stage")
     for rate, duration in stages:
@@ -9165,6 +9169,20 @@ def _inference_perf_stage_loads(load: JsonObject, load_type: str) -> Tuple[List[
         return stages, [None] * len(stages)
     pairs = [(stage.integer("num_requests", 1), stage.integer("concurrency_level", 1)) for stage in load.objects("stages")]
     return [(float(count), 1.0) for count, _ in pairs], [clients for _, clients in pairs]
+
+
+def _swept_stage_loads(results: str, sweep: JsonObject) -> Tuple[List[Tuple[float, float]], List[None]]:
+    """The stages a load sweep generated: inference-perf finds the saturation point in a
+    preliminary stage and makes sweep.num_stages stages of sweep.stage_duration seconds at
+    rates up to it, which config.yaml does not record; each stage's file does, as its
+    load_summary.requested_rate (its duration too, as send_duration, where the sweep gives none)."""
+    duration_s, stages = sweep.number("stage_duration", default=None, above=0), []
+    while os.path.isfile(os.path.join(results, f"stage_{len(stages)}_lifecycle_metrics.json")):
+        where = os.path.join(results, f"stage_{len(stages)}_lifecycle_metrics.json")
+        summary = JsonObject(read_json_file(where, where), where).object("load_summary")
+        stages.append((summary.number("requested_rate", above=0),
+                       duration_s or summary.number("send_duration", above=0)))
+    return stages, [None] * len(stages)
 
 
 def _shared_prefix_prompts(run: dict, rng: random.Random) -> List[Tuple[int, int, int, int]]:

@@ -116,6 +116,36 @@ class WorkloadTest(ScratchTest):
                          (4, 5, 40))
         self.assertEqual(main.read_inference_perf(os.path.join(self.folder, "results"))["stages"], run["stages"])
 
+    def swept(self, sweep):
+        """This run's config.yaml as a load sweep wrote it: the sweep in place of the stages it generated."""
+        config = os.path.join(self.folder, "results", "config.yaml")
+        with open(config) as handle:
+            text = handle.read()
+        start, end = text.index("  stages:\n"), text.index("  request_timeout:")
+        with open(config, "w") as handle:
+            handle.write(text[:start] + "  stages: []\n  sweep:\n" + sweep + text[end:])
+
+    def test_a_sweeps_stages_are_the_rates_its_stage_files_requested_for_its_stage_duration(self):
+        expected = run_json("compare", self.folder, "--hardware-file", self.write("known.json", dataclasses.asdict(KNOWN)),
+                            "--model-dir", os.path.join(self.directory, "models"), "--no-sensitivity")["rows"]
+        self.swept("    type: linear\n    timeout: 60\n    num_stages: 2\n    stage_duration: 20\n"
+                   "    saturation_percentile: 95\n")
+        self.assertEqual(main.read_inference_perf(self.folder)["stages"], [(2, 20), (6, 20)])
+        rows = run_json("compare", self.folder, "--hardware-file", self.write("known.json", dataclasses.asdict(KNOWN)),
+                        "--model-dir", os.path.join(self.directory, "models"), "--no-sensitivity")["rows"]
+        self.assertEqual([row["predicted"] for row in rows], [row["predicted"] for row in expected])
+
+    def test_a_sweep_without_a_stage_duration_takes_each_stages_send_duration(self):
+        for index, sent_s in enumerate((19.5, 19.9)):
+            path = os.path.join(self.folder, "results", f"stage_{index}_lifecycle_metrics.json")
+            with open(path) as handle:
+                stage = json.load(handle)
+            stage["load_summary"]["send_duration"] = sent_s
+            with open(path, "w") as handle:
+                json.dump(stage, handle)
+        self.swept("    type: geometric\n    num_stages: 2\n")
+        self.assertEqual(main.read_inference_perf(self.folder)["stages"], [(2, 19.5), (6, 19.9)])
+
     def test_a_constant_load_sends_rate_times_duration_requests_filling_the_stage(self):
         offsets = main.inference_perf_arrivals("constant", 6, 20, random.Random(1))
         self.assertEqual(len(offsets), 120)
