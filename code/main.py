@@ -314,23 +314,29 @@ def read_json_file(path: str, where: str):
         raise UsageError(f"{where}: not JSON ({error})") from None
 
 
+QUOTED_YAML = r"'(?:[^']|'')*'|\"(?:[^\"\\]|\\.)*\""  # a single- or double-quoted YAML scalar
+
+
 def _yaml_scalar(text: str, where: str):
-    """One YAML scalar of the block style PyYAML writes: null, a boolean, a number, a
-    quoted or plain string, or an empty flow list or map."""
+    """One YAML value on a line, as PyYAML writes it: null, a boolean, a number, a quoted
+    or plain string, or a flow list or map ([1, 2], {rate: 1, duration: 30})."""
     if text in ("", "~", "null", "Null", "NULL"):
         return None
     if text in ("true", "True", "TRUE", "false", "False", "FALSE"):
         return text.lower() == "true"
-    if text.replace(" ", "") in ("[]", "{}"):
-        return [] if text[0] == "[" else {}
+    if text[0] in "[{":
+        value, end = _yaml_flow(text, 0, where)
+        if text[end:].strip():
+            raise UsageError(f"{where}: {_shown(text[end:].strip())} after a closed flow collection")
+        return value
     if text[0] in "'\"":
         if len(text) < 2 or text[-1] != text[0]:
             raise UsageError(f"{where}: an unclosed quote in {_shown(text)}")
         inner = text[1:-1]
         return inner.replace("''", "'") if text[0] == "'" else json.loads(text) if "\\" in inner else inner
-    if text[0] in "[{&*!|>%@`":
-        raise UsageError(f"{where}: {_shown(text)} is YAML servesim does not read (flow collections, anchors, "
-                         f"tags and block strings); expected a plain value")
+    if text[0] in "&*!|>%@`":
+        raise UsageError(f"{where}: {_shown(text)} is YAML servesim does not read (anchors, tags and block "
+                         f"strings); expected a plain value")
     for kind in (int, float):
         try:
             value = kind(text)
@@ -340,12 +346,56 @@ def _yaml_scalar(text: str, where: str):
     return text
 
 
+def _yaml_flow(text: str, start: int, where: str) -> Tuple[object, int]:
+    """The flow value at text[start:] (a list, a map, or a scalar ending at , ] or }) and
+    the index after it. A map's keys end at their colon; quoted scalars may hold , : ] }."""
+    index = len(text) - len(text[start:].lstrip())
+    if index < len(text) and text[index] in "[{":
+        closing, items, index = "]" if text[index] == "[" else "}", [], index + 1
+        while True:
+            index = len(text) - len(text[index:].lstrip())
+            if index < len(text) and text[index] == closing:
+                break
+            key = None
+            if closing == "}":
+                colon = re.match(rf"\s*((?:{QUOTED_YAML}|[^:,{{}}\[\]])+?)\s*:(?=[\s,}}])", text[index:])
+                if colon is None:
+                    raise UsageError(f"{where}: expected 'key: value' in the flow map {_shown(text)}")
+                key, index = _yaml_scalar(colon.group(1).strip(), where), index + colon.end()
+            value, index = _yaml_flow(text, index, where)
+            items.append((key, value))
+            index = len(text) - len(text[index:].lstrip())
+            if index < len(text) and text[index] == ",":
+                index += 1
+            elif index >= len(text) or text[index] != closing:
+                raise UsageError(f"{where}: an unclosed {text[start:].lstrip()[0]} in {_shown(text)}")
+        values = dict(items) if closing == "}" else [value for _, value in items]
+        return values, index + 1
+    scalar = re.match(rf"{QUOTED_YAML}|[^,\]}}]*", text[index:])
+    return _yaml_scalar(scalar.group(0).strip(), where), index + scalar.end()
+
+
+def _flow_depth(content: str) -> int:
+    """How many flow collections a line whose value opens one leaves open ([ and { less ]
+    and }, outside quotes); 0 where its value is a plain scalar (which may hold a bracket)."""
+    value = re.sub(r"^(- |[^'\"\[{][^:]*:\s)", "", content).lstrip("- ")
+    if not value.startswith(("[", "{")):
+        return 0
+    unquoted = re.sub(QUOTED_YAML, "", value)
+    return sum(unquoted.count(c) for c in "[{") - sum(unquoted.count(c) for c in "]}")
+
+
 def _yaml_lines(text: str) -> List[Tuple[int, int, str]]:
-    """(line number, indent, content) of each line that holds something, comments cut."""
-    lines = []
+    """(line number, indent, content) of each line that holds something, comments cut; a
+    flow collection wrapped over several lines (PyYAML wraps at 80 columns) as one line."""
+    lines: List[Tuple[int, int, str]] = []
     for number, line in enumerate(text.splitlines(), 1):
         content = re.sub(r"(^|\s)#.*$", "", line) if "#" in line and "'" not in line and '"' not in line else line
-        if content.strip() and content.strip() not in ("---", "..."):
+        if not content.strip() or content.strip() in ("---", "..."):
+            continue
+        if lines and _flow_depth(lines[-1][2]) > 0:  # NOTE: the continuation of a wrapped flow collection
+            lines[-1] = (lines[-1][0], lines[-1][1], f"{lines[-1][2]} {content.strip()}")
+        else:
             lines.append((number, len(content) - len(content.lstrip(" ")), content.strip()))
     return lines
 
@@ -386,9 +436,10 @@ def _yaml_block(lines: List[Tuple[int, int, str]], index: int, indent: int, wher
 
 
 def read_yaml_file(path: str, where: str):
-    """The value of a YAML file in the block style PyYAML writes (what inference-perf saves
-    as config.yaml): mappings, lists, plain and quoted scalars. UsageError naming the file
-    and line of anything else."""
+    """The value of a YAML file as PyYAML writes it (what inference-perf saves as
+    config.yaml): block mappings and lists, flow ones ([...], {...}, wrapped or not), plain
+    and quoted scalars. UsageError naming the file and line of anything else (anchors,
+    tags, block strings)."""
     lines = _yaml_lines(read_text_file(path, where))
     if not lines:
         return None

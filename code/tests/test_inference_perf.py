@@ -237,6 +237,31 @@ class WorkloadTest(ScratchTest):
         os.remove(os.path.join(self.folder, "results", "stage_1_lifecycle_metrics.json"))
         self.assert_usage_error(("compare", self.folder), "stage_1_lifecycle_metrics.json: missing")
 
+    def test_a_config_in_flow_style_wrapped_over_lines_reads_as_its_block_style(self):
+        path = os.path.join(self.folder, "results", "config.yaml")
+        with open(path) as handle:
+            block = handle.read()
+        flow = block.replace("  shared_prefix:\n    num_groups: 4\n    num_prompts_per_group: 5\n"
+                             "    system_prompt_len: 100\n    question_len: 300\n    output_len: 40\n",
+                             "  shared_prefix: {num_groups: 4, num_prompts_per_group: 5, 'system_prompt_len': 100,\n"
+                             "    question_len: 300, output_len: 40}\n")
+        flow = flow.replace("  stages:\n  - rate: 2\n    duration: 20\n  - rate: 6\n    duration: 20\n",
+                            "  stages: [{rate: 2, duration: 20}, {rate: 6,\n      duration: 20}]  # two stages\n")
+        self.assertEqual(flow.count("{"), 3)
+        with open(path, "w") as handle:
+            handle.write(flow)
+        self.assertEqual(main.read_inference_perf(self.folder), self.run)
+        self.assertEqual(main._yaml_scalar('{x-a: "b, c", url: http://h:80/v1, n: [1, 2,]}', "f"),
+                         {"x-a": "b, c", "url": "http://h:80/v1", "n": [1, 2]})
+
+    def test_an_unclosed_flow_collection_exits_2_naming_its_line(self):
+        path = os.path.join(self.folder, "results", "config.yaml")
+        with open(path, "a") as handle:
+            handle.write("metrics: {type: prometheus\n")
+        with open(path) as handle:
+            line = handle.read().count("\n")
+        self.assert_usage_error(("compare", self.folder), f"config.yaml:{line}: an unclosed {{ in")
+
     def test_yaml_servesim_cannot_read_exits_2_naming_the_line(self):
         path = os.path.join(self.folder, "results", "config.yaml")
         with open(path, "a") as handle:
