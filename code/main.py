@@ -378,7 +378,7 @@ def _yaml_flow(text: str, start: int, where: str) -> Tuple[object, int]:
 def _flow_depth(content: str) -> int:
     """How many flow collections a line whose value opens one leaves open ([ and { less ]
     and }, outside quotes); 0 where its value is a plain scalar (which may hold a bracket)."""
-    value = re.sub(r"^(- |[^'\"\[{][^:]*:\s)", "", content).lstrip("- ")
+    value = re.sub(r"^[^'\"\[{][^:]*:\s", "", content[2:] if content.startswith("- ") else content)
     if not value.startswith(("[", "{")):
         return 0
     unquoted = re.sub(QUOTED_YAML, "", value)

@@ -253,6 +253,10 @@ class WorkloadTest(ScratchTest):
         self.assertEqual(main.read_inference_perf(self.folder), self.run)
         self.assertEqual(main._yaml_scalar('{x-a: "b, c", url: http://h:80/v1, n: [1, 2,]}', "f"),
                          {"x-a": "b, c", "url": "http://h:80/v1", "n": [1, 2]})
+        items = os.path.join(self.directory, "items.yaml")
+        with open(items, "w") as handle:
+            handle.write("a:\n- b: [1,\n    2]\n  note: a [plain\n- c\n")
+        self.assertEqual(main.read_yaml_file(items, "items.yaml"), {"a": [{"b": [1, 2], "note": "a [plain"}, "c"]})
 
     def test_an_unclosed_flow_collection_exits_2_naming_its_line(self):
         path = os.path.join(self.folder, "results", "config.yaml")
