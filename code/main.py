@@ -9529,12 +9529,20 @@ def predict_loadgen_run(report: dict, spec: EngineSpec) -> dict:
     """Simulate the workload a loadgen report measured, on the spec's engine: a trace
     replay's very requests (send offsets, lengths as the server counted them, shared
     blocks), a closed loop's requests as it sent them when it recorded them
-    (recorded_sends), or the closed or open loop it ran."""
+    (recorded_sends; with more clients than the server's sequences, in that order as
+    the loop sends them), or the closed or open loop it ran."""
     if report.get("replay"):
         requests = requests_from_rows(report["replay"]["requests"], "the replay report")
         return run_and_report(spec.engine(), requests)
     concurrency, rate, num_requests, prompt_tokens, output_tokens = measured_workload(report)
     sends = recorded_sends(report) if concurrency is not None else None
+    if sends and concurrency > spec.config.max_num_seqs:
+        # NOTE: with more clients than the server has sequences, a request starts when a
+        # sequence ends, not when its client sent it: the recorded times only carry the
+        # measured server's own speed in (a quicker simulated server would find each request
+        # sent late, and the queue the clients kept would never form), so the loop is closed
+        for request in sends:
+            request.arrival_s = 0.0
     if sends:
         return run_and_report(spec.engine(), with_shared_prefix(sends, report), concurrency)
     settings = report["settings"]

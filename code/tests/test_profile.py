@@ -371,6 +371,17 @@ class CompareWithLlamaCppReportsTest(ScratchTest):
         self.assertEqual(len(set(rates)), 3)  # each replay spreads its requests over its own time
         self.assertEqual(row["predicted"]["out tok/s"], sorted(rates)[1])
 
+    def test_with_more_clients_than_slots_recorded_sends_keep_their_order_but_the_loop_stays_closed(self):
+        def predicted(concurrency, gap_s):
+            report = self.report(concurrency, 20.0)
+            report["requests"] = [{"sent_s": n * gap_s, "prompt_tokens": 40, "output_tokens": 16, "error": None}
+                                  for n in range(8)]
+            path = self.write(f"c{concurrency}-{gap_s}.json", report)
+            return run_json("compare", path, *GEMMA, "--kv-tokens", "4096", "--max-num-seqs", "4")["rows"][0]["predicted"]
+        # a slow measured server: each request sent a second after the one before it
+        self.assertEqual(predicted(8, 1.0), predicted(8, 0.0))
+        self.assertNotEqual(predicted(4, 1.0), predicted(4, 0.0))
+
     def test_runs_of_one_command_are_one_row_when_the_server_counted_a_token_more(self):
         first, second = loadgen_report(2, 20.0), loadgen_report(2, 22.0)
         first["settings"]["prompt_tokens"] = second["settings"]["prompt_tokens"] = 32
