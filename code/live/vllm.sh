@@ -15,9 +15,11 @@
 #    minutes on 2 cores).
 # 4. Profiles it (servesim profile --endpoint /v1/completions: the converted tokenizer has no
 #    chat template).
-# 5. Measures it with loadgen at concurrency 1, 2, 3, 4 and 8, and once more at 4 for the
-#    noise (256-token prompts, 64 tokens, EOS ignored, every request's record kept).
-# 6. Prints servesim compare: each run predicted from the profile, with no scheduler flag:
+# 5. Measures it with loadgen at concurrency 1, 2, 3, 4 and 8 (256-token prompts, 64 tokens,
+#    EOS ignored, every request's record kept), in rounds (three by default): every
+#    concurrency once a round, so a slow stretch of the machine lands on one run of each.
+# 6. Prints servesim compare: each point's median run beside the median of its runs'
+#    predictions from the profile, with the noise between its runs, and no scheduler flag:
 #    the server's own settings (read from it) stand.
 # The server is always stopped on exit or Ctrl-C. The live tests run on the same install:
 #   SERVESIM_VLLM_PYTHON=~/.cache/servesim/vllm-venv/bin/python \
@@ -33,7 +35,8 @@
 #   SERVESIM_MAX_NUM_SEQS --max-num-seqs (default 8)
 #   SERVESIM_VLLM_ARGS    more server flags (e.g. "--num-gpu-blocks-override 64")
 #   SERVESIM_HARDWARE     hardware preset for steps outside the profile (default cpu-2vcpu)
-#   SERVESIM_REQUESTS     requests per concurrency (default 16)
+#   SERVESIM_REQUESTS     requests per concurrency and round (default 16)
+#   SERVESIM_ROUNDS       rounds of the five concurrencies (default 3; 1: one run each)
 #   SERVESIM_OUT          folder for the profile, the reports and the server's log (default: a new temp folder)
 set -euo pipefail
 shopt -s inherit_errexit
@@ -45,6 +48,11 @@ kv_gib=${SERVESIM_KV_GIB:-1}
 max_num_seqs=${SERVESIM_MAX_NUM_SEQS:-8}
 hardware=${SERVESIM_HARDWARE:-cpu-2vcpu}
 requests=${SERVESIM_REQUESTS:-16}
+rounds=${SERVESIM_ROUNDS:-3}
+case "$rounds" in
+    ''|*[!0-9]*|0) echo "vllm.sh: SERVESIM_ROUNDS must be a whole number of rounds, 1 or more; got '$rounds'" >&2
+                   exit 2 ;;
+esac
 out=${SERVESIM_OUT:-$(mktemp -d)}
 url="http://127.0.0.1:$port"
 mkdir -p "$cache" "$out"
@@ -140,18 +148,18 @@ say "profile: the step cost of this server on this machine"
 run python3 "$here/code/main.py" profile --url "$url" --endpoint /v1/completions --out "$out/profile.json"
 
 reports=()
-seen=" "
-for point in 1 2 3 4 8 4; do
-    # NOTE: named by this run's points, never by what the folder holds: a reused SERVESIM_OUT
-    # keeps an earlier run's reports, which are overwritten, never compared
-    name="c$point"
-    case "$seen" in *" $point "*) name="c$point-again" ;; esac
-    seen="$seen$point "
-    say "loadgen --concurrency $point --requests $requests --prompt-tokens 256 --max-tokens 64 --ignore-eos"
-    run python3 "$here/code/main.py" loadgen --url "$url" --endpoint /v1/completions --concurrency "$point" \
-        --requests "$requests" --prompt-tokens 256 --max-tokens 64 --ignore-eos --quiet --json-requests \
-        > "$out/$name.json"
-    reports+=("$out/$name.json")
+for round in $(seq 1 "$rounds"); do
+    for point in 1 2 3 4 8; do
+        # NOTE: named by this run's points, never by what the folder holds: a reused SERVESIM_OUT
+        # keeps an earlier run's reports, which are overwritten, never compared
+        name="c$point"
+        [ "$round" -eq 1 ] || name="c$point-round$round"
+        say "round $round of $rounds: loadgen --concurrency $point --requests $requests --prompt-tokens 256 --max-tokens 64 --ignore-eos"
+        run python3 "$here/code/main.py" loadgen --url "$url" --endpoint /v1/completions --concurrency "$point" \
+            --requests "$requests" --prompt-tokens 256 --max-tokens 64 --ignore-eos --quiet --json-requests \
+            > "$out/$name.json"
+        reports+=("$out/$name.json")
+    done
 done
 
 echo
