@@ -9228,8 +9228,7 @@ def _swept_stage_loads(results: str, sweep: JsonObject) -> Tuple[List[Tuple[floa
     rates up to it, which config.yaml does not record; each stage's file does, as its
     load_summary.requested_rate (its duration too, as send_duration, where the sweep gives none)."""
     duration_s, stages = sweep.number("stage_duration", default=None, above=0), []
-    while os.path.isfile(os.path.join(results, f"stage_{len(stages)}_lifecycle_metrics.json")):
-        where = os.path.join(results, f"stage_{len(stages)}_lifecycle_metrics.json")
+    while os.path.isfile(where := os.path.join(results, f"stage_{len(stages)}_lifecycle_metrics.json")):
         summary = JsonObject(read_json_file(where, where), where).object("load_summary")
         stages.append((summary.number("requested_rate", above=0),
                        duration_s or summary.number("send_duration", above=0)))
@@ -12757,8 +12756,8 @@ def cmd_calibrate(args) -> int:
                 for (path, report), points in zip(reports, loadgen_points(reports))]
     measured += [Measured(path, run, _run_spec(args, path, run), tuple(inference_perf_points(run))) for path, run in runs]
     base, name = spec.plan.hardware, args.name or f"{spec.plan.hardware.name}-calibrated"
-    tellable = fitted_figures(measured, base)
-    fitted, held = [f for f in tellable if f not in args.hold], [f for f in tellable if f in args.hold]
+    fitted = fitted_figures(measured, base, args.hold)
+    held = [figure for figure in fitted_figures(measured, base) if figure not in fitted]
     if not fitted:
         raise UsageError(f"--hold {','.join(args.hold)}: leaves nothing to fit; these runs can tell apart "
                          f"{', '.join(held)}")
