@@ -7651,9 +7651,17 @@ def discover_server(endpoint: Endpoint, headers: Dict[str, str], timeout_s: floa
 INTERRUPT_GRACE_S = 2.0  # after Ctrl-C, how long streams in flight get to end before they count as interrupted
 
 
-def finish_in_flight(run: LoadRun, grace_s: float = INTERRUPT_GRACE_S) -> None:
-    """After Ctrl-C: give streams in flight grace_s to end, then mark the rest interrupted."""
-    run.settle(grace_s)
+def finish_in_flight(run: LoadRun, grace_s: float = INTERRUPT_GRACE_S,
+                     say: Optional[Callable[[str], None]] = None) -> None:
+    """After Ctrl-C: give streams in flight grace_s to end (a second Ctrl-C ends the wait
+    at once), then mark the rest interrupted. say(text), when given, tells the user so."""
+    try:
+        # NOTE: the notice is inside the try: a second Ctrl-C right after it must not escape
+        if say is not None:
+            say(f"loadgen: interrupted; streams in flight get {grace_s:g} s to end (Ctrl-C again: stop now)")
+        run.settle(grace_s)
+    except KeyboardInterrupt:
+        pass
     for record in run.measured():
         if record.sent_s is not None and record.error is None and not (record.finish_reason or record.saw_done):
             record.fail("interrupted", "still streaming when the run was interrupted")
@@ -12557,7 +12565,7 @@ def cmd_loadgen(args) -> int:
     except KeyboardInterrupt:
         interrupted = True
         run.stop()
-        finish_in_flight(run)
+        finish_in_flight(run, say=lambda text: print(text, file=sys.stderr, flush=True))
     finally:
         run.close()
     progress.close()

@@ -806,8 +806,8 @@ class OpenLoopTest(unittest.TestCase):
 
 class InterruptTest(unittest.TestCase):
 
-    def test_ctrl_c_stops_sending_reports_what_finished_and_exits_130(self):
-        gate = threading.Event()  # never opened while loadgen runs: both streams stay in flight past the grace
+    def test_ctrl_c_stops_sending_and_a_second_one_ends_the_grace_reporting_what_finished(self):
+        gate = threading.Event()  # never opened while loadgen runs: both streams stay in flight
         with FakeServer(chat=stream_of(sse(chunk("a"), done=False), sse(chunk(finish="stop", usage=(9, 2))),
                                        gate=gate)) as server:
             process = start_interruptible("loadgen", "--url", server.url, "--model", "m", "--concurrency", "2",
@@ -815,11 +815,17 @@ class InterruptTest(unittest.TestCase):
             try:
                 self.assertTrue(server.wait_for_requests(2))
                 process.send_signal(signal.SIGINT)
+                notice = process.stderr.readline()
+                again_s = time.monotonic()
+                process.send_signal(signal.SIGINT)
                 out, err = process.communicate(timeout=30)
+                stopped_s = time.monotonic() - again_s
             finally:
                 process.kill()
                 gate.set()
             self.assertEqual(len(server.bodies), 2)
+        self.assertEqual(notice, "loadgen: interrupted; streams in flight get 2 s to end (Ctrl-C again: stop now)\n")
+        self.assertLess(stopped_s, main.INTERRUPT_GRACE_S)  # it did not wait out the grace
         self.assertEqual(process.returncode, 130, err)
         self.assertNotIn("Traceback", err)
         self.assertIn(" 2 requests closed loop concurrency 2", out.splitlines()[0])
