@@ -560,7 +560,7 @@ class ContextCostTest(ScratchTest):
     """What a token of context adds to a decode step, measured at the largest batch."""
 
     def test_profile_recovers_the_cost_of_context_and_simulate_charges_it(self):
-        with FakeEngine(DECODE_MS, context_us_per_token=20.0) as engine:
+        with FakeEngine(QUICK_DECODE_MS, context_us_per_token=20.0) as engine:
             profile = run_json("profile", "--url", engine.url, "--output-tokens", "12", "--repeat", "1",
                                "--prefill-tokens", "100", "--context-tokens", "600", "--quiet")
         self.assertEqual((profile["context"]["batch"], profile["context"]["prompt_tokens"]), (4, 600))
