@@ -25,8 +25,10 @@ class ProfileOfAKnownServerTest(ScratchTest):
         cls.engine = FakeEngine(DECODE_MS, PREFILL_MS_PER_TOKEN, mixed_overlap_ms=1.0).__enter__()
         cls.path = os.path.join(os.path.dirname(os.path.abspath(__file__)), "__pycache__", "known.profile.json")
         os.makedirs(os.path.dirname(cls.path), exist_ok=True)
+        # no context point (ContextCostTest measures one)
         cls.code, cls.out, cls.err = run_cli("profile", "--url", cls.engine.url, "--output-tokens", "12",
-                                             "--repeat", "2", "--prefill-tokens", "100,200,400,800", "--out", cls.path)
+                                             "--repeat", "2", "--prefill-tokens", "100,200,400,800",
+                                             "--context-tokens", "0", "--out", cls.path)
         with open(cls.path, encoding="utf-8") as handle:
             cls.profile = json.load(handle)
 
@@ -37,7 +39,7 @@ class ProfileOfAKnownServerTest(ScratchTest):
 
     def test_it_exits_0_and_reports_progress_per_point_on_stderr(self):
         self.assertEqual(self.code, 0, self.err)
-        self.assertEqual(len([line for line in self.err.splitlines() if line.startswith("profile: ")]), 4 * 2 + 4 + 1 + 1)
+        self.assertEqual(len([line for line in self.err.splitlines() if line.startswith("profile: ")]), 4 * 2 + 4 + 1)
         self.assertIn(f"wrote {self.path}; use it with --step-profile {self.path}", self.out)
 
     def test_every_decode_point_is_recovered_within_3_percent(self):
