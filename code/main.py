@@ -9655,17 +9655,20 @@ def compare_rows(reports: Sequence[dict], predictions: Sequence[dict]) -> List[d
         row["spread"] = {label: _spread([run[label] for run in measured_runs]) for label, _ in COMPARED}
         row["cost_model"] = prediction["engine"]["cost_model"]
         hits, window = _median_or_none([measured_hit_rate(report) for report, _ in runs]), runs[0][0].get("server") or {}
+        def predicted_median(pick: Callable[[dict], Optional[float]]):  # as every predicted figure
+            return _median_or_none([pick(predicted) for _, predicted in runs])
         if replay or hits is not None:
-            row["prefix_hit_rate"] = {"measured": hits, "predicted": prediction["engine"]["prefix_hit_rate"]}
+            row["prefix_hit_rate"] = {"measured": hits,
+                                      "predicted": predicted_median(lambda p: p["engine"]["prefix_hit_rate"])}
         if window.get("preemptions") is not None:  # the server counts them (vLLM, SGLang)
             row["preemptions"] = {"measured": _median_or_none([(report.get("server") or {}).get("preemptions")
                                                                for report, _ in runs]),
-                                  "predicted": prediction["engine"]["num_preemptions"]}
+                                  "predicted": predicted_median(lambda p: p["engine"]["num_preemptions"])}
         if "cost" in prediction["summary"]:
             row["usd_per_million_output_tokens"] = {
                 "measured": _median_or_none([report["summary"]["cost"]["usd_per_million_output_tokens"]
                                              for report, _ in runs]),
-                "predicted": prediction["summary"]["cost"]["usd_per_million_output_tokens"]}
+                "predicted": predicted_median(lambda p: p["summary"]["cost"]["usd_per_million_output_tokens"])}
         rows.append(row)
     return rows
 

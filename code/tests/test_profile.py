@@ -366,12 +366,14 @@ class CompareWithLlamaCppReportsTest(ScratchTest):
             report["requests"] = [{"sent_s": n * gap_s, "prompt_tokens": 40, "output_tokens": 16, "error": None}
                                   for n in range(8)]
             paths.append(self.write(f"r{index}.json", report))
-        alone = [run_json("compare", path, *GEMMA, "--kv-tokens", "4096", "--max-num-seqs", "4")["rows"][0]["predicted"]
-                 for path in paths]
-        (row,) = run_json("compare", *paths, *GEMMA, "--kv-tokens", "4096", "--max-num-seqs", "4")["rows"]
-        rates = [predicted["out tok/s"] for predicted in alone]
+        flags = (*GEMMA, "--kv-tokens", "4096", "--max-num-seqs", "4", "--price-per-hour", "1")
+        alone = [run_json("compare", path, *flags)["rows"][0] for path in paths]
+        (row,) = run_json("compare", *paths, *flags)["rows"]
+        rates = [single["predicted"]["out tok/s"] for single in alone]
         self.assertEqual(len(set(rates)), 3)  # each replay spreads its requests over its own time
         self.assertEqual(row["predicted"]["out tok/s"], sorted(rates)[1])
+        prices = sorted(single["usd_per_million_output_tokens"]["predicted"] for single in alone)
+        self.assertEqual(row["usd_per_million_output_tokens"]["predicted"], prices[1])
 
     def test_with_more_clients_than_slots_recorded_sends_keep_their_order_but_the_loop_stays_closed(self):
         def predicted(concurrency, gap_s):
