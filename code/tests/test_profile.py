@@ -95,12 +95,54 @@ class ProfileOfAKnownServerTest(ScratchTest):
             self.assertEqual(report["engine"]["cost_model"]["num_steps_outside"], 0)
 
 
-def write_profile(test, decode, prefill, overlap_ms=0.0, context_tokens=0.0, overhead_ms=0.0):
-    return test.write("p.json", {
-        "servesim_step_profile": 1, "server": {"kind": "vllm"}, "machine": {"cpu": "test"}, "date": "2026-12-01",
+def write_profile(test, decode, prefill, overlap_ms=0.0, context_tokens=0.0, overhead_ms=0.0, name="p.json",
+                  server=None):
+    return test.write(name, {
+        "servesim_step_profile": 1, "server": server or {"kind": "vllm"}, "machine": {"cpu": "test"},
+        "date": "2026-12-01",
         "decode": [{"batch": b, "step_ms": ms} for b, ms in decode],
         "prefill": [{"prompt_tokens": n, "step_ms": ms} for n, ms in prefill],
         "mixed_overlap_ms": overlap_ms, "decode_context_tokens": context_tokens, "request_overhead_ms": overhead_ms})
+
+
+class ProfileRoundsTest(ScratchTest):
+    """--step-profile A,B,C: profiles taken between rounds of runs, priced by their median."""
+
+    def rounds(self):
+        context = dict(context_tokens=1000.0)  # decodes measured with more context than the runs below hold
+        return ",".join([
+            write_profile(self, [(1, 10.0), (2, 14.0), (4, 30.0)], [(100, 20.0)], overhead_ms=3.0, name="r1.json",
+                          **context),
+            write_profile(self, [(1, 12.0), (3, 32.0), (4, 34.0)], [(100, 24.0), (300, 60.0)], overhead_ms=5.0,
+                          name="r2.json", **context),
+            write_profile(self, [(1, 11.0), (2, 20.0), (4, 26.0)], [(100, 22.0)], overhead_ms=4.0, name="r3.json",
+                          **context)])
+
+    def test_each_point_is_the_median_of_the_profiles_read_at_its_size(self):
+        profile = main.read_step_profiles(self.rounds())
+        # batch 2: 14, 22 (halfway from 12 to 32), 20; batch 3: 22 (halfway from 14 to 30), 32, 23
+        self.assertEqual([(batch, round(s * 1000, 9)) for batch, s in profile.decode],
+                         [(1, 11.0), (2, 20.0), (3, 23.0), (4, 30.0)])
+        # one token: each profile's batch-1 step; 300 tokens: the one profile that reached it
+        self.assertEqual([(tokens, round(s * 1000, 9)) for tokens, s in profile.prefill],
+                         [(1, 11.0), (100, 22.0), (300, 60.0)])
+        self.assertEqual((round(profile.request_overhead_s * 1000, 9), profile.path.count(",")), (4.0, 2))
+
+    def test_simulate_prices_steps_from_the_median_profile(self):
+        report = run_json("simulate", "--step-profile", self.rounds(), "--concurrency", "1", "--requests", "2",
+                          "--prompt-tokens", "100", "--output-tokens", "3")
+        self.assertAlmostEqual(report["summary"]["ttft_ms"]["p50"], 4.0 + 22.0)
+        self.assertAlmostEqual(report["summary"]["tpot_ms"]["p50"], 11.0)
+
+    def test_profiles_of_another_server_are_refused(self):
+        first = write_profile(self, [(1, 10.0)], [(100, 20.0)], name="vllm.json")
+        other = write_profile(self, [(1, 10.0)], [(100, 20.0)], name="llama.json", server={"kind": "llama.cpp"})
+        self.assert_usage_error(["simulate", "--step-profile", f"{first},{other}", "--concurrency", "1"],
+                                f"--step-profile {other}: a server other than {first}'s (kind llama.cpp, not vllm)")
+
+    def test_one_profile_whose_name_holds_a_comma_is_read_whole(self):
+        path = write_profile(self, [(1, 10.0)], [(100, 20.0)], name="before,after.json")
+        self.assertEqual(main.read_step_profiles(path).decode, ((1, 0.010),))
 
 
 class ProfileCostTest(ScratchTest):
