@@ -2101,6 +2101,15 @@ def extra_prompt_seconds(prefill: Sequence[Tuple[int, float]],
     return tuple(sorted(extras))
 
 
+def extra_prompt_at(extras: Sequence[Tuple[int, float]], num_prompts: int) -> float:
+    """What each prompt past the first adds to a step of num_prompts prompts (seconds), by a
+    profile's extra_prompt_s: between two counts measured, in proportion; below the first,
+    the first's; past the last, the last's; 0 where none was measured."""
+    if not extras:
+        return 0.0
+    return _interpolate(((1, extras[0][1]), *extras), min(num_prompts, extras[-1][0]))
+
+
 def _per_token_s(value_ms: Optional[float]) -> Optional[float]:
     return None if value_ms is None else value_ms / 1000
 
@@ -2152,9 +2161,8 @@ class ProfileCost:
         """What num_prompts prompts of num_prefill tokens between them cost in one step:
         each prompt priced alone (as alike: their mean length), the step's fixed cost,
         table(1), paid once, and each prompt past the first what the profile's extra_prompt_s
-        says for that many (between two counts measured, in proportion; below the first,
-        the first's; past the last, the last's); never less than one of them alone. One prompt as long (as_one_s) where the
-        table does not reach so short a prompt.
+        says for that many (extra_prompt_at); never less than one of them alone. One prompt
+        as long (as_one_s) where the table does not reach so short a prompt.
 
         NOTE: one prompt as long would charge attention across all of them: on a CPU,
         whose table grows faster than linearly, that priced four 263-token prompts at
@@ -2162,8 +2170,7 @@ class ProfileCost:
         each_s, fixed_s = (_interpolate(self.profile.prefill, x) for x in (num_prefill / num_prompts, 1))
         if each_s is None or fixed_s is None:
             return as_one_s
-        extras = self.profile.extra_prompt_s
-        extra_s = _interpolate(((1, extras[0][1]),) + extras, min(num_prompts, extras[-1][0])) if extras else 0.0
+        extra_s = extra_prompt_at(self.profile.extra_prompt_s, num_prompts)
         return max(each_s, num_prompts * each_s - (num_prompts - 1) * (fixed_s - extra_s))
 
     def _earlier_context_s(self, num_prefill: int, prefill_context_tokens: int, num_prefilling: int) -> float:
@@ -8718,7 +8725,9 @@ def read_step_profiles(text: str) -> StepProfile:
     several (a profile taken in each round of the runs it predicts, so that a shared
     machine's drift touches the profile as it touches the runs; compare combines repeated
     runs by the same median). Each point is the median of the profiles' figures at its
-    size, read off each profile's table where that profile measured neighbouring sizes."""
+    size, read off each profile's table where that profile measured neighbouring sizes;
+    what each extra prompt in a step adds, the median of what each profile charges for it
+    (0 where a profile saw no prompts prefilled together)."""
     paths = [text] if os.path.isfile(text) else text.split(",")
     profiles = [read_step_profile(path) for path in paths]
     first = profiles[0]
@@ -8742,7 +8751,8 @@ def read_step_profiles(text: str) -> StepProfile:
         first, path=",".join(profile.path for profile in profiles),
         measured=f"median of {len(profiles)} profiles, the first {first.measured}",
         decode=table([p.decode for p in profiles]), prefill=table([p.prefill for p in profiles]),
-        extra_prompt_s=table([p.extra_prompt_s for p in profiles]),
+        extra_prompt_s=tuple((k, median(extra_prompt_at(p.extra_prompt_s, k) for p in profiles))
+                             for k in sorted({k for p in profiles for k, _ in p.extra_prompt_s})),
         decode_context_tokens=middle(p.decode_context_tokens for p in profiles),
         mixed_overlap_s=middle(p.mixed_overlap_s for p in profiles),
         request_overhead_s=middle(p.request_overhead_s for p in profiles),

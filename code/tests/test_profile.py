@@ -134,6 +134,22 @@ class ProfileRoundsTest(ScratchTest):
         self.assertAlmostEqual(report["summary"]["ttft_ms"]["p50"], 4.0 + 22.0)
         self.assertAlmostEqual(report["summary"]["tpot_ms"]["p50"], 11.0)
 
+    def test_a_profile_that_saw_no_prompts_prefilled_together_counts_as_charging_nothing_extra(self):
+        def with_factor(name, factor):
+            path = write_profile(self, [(1, 10.0), (4, 30.0)], [(100, 20.0), (400, 80.0)], name=name)
+            with open(path) as file:
+                data = json.load(file)
+            if factor is not None:  # batch 4's four 100-token prompts, prefilled together
+                data["decode"][1]["prefill_tokens"] = 400
+                data["prefill_batch_factors"] = [{"num_prompts": 4, "factor": factor}]
+            return self.write(name, data)
+        # each prompt past the first: (factor x 80 ms - (4 x 20 - 3 x 10) ms) / 3, or nothing
+        dear, cheap, unseen, even = (with_factor(f"{n}.json", f) for n, f in
+                                     (("dear", 1.3), ("cheap", 0.7), ("unseen", None), ("even", 1.0)))
+        for paths, extra_ms in (((dear, cheap, unseen), 2.0), ((dear, cheap, even), 10.0)):
+            ((num_prompts, extra_s),) = main.read_step_profiles(",".join(paths)).extra_prompt_s
+            self.assertEqual((num_prompts, round(extra_s * 1000, 9)), (4, extra_ms))
+
     def test_profiles_of_another_server_are_refused(self):
         first = write_profile(self, [(1, 10.0)], [(100, 20.0)], name="vllm.json")
         other = write_profile(self, [(1, 10.0)], [(100, 20.0)], name="llama.json", server={"kind": "llama.cpp"})
