@@ -13,14 +13,15 @@
 #    console script looks for a distribution named vllm) with --dtype bfloat16
 #    --max-model-len 4096 --max-num-seqs 8, offline, and waits for /health (about 2.5
 #    minutes on 2 cores).
-# 4. Profiles it (servesim profile --endpoint /v1/completions: the converted tokenizer has no
-#    chat template).
-# 5. Measures it with loadgen at concurrency 1, 2, 3, 4 and 8 (256-token prompts, 64 tokens,
-#    EOS ignored, every request's record kept), in rounds (three by default): every
-#    concurrency once a round, so a slow stretch of the machine lands on one run of each.
-# 6. Prints servesim compare: each point's median run beside the median of its runs'
-#    predictions from the profile, with the noise between its runs, and no scheduler flag:
-#    the server's own settings (read from it) stand.
+# 4. Measures it in rounds (three by default), each a profile of one pass (servesim profile
+#    --endpoint /v1/completions: the converted tokenizer has no chat template) and then loadgen
+#    at concurrency 1, 2, 3, 4 and 8 (256-token prompts, 64 tokens, EOS ignored, every
+#    request's record kept): a slow stretch of the machine lands on one profile and one run of
+#    each point.
+# 5. Prints servesim compare: each point's median run beside the median of its runs'
+#    predictions from the rounds' profiles (each point of the table their median), with the
+#    noise between its runs, and no scheduler flag: the server's own settings (read from it)
+#    stand; then the median errors with each round's profile alone.
 # The server is always stopped on exit or Ctrl-C. The live tests run on the same install:
 #   SERVESIM_VLLM_PYTHON=~/.cache/servesim/vllm-venv/bin/python \
 #   SERVESIM_VLLM_MODEL=~/.cache/servesim/models/gemma-3-270m-bf16 \
@@ -144,11 +145,12 @@ for _ in $(seq 1 600); do  # up to 10 minutes: on 2 cores it compiles for about 
 done
 curl -sf "$url/health" > /dev/null || { say "vLLM not healthy after 10 minutes"; exit 1; }
 
-say "profile: the step cost of this server on this machine"
-run python3 "$here/code/main.py" profile --url "$url" --endpoint /v1/completions --out "$out/profile.json"
-
-reports=()
+reports=() profiles=()
 for round in $(seq 1 "$rounds"); do
+    profiles+=("$out/profile-round$round.json")
+    say "round $round of $rounds: profile, one pass: the step cost of this server on this machine now"
+    run python3 "$here/code/main.py" profile --url "$url" --endpoint /v1/completions --repeat 1 --quiet \
+        --out "${profiles[-1]}" > "$out/profile-round$round.txt"
     for point in 1 2 3 4 8; do
         # NOTE: named by this run's points, never by what the folder holds: a reused SERVESIM_OUT
         # keeps an earlier run's reports, which are overwritten, never compared
@@ -163,7 +165,14 @@ for round in $(seq 1 "$rounds"); do
 done
 
 echo
-run python3 "$here/code/main.py" compare --step-profile "$out/profile.json" --hardware "$hardware" \
+run python3 "$here/code/main.py" compare --step-profile "$(IFS=,; echo "${profiles[*]}")" --hardware "$hardware" \
     --model-file "$model/config.json" "${reports[@]}"
+if [ "$rounds" -gt 1 ]; then
+    for round in $(seq 1 "$rounds"); do
+        run python3 "$here/code/main.py" compare --step-profile "$out/profile-round$round.json" \
+            --hardware "$hardware" --model-file "$model/config.json" "${reports[@]}" > "$out/compare-round$round.txt"
+        echo "with round $round's profile alone: $(grep '^median |error|' "$out/compare-round$round.txt")"
+    done
+fi
 echo
-say "profile, reports and the server's log in $out"
+say "profiles, reports and the server's log in $out"
