@@ -8728,7 +8728,7 @@ def read_step_profiles(text: str) -> StepProfile:
     size, read off each profile's table where that profile measured neighbouring sizes;
     what each extra prompt in a step adds, the median of what each profile charges for it
     (0 where a profile saw no prompts prefilled together)."""
-    paths = [text] if os.path.isfile(text) else text.split(",")
+    paths = [text] if os.path.isfile(text) else [path.strip() for path in text.split(",")]
     profiles = [read_step_profile(path) for path in paths]
     first = profiles[0]
     for other in profiles[1:]:

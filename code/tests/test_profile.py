@@ -129,7 +129,8 @@ class ProfileRoundsTest(ScratchTest):
         self.assertEqual((round(profile.request_overhead_s * 1000, 9), profile.path.count(",")), (4.0, 2))
 
     def test_simulate_prices_steps_from_the_median_profile(self):
-        report = run_json("simulate", "--step-profile", self.rounds(), "--concurrency", "1", "--requests", "2",
+        listed = self.rounds().replace(",", ", ")  # a space after each comma, as people type lists
+        report = run_json("simulate", "--step-profile", listed, "--concurrency", "1", "--requests", "2",
                           "--prompt-tokens", "100", "--output-tokens", "3")
         self.assertAlmostEqual(report["summary"]["ttft_ms"]["p50"], 4.0 + 22.0)
         self.assertAlmostEqual(report["summary"]["tpot_ms"]["p50"], 11.0)
