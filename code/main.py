@@ -8729,6 +8729,8 @@ def read_step_profiles(text: str) -> StepProfile:
     what each extra prompt in a step adds, the median of what each profile charges for it
     (0 where a profile saw no prompts prefilled together)."""
     paths = [text] if os.path.isfile(text) else [path.strip() for path in text.split(",")]
+    if not all(paths):
+        raise UsageError(f"--step-profile {text}: an empty file name in the list (FILE[,FILE...])")
     profiles = [read_step_profile(path) for path in paths]
     first = profiles[0]
     for other in profiles[1:]:

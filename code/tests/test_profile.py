@@ -157,6 +157,11 @@ class ProfileRoundsTest(ScratchTest):
         self.assert_usage_error(["simulate", "--step-profile", f"{first},{other}", "--concurrency", "1"],
                                 f"--step-profile {other}: a server other than {first}'s (kind llama.cpp, not vllm)")
 
+    def test_an_empty_name_in_the_list_is_refused(self):
+        path = write_profile(self, [(1, 10.0)], [(100, 20.0)])
+        self.assert_usage_error(["simulate", "--step-profile", f"{path},", "--concurrency", "1"],
+                                f"--step-profile {path},: an empty file name in the list (FILE[,FILE...])")
+
     def test_one_profile_whose_name_holds_a_comma_is_read_whole(self):
         path = write_profile(self, [(1, 10.0)], [(100, 20.0)], name="before,after.json")
         self.assertEqual(main.read_step_profiles(path).decode, ((1, 0.010),))
