@@ -2027,10 +2027,12 @@ class StepProfile:
     decode: (sequences in the step, seconds) for steps that only decode, measured with
     decode_context_tokens of context per sequence, and context_s_per_token what each
     token of context beyond that adds, where measured; prefill: (prompt tokens, seconds)
-    for a prompt prefilled alone, and extra_prompt_s: (prompts, seconds) what each prompt
-    past the first adds to a step that prefills that many, beyond each alone sharing the
-    step's fixed cost (see extra_prompt_seconds); mixed_overlap_s: how much less a prefill costs when it
-    shares its steps with decodes (0 when not measured; negative when it costs more).
+    for a prompt prefilled alone; batch_prefill_s: (prompts, their tokens, seconds) for
+    steps that prefilled several prompts together, and extra_prompt_s: (prompts, seconds)
+    what each prompt past the first adds to a step that prefills that many, beyond each
+    alone sharing the step's fixed cost (see extra_prompt_seconds); mixed_overlap_s: how
+    much less a prefill costs when it shares its steps with decodes (0 when not measured;
+    negative when it costs more).
     """
 
     path: str
@@ -2044,6 +2046,7 @@ class StepProfile:
     request_overhead_s: float = 0.0  # fixed front-end time of a request (network, HTTP, tokenizing)
     extra_prompt_s: Tuple[Tuple[int, float], ...] = ()  # (prompts, s each past the first adds); (): none measured
     context_s_per_token: Optional[float] = None  # what a token of context adds to a decode step (None: not measured)
+    batch_prefill_s: Tuple[Tuple[int, int, float], ...] = ()  # (prompts, tokens, s for all in one step); (): none
 
 
 def read_step_profile(path: str) -> StepProfile:
@@ -2069,35 +2072,47 @@ def read_step_profile(path: str) -> StepProfile:
     prompts_of = {point.integer("batch", 1): point.integer("prefill_tokens", 1, None) for point in data.objects("decode")}
     factors = [(point.integer("num_prompts", 2), point.number("factor", above=0))
                for point in data.objects("prefill_batch_factors", [])]
+    batches = batch_prefills(prefill, [(k, factor, prompts_of.get(k)) for k, factor in factors])
     return StepProfile(path, tuple(decode), tuple(prefill), data.number("decode_context_tokens", 0, 0.0),
                        data.number("mixed_overlap_ms", default=0.0) / 1000, info["kind"], measured, info,
-                       data.number("request_overhead_ms", 0, 0.0) / 1000,
-                       extra_prompt_seconds(prefill, [(k, factor, prompts_of.get(k)) for k, factor in factors]),
-                       _per_token_s(data.number("context_ms_per_token", 0, None)))
+                       data.number("request_overhead_ms", 0, 0.0) / 1000, extra_prompt_seconds(prefill, batches),
+                       _per_token_s(data.number("context_ms_per_token", 0, None)), batches)
+
+
+def batch_prefills(prefill: Sequence[Tuple[int, float]],
+                   factors: Sequence[Tuple[int, float, Optional[int]]]) -> Tuple[Tuple[int, int, float], ...]:
+    """(k prompts, their tokens, seconds for all of them in one step) from a profile's batch
+    factors, each (k, what they cost together against one prompt of as many tokens, the
+    tokens they had): the factor times the prefill table at that many tokens. A factor
+    whose tokens are unknown, or past the table, says nothing and is left out."""
+    batches = []
+    for num_prompts, factor, num_tokens in factors:
+        as_one_s = _interpolate(prefill, num_tokens) if num_prompts > 1 and num_tokens else None
+        if as_one_s is not None:
+            batches.append((num_prompts, num_tokens, factor * as_one_s))
+    return tuple(sorted(batches))
 
 
 def extra_prompt_seconds(prefill: Sequence[Tuple[int, float]],
-                         factors: Sequence[Tuple[int, float, Optional[int]]]) -> Tuple[Tuple[int, float], ...]:
+                         batches: Sequence[Tuple[int, int, float]]) -> Tuple[Tuple[int, float], ...]:
     """(k, seconds) what each prompt past the first adds to a step that prefills k, beyond
-    each alone sharing the step's fixed cost (the prefill table at 1 token), from the
-    profile's batch factors, each (k prompts, what they cost together against one prompt
-    of as many tokens, the tokens they had); () where none was measured. At the length
-    measured, a step of k prompts is priced as it was measured.
+    each alone sharing the step's fixed cost (the prefill table at 1 token), from steps
+    that prefilled several prompts (batch_prefills: k prompts, their tokens, the seconds
+    they took together); () where none was measured. At the length measured, a step of k
+    prompts is priced as it was measured.
 
-    NOTE: the factors are measured on short prompts, where attention costs little; read
+    NOTE: the batches are measured on short prompts, where attention costs little; read
     as a cost per extra prompt they carry over to long ones. Read as a share of one
     prompt as long they do not: attention within one long prompt is what makes a CPU's
     table grow faster than linearly, and separate prompts do not attend to each other
     (three 263-token prompts in one step of vLLM 0.32 on two CPU cores: 990 ms measured
     with a decode beside them; 961 ms this way, 1,163 ms as a share of one 789-token prompt)."""
     extras = []
-    for num_prompts, factor, num_tokens in factors:
-        if num_prompts < 2 or not num_tokens:
-            continue
-        together_s, each_s, fixed_s = (_interpolate(prefill, x) for x in (num_tokens, num_tokens / num_prompts, 1))
-        if together_s is not None and each_s is not None and fixed_s is not None:
+    for num_prompts, num_tokens, together_s in batches:
+        each_s, fixed_s = (_interpolate(prefill, x) for x in (num_tokens / num_prompts, 1))
+        if each_s is not None and fixed_s is not None:
             alone_s = num_prompts * each_s - (num_prompts - 1) * fixed_s
-            extras.append((num_prompts, (factor * together_s - alone_s) / (num_prompts - 1)))
+            extras.append((num_prompts, (together_s - alone_s) / (num_prompts - 1)))
     return tuple(sorted(extras))
 
 
@@ -8726,8 +8741,13 @@ def read_step_profiles(text: str) -> StepProfile:
     machine's drift touches the profile as it touches the runs; compare combines repeated
     runs by the same median). Each point is the median of the profiles' figures at its
     size, read off each profile's table where that profile measured neighbouring sizes;
-    what each extra prompt in a step adds, the median of what each profile charges for it
-    (0 where a profile saw no prompts prefilled together)."""
+    a step of k prompts prefilled together, the median of the profiles that measured one
+    (its tokens and its time), priced against the combined table.
+
+    NOTE: what each extra prompt adds is combined from the measured steps, not itself:
+    it is a step's time less its prompts' times alone from the same profile's table, and
+    one slow probe in a profile's table would carry into it (-27 ms a prompt, where the
+    other rounds measured +5 to +40)."""
     paths = [text] if os.path.isfile(text) else [path.strip() for path in text.split(",")]
     if not all(paths):
         raise UsageError(f"--step-profile {text}: an empty file name in the list (FILE[,FILE...])")
@@ -8749,12 +8769,14 @@ def read_step_profiles(text: str) -> StepProfile:
 
     def middle(values: Iterable[Optional[float]]) -> Optional[float]:
         return median(value for value in values if value is not None)
+    prefill, batched = table([p.prefill for p in profiles]), [b for p in profiles for b in p.batch_prefill_s]
+    batches = tuple((k, middle(n for j, n, _ in batched if j == k), middle(s for j, _, s in batched if j == k))
+                    for k in sorted({k for k, _, _ in batched}))
     return dataclasses.replace(
         first, path=",".join(profile.path for profile in profiles),
         measured=f"median of {len(profiles)} profiles, the first {first.measured}",
-        decode=table([p.decode for p in profiles]), prefill=table([p.prefill for p in profiles]),
-        extra_prompt_s=tuple((k, median(extra_prompt_at(p.extra_prompt_s, k) for p in profiles))
-                             for k in sorted({k for p in profiles for k, _ in p.extra_prompt_s})),
+        decode=table([p.decode for p in profiles]), prefill=prefill,
+        extra_prompt_s=extra_prompt_seconds(prefill, batches), batch_prefill_s=batches,
         decode_context_tokens=middle(p.decode_context_tokens for p in profiles),
         mixed_overlap_s=middle(p.mixed_overlap_s for p in profiles),
         request_overhead_s=middle(p.request_overhead_s for p in profiles),

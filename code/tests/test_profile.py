@@ -135,19 +135,25 @@ class ProfileRoundsTest(ScratchTest):
         self.assertAlmostEqual(report["summary"]["ttft_ms"]["p50"], 4.0 + 22.0)
         self.assertAlmostEqual(report["summary"]["tpot_ms"]["p50"], 11.0)
 
-    def test_a_profile_that_saw_no_prompts_prefilled_together_counts_as_charging_nothing_extra(self):
-        def with_factor(name, factor):
-            path = write_profile(self, [(1, 10.0), (4, 30.0)], [(100, 20.0), (400, 80.0)], name=name)
+    def test_prompts_prefilled_together_cost_the_median_of_the_profiles_that_measured_it(self):
+        def with_factor(name, factor, prompt_ms=20.0):
+            path = write_profile(self, [(1, 10.0), (4, 30.0)], [(100, prompt_ms), (400, 80.0)], name=name)
             with open(path) as file:
                 data = json.load(file)
             if factor is not None:  # batch 4's four 100-token prompts, prefilled together
                 data["decode"][1]["prefill_tokens"] = 400
                 data["prefill_batch_factors"] = [{"num_prompts": 4, "factor": factor}]
             return self.write(name, data)
-        # each prompt past the first: (factor x 80 ms - (4 x 20 - 3 x 10) ms) / 3, or nothing
+        # four prompts together: factor x 80 ms; each past the first adds (that - (4 x 20 - 3 x 10) ms) / 3
         dear, cheap, unseen, even = (with_factor(f"{n}.json", f) for n, f in
                                      (("dear", 1.3), ("cheap", 0.7), ("unseen", None), ("even", 1.0)))
-        for paths, extra_ms in (((dear, cheap, unseen), 2.0), ((dear, cheap, even), 10.0)):
+        # a probe of one prompt that hit a slow moment: 35 ms, not 20; the step of four is still 80 ms
+        slow = with_factor("slow.json", 1.0, prompt_ms=35.0)
+        for paths, extra_ms in (((dear, unseen), 18.0),  # a profile that saw no such step says nothing
+                                ((dear, cheap, even), 10.0),
+                                # the table's median (20 ms) and the step's (80 ms): 10 ms, where the
+                                # median of each profile's own figure, 10, -10 and 2 ms, would give 2
+                                ((even, slow, cheap), 10.0)):
             ((num_prompts, extra_s),) = main.read_step_profiles(",".join(paths)).extra_prompt_s
             self.assertEqual((num_prompts, round(extra_s * 1000, 9)), (4, extra_ms))
 
