@@ -128,6 +128,7 @@ class FakeEngine:
         self.closing = False
         self.num_decode_calls = 0
         self.num_busy_slots = 0
+        self.max_tokens_asked = []  # each request's max_tokens, in the order they came
 
     def step_ms(self, num_decoding, num_prefill_tokens):
         decode = self.decode_ms[num_decoding] if num_decoding else 0.0
@@ -138,6 +139,7 @@ class FakeEngine:
         stream = _Stream(prompt_tokens, max_tokens)
         stream.submitted_s = time.perf_counter()
         with self.lock:
+            self.max_tokens_asked.append(max_tokens)
             self.waiting.append(stream)
             self.lock.notify()
         return stream

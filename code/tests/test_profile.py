@@ -105,6 +105,17 @@ def write_profile(test, decode, prefill, overlap_ms=0.0, context_tokens=0.0, ove
         "mixed_overlap_ms": overlap_ms, "decode_context_tokens": context_tokens, "request_overhead_ms": overhead_ms})
 
 
+class WarmUpTest(ScratchTest):
+
+    def test_profile_sends_its_largest_batch_of_short_requests_before_its_first_point(self):
+        # a llama-server just started prefilled no prompts sent together in the first profile after it
+        with FakeEngine(QUICK_DECODE_MS, PREFILL_MS_PER_TOKEN) as engine:
+            code, _, err = run_cli("profile", "--url", engine.url, "--output-tokens", "6", "--repeat", "1",
+                                   "--prefill-tokens", "100", "--context-tokens", "0", "--quiet")
+        self.assertEqual((code, err), (0, ""))
+        self.assertEqual(engine.max_tokens_asked[:6], [4, 4, 4, 4, 6, 6])  # four slots warmed; batch 1, batch 2
+
+
 class ProfileRoundsTest(ScratchTest):
     """--step-profile A,B,C: profiles taken between rounds of runs, priced by their median."""
 
