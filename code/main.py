@@ -8251,7 +8251,7 @@ class Profiler:
 
         NOTE: a server that has just started takes the first requests it ever sees one
         step at a time: llama-server b11434 prefilled no batch of 2-4 prompts sent together
-        in the first profile after its start (three times in three), and did in every
+        in the first profile after its start (four times in four), and did in every
         profile after; without this, that profile cannot price prompts that arrive together."""
         self.load(self.bodies(batch, self.settings.prompt_tokens, 4), batch)
 
