@@ -4495,6 +4495,11 @@ def median(values: Iterable[float]) -> Optional[float]:
     return percentile(sorted(values), 50)
 
 
+def median_of_known(values: Iterable[Optional[float]]) -> Optional[float]:
+    """median() of the values that are not None (None when none is)."""
+    return median(value for value in values if value is not None)
+
+
 def _ordered_bits(value: float) -> int:
     """A double's bits as a signed int that orders as the doubles do (a negative double's
     bits order backwards, so all but the sign bit flip)."""
@@ -8775,23 +8780,19 @@ def read_step_profiles(text: str) -> StepProfile:
 
     def table(tables: Sequence[Sequence[Tuple[int, float]]]) -> Tuple[Tuple[int, float], ...]:
         sizes = sorted({size for points in tables for size, _ in points})
-        return tuple((size, median(value for value in (_interpolate(points, size) for points in tables)
-                                   if value is not None)) for size in sizes)
-
-    def middle(values: Iterable[Optional[float]]) -> Optional[float]:
-        return median(value for value in values if value is not None)
+        return tuple((size, median_of_known(_interpolate(points, size) for points in tables)) for size in sizes)
     prefill, batched = table([p.prefill for p in profiles]), [b for p in profiles for b in p.batch_prefill_s]
-    batches = tuple((k, middle(n for j, n, _ in batched if j == k), middle(s for j, _, s in batched if j == k))
-                    for k in sorted({k for k, _, _ in batched}))
+    batches = tuple((k, median_of_known(n for j, n, _ in batched if j == k),
+                     median_of_known(s for j, _, s in batched if j == k)) for k in sorted({k for k, _, _ in batched}))
     return dataclasses.replace(
         first, path=",".join(profile.path for profile in profiles),
         measured=f"median of {len(profiles)} profiles, the first {first.measured}",
         decode=table([p.decode for p in profiles]), prefill=prefill,
         extra_prompt_s=extra_prompt_seconds(prefill, batches), batch_prefill_s=batches,
-        decode_context_tokens=middle(p.decode_context_tokens for p in profiles),
-        mixed_overlap_s=middle(p.mixed_overlap_s for p in profiles),
-        request_overhead_s=middle(p.request_overhead_s for p in profiles),
-        context_s_per_token=middle(p.context_s_per_token for p in profiles))
+        decode_context_tokens=median_of_known(p.decode_context_tokens for p in profiles),
+        mixed_overlap_s=median_of_known(p.mixed_overlap_s for p in profiles),
+        request_overhead_s=median_of_known(p.request_overhead_s for p in profiles),
+        context_s_per_token=median_of_known(p.context_s_per_token for p in profiles))
 
 
 def with_profiled_flags(server: dict, profile: Optional[StepProfile]) -> dict:
@@ -9680,10 +9681,6 @@ def _spread(values: Sequence[Optional[float]]) -> Optional[float]:
     return (max(known) - min(known)) / median(known)
 
 
-def _median_or_none(values: Sequence[Optional[float]]) -> Optional[float]:
-    return median(value for value in values if value is not None)
-
-
 def measured_hit_rate(report: dict) -> Optional[float]:
     """The share of prompt tokens a measured server served from its prefix cache: its
     /metrics (vLLM, SGLang), else llama.cpp's cache_n timings; None when it says neither."""
@@ -9730,25 +9727,25 @@ def compare_rows(reports: Sequence[dict], predictions: Sequence[dict]) -> List[d
         row = {"concurrency": concurrency, "rate": rate, "num_requests": num_requests, "num_runs": len(runs),
                "trace": os.path.basename(replay["trace"]) if replay else None,
                "prompt_tokens": prompt_tokens, "output_tokens": output_tokens,
-               "measured": {label: _median_or_none([run[label] for run in measured_runs]) for label in measured_runs[0]},
-               "predicted": {label: _median_or_none([run[label] for run in predicted_runs]) for label in predicted_runs[0]}}
+               "measured": {label: median_of_known([run[label] for run in measured_runs]) for label in measured_runs[0]},
+               "predicted": {label: median_of_known([run[label] for run in predicted_runs]) for label in predicted_runs[0]}}
         row["error"] = {label: relative_error(row["predicted"][label], row["measured"][label])
                         for label in row["measured"]}
         row["spread"] = {label: _spread([run[label] for run in measured_runs]) for label, _ in COMPARED}
         row["cost_model"] = prediction["engine"]["cost_model"]
-        hits, window = _median_or_none([measured_hit_rate(report) for report, _ in runs]), runs[0][0].get("server") or {}
+        hits, window = median_of_known([measured_hit_rate(report) for report, _ in runs]), runs[0][0].get("server") or {}
         def predicted_median(pick: Callable[[dict], Optional[float]]):  # as every predicted figure
-            return _median_or_none([pick(predicted) for _, predicted in runs])
+            return median_of_known([pick(predicted) for _, predicted in runs])
         if replay or hits is not None:
             row["prefix_hit_rate"] = {"measured": hits,
                                       "predicted": predicted_median(lambda p: p["engine"]["prefix_hit_rate"])}
         if window.get("preemptions") is not None:  # the server counts them (vLLM, SGLang)
-            row["preemptions"] = {"measured": _median_or_none([(report.get("server") or {}).get("preemptions")
+            row["preemptions"] = {"measured": median_of_known([(report.get("server") or {}).get("preemptions")
                                                                for report, _ in runs]),
                                   "predicted": predicted_median(lambda p: p["engine"]["num_preemptions"])}
         if "cost" in prediction["summary"]:
             row["usd_per_million_output_tokens"] = {
-                "measured": _median_or_none([report["summary"]["cost"]["usd_per_million_output_tokens"]
+                "measured": median_of_known([report["summary"]["cost"]["usd_per_million_output_tokens"]
                                              for report, _ in runs]),
                 "predicted": predicted_median(lambda p: p["summary"]["cost"]["usd_per_million_output_tokens"])}
         rows.append(row)
@@ -13785,8 +13782,9 @@ SUBCOMMANDS = (
     ("profile", "measure a server's step cost, for --step-profile",
      "Drive a live OpenAI-compatible server with controlled load and time its steps: decode steps at "
      "each batch size (the token gap while every request decodes), prefill steps over a grid of prompt "
-     "lengths (TTFT less the fixed front-end time) and steps that carry a prefill beside decodes. "
-     "Each point is repeated and reported with its range.",
+     "lengths (TTFT less the fixed front-end time) and steps that carry a prefill beside decodes, "
+     "after one unmeasured batch of short requests (a server just started takes its first requests "
+     "one step at a time). Each point is repeated and reported with its range.",
      _profile_flags, cmd_profile),
     ("compare", "predict measured runs and show both side by side",
      "Replay each loadgen --json report's workload (concurrency or rate, requests, the prompt and "
