@@ -9581,10 +9581,14 @@ def measured_server(report: dict) -> dict:
 
 # s: sends closer than this to the first of their burst are replayed as one, on llama.cpp
 # only. NOTE: llama-server's loop takes every task its HTTP threads queued meanwhile into
-# one batch; vLLM's engine core polls without pause and starts a step on the first request
-# that reaches it, so two prompts sent 1 ms apart are prefilled in two steps (measured on
-# vLLM 0.32 CPU at concurrency 2: TTFTs of one prefill and of two).
-SEND_BURST_S = {"llama.cpp": 0.005}
+# one batch, and after a step that ended requests it takes milliseconds a slot (releasing
+# it, launching the next task) before the next batch starts: over seven runs of
+# code/live/llamacpp.sh on a 2-vCPU VM, a closed loop's consecutive sends up to 35 ms apart
+# had their first tokens in one step 892 times in 1,085, and 100 ms or more apart never. vLLM's
+# engine core polls without pause and starts a step on the first request that reaches it,
+# so two prompts sent 1 ms apart are prefilled in two steps (measured on vLLM 0.32 CPU at
+# concurrency 2: TTFTs of one prefill and of two).
+SEND_BURST_S = {"llama.cpp": 0.030}
 
 
 def recorded_sends(report: dict) -> Optional[List[Request]]:
