@@ -9579,22 +9579,33 @@ def measured_server(report: dict) -> dict:
     return info
 
 
-# s: sends closer than this to the first of their burst are replayed as one, on llama.cpp
-# only. NOTE: llama-server's loop takes every task its HTTP threads queued meanwhile into
-# one batch, and after a step that ended requests it takes milliseconds a slot (releasing
-# it, launching the next task) before the next batch starts: over seven runs of
-# code/live/llamacpp.sh on a 2-vCPU VM, a closed loop's consecutive sends up to 35 ms apart
-# had their first tokens in one step 892 times in 1,085, and 100 ms or more apart never. vLLM's
-# engine core polls without pause and starts a step on the first request that reaches it,
-# so two prompts sent 1 ms apart are prefilled in two steps (measured on vLLM 0.32 CPU at
-# concurrency 2: TTFTs of one prefill and of two).
-SEND_BURST_S = {"llama.cpp": 0.030}
+# Servers whose loop takes every request queued while it was busy into its next batch.
+# NOTE: llama-server's loop, after a step that ended requests, takes milliseconds a slot
+# (releasing it, launching the next task) before the next batch starts, so a client whose
+# answer ended a step after the others', and who sends a step later, still joins them:
+# over seven runs of code/live/llamacpp.sh on a 2-vCPU VM (a decode step of one sequence
+# 14-16 ms), a closed loop's consecutive sends up to 35 ms apart had their first tokens in
+# one step 892 times in 1,085, and 100 ms or more apart never. vLLM's engine core polls
+# without pause and starts a step on the first request that reaches it, so two prompts
+# sent 1 ms apart are prefilled in two steps (vLLM 0.32 CPU at concurrency 2: TTFTs of one
+# prefill and of two).
+BATCHES_QUEUED_SENDS = ("llama.cpp",)
 
 
-def recorded_sends(report: dict) -> Optional[List[Request]]:
+def send_burst_s(report: dict, spec: EngineSpec) -> float:
+    """How close to the first of their burst a closed loop's recorded sends are replayed as
+    one burst: on a server that batches what queued (BATCHES_QUEUED_SENDS), one decode step
+    of a single sequence as spec prices it (a client one step behind the rest); else 0."""
+    if measured_server(report).get("kind") not in BATCHES_QUEUED_SENDS:
+        return 0.0
+    return spec.cost().step_s(1, 0, 1, num_decodes=1, num_seqs=1)
+
+
+def recorded_sends(report: dict, burst_s: float = 0.0) -> Optional[List[Request]]:
     """A closed loop's completed requests in the order loadgen sent them (--json-requests),
-    each with the offset it was sent at as its arrival_s and the lengths the server
-    counted; None when the report has no such records.
+    each with the offset it was sent at as its arrival_s (sends within burst_s of the first
+    of their burst at that first's) and the lengths the server counted; None when the
+    report has no such records.
 
     NOTE: real closed-loop clients drift out of phase (one's prefill lands inside
     another's decode steps) where simulated ones would stay in lockstep. Replayed as a
@@ -9611,10 +9622,10 @@ def recorded_sends(report: dict) -> Optional[List[Request]]:
                            and 1 <= r["output_tokens"] <= MAX_COUNT for r in done):
         return None
     done.sort(key=lambda r: r["sent_s"])
-    offsets, burst_s, within_s = [], done[0]["sent_s"], SEND_BURST_S.get(measured_server(report).get("kind"), 0.0)
-    for r in done:  # sends a few ms apart were one burst of the clients' threads, which llama.cpp saw together
-        burst_s = burst_s if r["sent_s"] - burst_s <= within_s else r["sent_s"]
-        offsets.append(burst_s - done[0]["sent_s"])
+    offsets, first_s = [], done[0]["sent_s"]
+    for r in done:
+        first_s = first_s if r["sent_s"] - first_s <= burst_s else r["sent_s"]
+        offsets.append(first_s - done[0]["sent_s"])
     return [Request(index, r["prompt_tokens"], r["output_tokens"], offset)
             for index, (r, offset) in enumerate(zip(done, offsets))]
 
@@ -9629,7 +9640,7 @@ def predict_loadgen_run(report: dict, spec: EngineSpec) -> dict:
         requests = requests_from_rows(report["replay"]["requests"], "the replay report")
         return run_and_report(spec.engine(), requests)
     concurrency, rate, num_requests, prompt_tokens, output_tokens = measured_workload(report)
-    sends = recorded_sends(report) if concurrency is not None else None
+    sends = recorded_sends(report, send_burst_s(report, spec)) if concurrency is not None else None
     if sends and concurrency > spec.config.max_num_seqs:
         # NOTE: with more clients than the server has sequences, a request starts when a
         # sequence ends, not when its client sent it: the recorded times only carry the
