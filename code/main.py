@@ -8389,8 +8389,13 @@ class Profiler:
     def measure_mixed(self, num_decoding: int, prompt_tokens: int, decode_ms: float) -> None:
         """num_decoding requests decode; one prompt of prompt_tokens arrives among them.
         What it costs beside decodes is how much longer the decoders' steps took from its
-        send to its first token than decode steps alone take (a server may split it over
-        several steps: llama.cpp checkpoints the prompts of sliding-window models)."""
+        send to its first token than their own steps before its send took (a server may
+        split it over several steps: llama.cpp checkpoints the prompts of sliding-window
+        models).
+
+        NOTE: the steps alone are timed in the same run, just before: a shared machine
+        that slows between the decode points and this one would otherwise move the
+        difference by the drift (a 4 ms saving measured as 4.7 to 9.3 ms under two CPU hogs)."""
         settings = self.settings
         prefill_ms = _interpolate([(p["prompt_tokens"], p["ttft_ms"]) for p in self.prefill], prompt_tokens) or 0.0
         lead_steps = settings.output_tokens // 2
@@ -8404,11 +8409,15 @@ class Profiler:
             sent_s, first_s = injected.sent_s, injected.token_times[0]
             per_decoder = []
             for r in records[:-1]:
-                gaps = [later - earlier for earlier, later in zip(r.token_times, r.token_times[1:])
-                        if earlier >= sent_s and later <= first_s + decode_ms / 2000]
+                pairs = list(zip(r.token_times, r.token_times[1:]))
+                before = [later - earlier for earlier, later in pairs if later < sent_s]
+                # the median: the first gaps may carry the other decoders' own prefills
+                alone_s = median(before) if len(before) >= 3 else decode_ms / 1000
+                gaps = [later - earlier for earlier, later in pairs
+                        if earlier >= sent_s and later <= first_s + alone_s / 2]
                 if gaps and r.token_times[-1] > first_s:  # NOTE: a step as short as a decode step carried none of it
-                    carrying = sum(gap > 1.25 * decode_ms / 1000 for gap in gaps)
-                    per_decoder.append((sum(gaps) - len(gaps) * decode_ms / 1000, max(1, carrying)))
+                    carrying = sum(gap > 1.25 * alone_s for gap in gaps)
+                    per_decoder.append((sum(gaps) - len(gaps) * alone_s, max(1, carrying)))
             if len(per_decoder) == num_decoding:
                 added_s.append(median(added for added, _ in per_decoder))
                 num_steps.append(median(count for _, count in per_decoder))
