@@ -2869,7 +2869,8 @@ class Request:
     There is no prefill phase and no decode phase, only computed tokens catching up
     with length. A new request has its whole prompt remaining (prefill, possibly in
     chunks); a running one has the token it sampled last step remaining (decode); a
-    preempted one lost its KV and has prompt plus output remaining (recompute).
+    preempted one lost its KV and has prompt plus output remaining (recompute), less
+    the blocks the prefix cache kept of it.
     Whenever a step brings computed up to length, the request samples a token.
 
     Times are seconds on the caller's clock; the metrics read sent_s, token_times,
@@ -3123,7 +3124,8 @@ class Scheduler:
     Running requests go first, in admission order, each taking what it needs from
     the step's token budget. When one needs a KV block and none is free, the most
     recently admitted request is preempted (its blocks freed, itself requeued at the
-    head of the waiting queue to be recomputed); a step that preempted admits nobody.
+    head of the waiting queue to be recomputed: with prefix caching, from the first of
+    its blocks evicted meanwhile); a step that preempted admits nobody.
     Otherwise waiting requests are admitted first come first served while sequences,
     tokens and blocks last; the head of the queue blocks everyone behind it.
 
@@ -3373,7 +3375,11 @@ class Scheduler:
         return num_hit_tokens
 
     def _preempt(self, request: Request) -> None:
-        """Free a request's KV and put it back at the head of the queue to recompute."""
+        """Free a request's KV and put it back at the head of the queue to recompute. With
+        prefix caching its full blocks stay cached as they are freed (see _keep_computed):
+        readmitted before they are evicted, it recomputes only the blocks it lost."""
+        if self.config.prefix_caching:
+            self._keep_computed(request)
         self.pool.release(request.blocks)
         request.blocks = []
         request.computed = 0
@@ -3381,6 +3387,20 @@ class Scheduler:
         request.preemptions += 1
         self.num_preemptions += 1
         self.waiting.appendleft(request)
+
+    def _keep_computed(self, request: Request) -> None:
+        """Enter the full blocks request computed past its cached prefix in the cache, under
+        keys that continue its chain and that no other request has: vLLM hashes every full
+        block, the answer's too, though only the request itself can hit the blocks after its
+        shared prefix, and only once preempted. Entered here, at the one moment they can
+        matter, instead of at every step."""
+        num_full = request.computed // self.config.block_size
+        if num_full <= request.num_cached_blocks:
+            return
+        keys = self._all_prefix_keys(request)
+        keys += [(request, index) for index in range(len(keys), num_full)]  # an identity no prefix name equals
+        self.pool.cache_range(request.blocks, keys, request.num_cached_blocks, num_full)
+        request.num_cached_blocks = num_full
 
     def _allocate(self, request: Request, num_new_blocks: int, num_tokens: int) -> None:
         """Give request the blocks for num_tokens more tokens; enter full prefix blocks in the cache."""
@@ -3400,14 +3420,15 @@ class Scheduler:
 
     def _prefix_keys(self, request: Request) -> List[Tuple[str, int]]:
         """Content keys of the request's full prefix blocks that a lookup may hit."""
-        if not self.config.prefix_caching or not request.shares_prefix:
+        if not self.config.prefix_caching or not (request.shares_prefix or request.preemptions):
             return []
         # NOTE: the last token is always computed, even when every block hits,
         # because the model needs its logits to sample the next token.
-        return self._all_prefix_keys(request)[:min(request.prefix_tokens, request.length - 1) // self.config.block_size]
+        return self._all_prefix_keys(request)[:(request.length - 1) // self.config.block_size]
 
     def _all_prefix_keys(self, request: Request) -> List[Hashable]:
-        """prefix_block_keys() of request, computed once per request."""
+        """prefix_block_keys() of request, computed once per request; once it was
+        preempted, followed by the keys of the blocks it computed (_keep_computed)."""
         keys = self._keys.get(request)
         if keys is None:
             keys = self._keys[request] = prefix_block_keys(request, self.config.block_size)

@@ -133,6 +133,33 @@ class SchedulerTest(unittest.TestCase):
         self.assertEqual(step(scheduler, 4.0), [(1, 1)])
         self.assertEqual((second.generated, second.finished), (4, True))
 
+    def test_with_prefix_caching_a_preempted_request_recomputes_only_the_blocks_it_lost(self):
+        scheduler = make_scheduler(num_blocks=5, prefix_caching=True)
+        first, second = make_request(0, prompt_tokens=7, max_tokens=3), make_request(1, prompt_tokens=7, max_tokens=6)
+        scheduler.add(first)
+        scheduler.add(second)
+        self.assertEqual([step(scheduler, 0.0), step(scheduler, 1.0)], [[(0, 7), (1, 7)], [(0, 1), (1, 1)]])
+        # Both hold 8 tokens in two full blocks; request 0 takes the last free block and
+        # request 1, the newest, is preempted for want of one: its blocks 2 and 3 are freed
+        # still holding its 7 prompt tokens and its first answer token.
+        self.assertEqual(step(scheduler, 2.0), [(0, 1)])
+        self.assertEqual((second.preemptions, second.blocks), (1, []))
+        # Readmitted, it finds both and computes only its last token (9 tokens without the cache).
+        self.assertEqual(step(scheduler, 3.0), [(1, 1)])
+        self.assertEqual((second.blocks, second.computed, second.generated), ([2, 3, 4], 9, 3))
+
+    def test_a_preempted_requests_blocks_evicted_before_it_returns_are_computed_again(self):
+        scheduler = make_scheduler(num_blocks=5, prefix_caching=True)
+        scheduler.add(make_request(0, prompt_tokens=7, max_tokens=8))
+        second = make_request(1, prompt_tokens=7, max_tokens=6)
+        scheduler.add(second)
+        batches = [step(scheduler, float(now_s)) for now_s in range(9)]
+        self.assertEqual(batches[2:8], [[(0, 1)]] * 6)  # request 1 preempted at step 2, its tail block 3 freed first
+        # Request 0's fourth block (step 6) evicted block 3; block 2 still holds request 1's
+        # first 4 tokens: readmitted once request 0 is done, it computes the other 5.
+        self.assertEqual(batches[8], [(1, 5)])
+        self.assertEqual((second.blocks, second.num_prefix_hit_tokens), ([2, 3, 4], 4))
+
     def test_no_chunked_prefill_admits_a_prompt_only_if_all_of_it_fits_the_remaining_budget(self):
         scheduler = make_scheduler(num_blocks=11, max_num_batched_tokens=10, chunked_prefill=False)
         for request_id, prompt in ((0, 6), (1, 6), (2, 3)):
