@@ -25,7 +25,7 @@ are started in turn on free ports, each --dtype bfloat16 --max-model-len 4096 --
 3. --max-num-batched-tokens 512: two requests decode while a 2,000-token prompt arrives;
    its chunks share steps with their decodes, and the TTFT simulated with the same flag is
    within 20% of the measured one.
-About 18 minutes on two cores (each server takes 2-3 minutes to start). SERVESIM_OUT=DIR keeps
+About 15 minutes on two cores (each server takes 2-3 minutes to start). SERVESIM_OUT=DIR keeps
 the profiles, the reports and the servers' logs there.
 """
 
