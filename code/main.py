@@ -9852,6 +9852,31 @@ def compare_totals(rows: Sequence[dict]) -> dict:
     return totals
 
 
+DRIFT_NOTE_SHARE = 0.05  # a single client's decode this much off its step profile is worth a word
+
+
+def profile_drift_note(rows: Sequence[dict]) -> Optional[str]:
+    """What a single client's decode says of the step profile, when it disagrees with it by
+    more than DRIFT_NOTE_SHARE and more than that row's runs spread: one sequence decoding is
+    the profile's own batch-1 step, so a gap there is the server's speed between the profile
+    and the runs (a shared machine's drift), and it moves every other figure alike. None
+    when no row ran one client against a profile, or it agrees."""
+    row = next((r for r in rows if r["concurrency"] == 1 and r["cost_model"]["kind"] == "profile"), None)
+    if row is None or not row["predicted"].get("tpot p50") or not row["measured"].get("tpot p50"):
+        return None
+    measured_ms, predicted_ms = row["measured"]["tpot p50"], row["predicted"]["tpot p50"]
+    off = measured_ms / predicted_ms - 1
+    if abs(off) <= max(DRIFT_NOTE_SHARE, row["spread"].get("tpot p50") or 0.0):
+        return None
+    several = "," in row["cost_model"]["file"]
+    return (f"at concurrency 1 the server decoded {abs(off):.0%} {'slower' if off > 0 else 'faster'} than the "
+            f"step {'profiles price' if several else 'profile prices'} it ({measured_ms:.1f} against "
+            f"{predicted_ms:.1f} ms a token), where one sequence's step is what a profile measures: most likely "
+            + ("the machine's speed moved during the runs, and the other rows carry the same gap" if several else
+               "the machine's speed moved between the profile and the runs, and the other rows carry the same gap; "
+               "a profile in each round of the runs, passed together (--step-profile P1,P2,...), shares the drift"))
+
+
 # =============================================================================
 # Calibrate: hardware figures fitted to measured runs
 # =============================================================================
@@ -11837,6 +11862,8 @@ def format_compare(spec: EngineSpec, reports: Sequence[dict], rows: Sequence[dic
     told = server_flags_text(with_profiled_flags(measured_server(reports[0]), spec.step_profile))
     lines += [f"{told}; the prediction takes them where no flag says otherwise"] if told else []
     lines += _format_compare_table(rows) + [_format_compare_totals(compare_totals(rows))]
+    drift = profile_drift_note(rows)
+    lines += [drift] if drift else []
     for key, what, shown in (("prefix_hit_rate", "prefix cache hits", _share),
                              ("preemptions", "preemptions", lambda value: _figure(value, "{:,.0f}"))):
         pairs = [(row, row[key]) for row in rows if key in row]
@@ -12862,7 +12889,8 @@ def cmd_compare(args) -> int:
                       compare_charts(rows + run_rows))
     if args.json:
         _print_json({"hardware": spec.plan.hardware.name, "model": spec.plan.model.name,
-                     "capacity": spec.plan.to_dict(), "scheduler": asdict(spec.config), "rows": rows + run_rows})
+                     "capacity": spec.plan.to_dict(), "scheduler": asdict(spec.config), "rows": rows + run_rows,
+                     "notes": [note for note in (profile_drift_note(rows),) if note]})
     else:
         _print_lines(lines)
     return 0

@@ -9,7 +9,7 @@ import unittest
 
 from fake_engine import FakeEngine
 from fake_server import FakeServer
-from support import ScratchTest, main, new_scheduler, run_cli, run_json, start_interruptible
+from support import FIXTURES_DIR, ScratchTest, main, new_scheduler, run_cli, run_json, start_interruptible
 
 DECODE_MS = {1: 9.0, 2: 19.0, 3: 31.0, 4: 27.0}  # not monotone: CPU matrix kernels tile
 QUICK_DECODE_MS = {1: 2.0, 2: 3.0, 3: 4.0, 4: 5.0}  # for tests that send many requests and read no step
@@ -738,3 +738,40 @@ class ProfileStopsTest(ScratchTest):
 
 if __name__ == "__main__":
     unittest.main()
+
+
+class ProfileDriftNoteTest(ScratchTest):
+    """compare reads a single client's decode against the step profile's batch-1 step."""
+
+    PROFILE = os.path.join(FIXTURES_DIR, "llamacpp", "profile.json")
+    RUN = os.path.join(FIXTURES_DIR, "llamacpp", "c1.json")
+
+    def profile_with_batch_1_at(self, step_ms):
+        with open(self.PROFILE, encoding="utf-8") as handle:
+            profile = json.load(handle)
+        profile["decode"][0]["step_ms"] = step_ms
+        return self.write("p.json", profile)
+
+    def test_a_single_client_decoding_off_its_profile_is_named_with_both_figures(self):
+        report = run_json("compare", self.RUN, "--step-profile", self.PROFILE, *GEMMA)
+        self.assertEqual(report["notes"], [
+            "at concurrency 1 the server decoded 7% slower than the step profile prices it (26.9 against 25.0 ms "
+            "a token), where one sequence's step is what a profile measures: most likely the machine's speed moved "
+            "between the profile and the runs, and the other rows carry the same gap; a profile in each round of "
+            "the runs, passed together (--step-profile P1,P2,...), shares the drift"])
+        self.assertIn(report["notes"][0], run_cli("compare", self.RUN, "--step-profile", self.PROFILE, *GEMMA)[1])
+
+    def test_a_single_client_within_five_percent_of_its_profile_is_not_remarked_on(self):
+        path = self.profile_with_batch_1_at(26.0)  # the run decoded 26.9 ms a token
+        self.assertEqual(run_json("compare", self.RUN, "--step-profile", path, *GEMMA)["notes"], [])
+
+    def test_with_profiles_from_every_round_the_note_offers_no_more_profiles(self):
+        report = run_json("compare", self.RUN, "--step-profile", f"{self.PROFILE},{self.PROFILE}", *GEMMA)
+        self.assertTrue(report["notes"][0].endswith("than the step profiles price it (26.9 against 25.0 ms a token), "
+                                                    "where one sequence's step is what a profile measures: most "
+                                                    "likely the machine's speed moved during the runs, and the "
+                                                    "other rows carry the same gap"), report["notes"])
+
+    def test_a_run_of_several_clients_alone_says_nothing_of_drift(self):
+        path = os.path.join(FIXTURES_DIR, "llamacpp", "c2.json")
+        self.assertEqual(run_json("compare", path, "--step-profile", self.PROFILE, *GEMMA)["notes"], [])
