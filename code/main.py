@@ -3400,7 +3400,6 @@ class Scheduler:
         keys = self._all_prefix_keys(request)
         keys += [(request, index) for index in range(len(keys), num_full)]  # an identity no prefix name equals
         self.pool.cache_range(request.blocks, keys, request.num_cached_blocks, num_full)
-        request.num_cached_blocks = num_full
 
     def _allocate(self, request: Request, num_new_blocks: int, num_tokens: int) -> None:
         """Give request the blocks for num_tokens more tokens; enter full prefix blocks in the cache."""
@@ -9868,7 +9867,7 @@ def profile_drift_note(rows: Sequence[dict]) -> Optional[str]:
     off = measured_ms / predicted_ms - 1
     if abs(off) <= max(DRIFT_NOTE_SHARE, row["spread"].get("tpot p50") or 0.0):
         return None
-    several = "," in row["cost_model"]["file"]
+    several = "," in row["cost_model"].get("file", "")
     return (f"at concurrency 1 the server decoded {abs(off):.0%} {'slower' if off > 0 else 'faster'} than the "
             f"step {'profiles price' if several else 'profile prices'} it ({measured_ms:.1f} against "
             f"{predicted_ms:.1f} ms a token), where one sequence's step is what a profile measures: most likely "
