@@ -3150,8 +3150,9 @@ class Scheduler:
         self.waiting: Deque[Request] = deque()
         self.running: List[Request] = []
         self.num_preemptions = 0
-        self.num_prefix_query_tokens = 0
+        self.num_prefix_query_tokens = 0  # of new requests (see _count_hits)
         self.num_prefix_hit_tokens = 0
+        self.num_preempted_hit_tokens = 0  # hits of preempted requests readmitted
         self._keys: Dict[Request, List[Hashable]] = {}  # prefix block keys of requests not yet done
         self._last_lookup: Optional[tuple] = None  # (request, the pool's memo of its lookup): see _lookup
         self._refused: Optional[tuple] = None  # (request, pool's freed and entered counts, budget): see _still_refused
@@ -3357,14 +3358,24 @@ class Scheduler:
         request.blocks = hits
         request.computed = num_cached
         request.num_cached_blocks = len(hits)
-        request.num_prefix_hit_tokens += num_hit_tokens
-        self.num_prefix_query_tokens += request.length
-        self.num_prefix_hit_tokens += num_hit_tokens
+        self._count_hits(request, num_hit_tokens)
         if request.scheduled_s is None:
             request.scheduled_s = now_s
         self._allocate(request, num_new_blocks, num_tokens)
         self.running.append(request)
         return num_tokens
+
+    def _count_hits(self, request: Request, num_hit_tokens: int) -> None:
+        """Count an admission's prefix-cache hits as vLLM's metrics do: a new request's
+        lookup in the hit rate (prefix_cache_queries and _hits) and in its own cached
+        tokens; a preempted one's readmission apart (vLLM's preempted_hits), which would
+        otherwise count its own blocks as hits."""
+        if request.preemptions:
+            self.num_preempted_hit_tokens += num_hit_tokens
+            return
+        request.num_prefix_hit_tokens = num_hit_tokens
+        self.num_prefix_query_tokens += request.length
+        self.num_prefix_hit_tokens += num_hit_tokens
 
     def _may_admit(self, request: Request) -> bool:
         """An admission policy beyond sequences, tokens and blocks (none here)."""
@@ -3719,6 +3730,7 @@ class Engine:
             "num_evictions": scheduler.pool.num_evictions,
             "prefix_query_tokens": scheduler.num_prefix_query_tokens,
             "prefix_hit_tokens": scheduler.num_prefix_hit_tokens,
+            "preempted_hit_tokens": scheduler.num_preempted_hit_tokens,
             "prefix_hit_rate": (scheduler.num_prefix_hit_tokens / scheduler.num_prefix_query_tokens
                                 if scheduler.num_prefix_query_tokens else 0.0),
             "num_cut_requests": getattr(scheduler, "num_cut", 0),
@@ -3738,7 +3750,8 @@ class Engine:
         return {"host_blocks": host.num_blocks, "host_bytes": host.num_blocks * block_bytes,
                 "blocks_stored": host.num_stored, "blocks_evicted": host.num_evicted,
                 "blocks_loaded": host.num_loaded, "host_hit_tokens": host.num_loaded * block_tokens,
-                "device_hit_tokens": self.scheduler.num_prefix_hit_tokens - host.num_loaded * block_tokens,
+                "device_hit_tokens": (self.scheduler.num_prefix_hit_tokens + self.scheduler.num_preempted_hit_tokens
+                                      - host.num_loaded * block_tokens),
                 "bytes_loaded": host.num_loaded * block_bytes, "load_s": self.load_s,
                 "host_link_gbs": self.hardware.host_link_gbs}
 
@@ -5210,7 +5223,8 @@ def merge_engine_reports(reports: Sequence[dict]) -> dict:
 
     merged = dict(reports[0])
     merged.update({key: total(key) for key in ("num_steps", "busy_s", "num_preemptions", "num_evictions",
-                                                "prefix_query_tokens", "prefix_hit_tokens", "num_cut_requests")})
+                                                "prefix_query_tokens", "prefix_hit_tokens", "preempted_hit_tokens",
+                                                "num_cut_requests")})
     merged.update(mean_batch_seqs=weighted("mean_batch_seqs", "num_steps"),
                   mean_batch_tokens=weighted("mean_batch_tokens", "num_steps"),
                   mean_context_tokens=weighted("mean_context_tokens", "num_steps"),
@@ -11542,7 +11556,9 @@ def format_simulation(report: dict) -> List[str]:
         f"peak {engine['kv_peak']:.1%} mean {engine['kv_mean']:.1%}",
         f"steps {engine['num_steps']:,} mean batch {engine['mean_batch_seqs']:.1f} seqs "
         f"preemptions {engine['num_preemptions']:,} evictions {engine['num_evictions']:,} "
-        f"prefix hits {engine['prefix_hit_rate']:.1%}",
+        f"prefix hits {engine['prefix_hit_rate']:.1%}" + (
+            f" (and {engine['preempted_hit_tokens']:,} tokens preempted requests found again)"
+            if engine.get("preempted_hit_tokens") else ""),
     ]
     lines += [speculation_line(engine["speculative"])] if "speculative" in engine else []
     lines += [offloading_line(engine["kv_offloading"])] if "kv_offloading" in engine else []

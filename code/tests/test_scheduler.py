@@ -158,7 +158,11 @@ class SchedulerTest(unittest.TestCase):
         # Request 0's fourth block (step 6) evicted block 3; block 2 still holds request 1's
         # first 4 tokens: readmitted once request 0 is done, it computes the other 5.
         self.assertEqual(batches[8], [(1, 5)])
-        self.assertEqual((second.blocks, second.num_prefix_hit_tokens), ([2, 3, 4], 4))
+        self.assertEqual(second.blocks, [2, 3, 4])
+        # vLLM counts a readmission's hits apart from new requests' (its prefix_cache_hits and
+        # a request's cached tokens are of its first admission): 4 tokens found again, 0 hit
+        self.assertEqual((scheduler.num_preempted_hit_tokens, scheduler.num_prefix_hit_tokens,
+                          scheduler.num_prefix_query_tokens, second.num_prefix_hit_tokens), (4, 0, 14, 0))
 
     def test_no_chunked_prefill_admits_a_prompt_only_if_all_of_it_fits_the_remaining_budget(self):
         scheduler = make_scheduler(num_blocks=11, max_num_batched_tokens=10, chunked_prefill=False)
