@@ -3428,8 +3428,9 @@ class Scheduler:
                 if self.host is not None:  # computed again: the device holds it now
                     self.host.discard(keys[first:num_full])
 
-    def _prefix_keys(self, request: Request) -> List[Tuple[str, int]]:
-        """Content keys of the request's full prefix blocks that a lookup may hit."""
+    def _prefix_keys(self, request: Request) -> List[Hashable]:
+        """Content keys of the request's full blocks that a lookup may hit: its shared prefix's,
+        and once preempted, those it computed itself (_keep_computed)."""
         if not self.config.prefix_caching or not (request.shares_prefix or request.preemptions):
             return []
         # NOTE: the last token is always computed, even when every block hits,
@@ -11864,9 +11865,10 @@ def scheduler_text(spec: EngineSpec) -> str:
 
 
 def format_compare(spec: EngineSpec, reports: Sequence[dict], rows: Sequence[dict],
-                   hardware_named: bool = True) -> List[str]:
-    """Measured beside predicted per run, with the relative error of each figure
-    (hardware_named: false when the device is the default, not the server's)."""
+                   hardware_named: bool = True, notes: Sequence[str] = ()) -> List[str]:
+    """Measured beside predicted per run, with the relative error of each figure and the
+    notes after the medians (hardware_named: false when the device is the default, not the
+    server's)."""
     plan = spec.plan
     sources = sorted({report.get("source") or f"loadgen at {report['settings']['url']}" for report in reports})
     lines = [f"compare {plan.model.name} on {plan.devices} ({scheduler_text(spec)}) with {', '.join(sources)}; "
@@ -11876,9 +11878,7 @@ def format_compare(spec: EngineSpec, reports: Sequence[dict], rows: Sequence[dic
                      f"in for the server's where the measurement is silent")
     told = server_flags_text(with_profiled_flags(measured_server(reports[0]), spec.step_profile))
     lines += [f"{told}; the prediction takes them where no flag says otherwise"] if told else []
-    lines += _format_compare_table(rows) + [_format_compare_totals(compare_totals(rows))]
-    drift = profile_drift_note(rows)
-    lines += [drift] if drift else []
+    lines += _format_compare_table(rows) + [_format_compare_totals(compare_totals(rows))] + list(notes)
     for key, what, shown in (("prefix_hit_rate", "prefix cache hits", _share),
                              ("preemptions", "preemptions", lambda value: _figure(value, "{:,.0f}"))):
         pairs = [(row, row[key]) for row in rows if key in row]
@@ -12897,7 +12897,8 @@ def cmd_compare(args) -> int:
                 for row in predict_inference_perf_rows(run, _run_spec(args, path, run), args.request_timeout,
                                                        args.sensitivity)]
     named = args.hardware is not None or args.hardware_file is not None
-    lines = format_compare(spec, reports, rows, named) if rows else []
+    notes = [note for note in (profile_drift_note(rows),) if note]
+    lines = format_compare(spec, reports, rows, named, notes) if rows else []
     lines += format_inference_perf_compare(spec, runs, run_rows, named) if run_rows else []
     if args.html or args.svg:
         _write_charts(args, f"servesim compare: {spec.plan.model.name} on {spec.plan.devices}", lines,
@@ -12905,7 +12906,7 @@ def cmd_compare(args) -> int:
     if args.json:
         _print_json({"hardware": spec.plan.hardware.name, "model": spec.plan.model.name,
                      "capacity": spec.plan.to_dict(), "scheduler": asdict(spec.config), "rows": rows + run_rows,
-                     "notes": [note for note in (profile_drift_note(rows),) if note]})
+                     "notes": notes})
     else:
         _print_lines(lines)
     return 0
@@ -13879,7 +13880,9 @@ SUBCOMMANDS = (
      "output lengths the server counted), each vllm bench serve result's, or each inference-perf run's "
      "stages (rebuilt from its results/config.yaml) in the simulator and print the measured and "
      "predicted figures side by side, with the relative error and how far the prediction moves with the "
-     "step cost 5% off. Without --model, the preset named by the model file the server loaded "
+     "step cost 5% off. With a step profile, a line (notes in --json) says when one client decoded "
+     "more than 5% off the profile's step: the machine's speed most likely moved between the profile "
+     "and the runs. Without --model, the preset named by the model file the server loaded "
      "(llama.cpp's model_path), if there is one.",
      _compare_flags, cmd_compare),
     ("calibrate", "fit hardware figures to measured runs",
