@@ -9230,17 +9230,36 @@ def _generator_length(generator: JsonObject, name: str) -> Optional[Tuple[float,
 GENERATED_DATA = ("shared_prefix", "random", "synthetic")  # inference-perf data servesim rebuilds from the config
 
 
-def _measured_lengths(results: str, name: str) -> Tuple[Optional[List[Tuple[float, float]]], Optional[float]]:
-    """(quantile points, mean) of a length the run's successes measured (prompt_len: the
-    server's counts; output_len: the client's), from summary_lifecycle_metrics.json;
-    (None, None) where it holds none."""
+# NOTE: newer inference-perf writes the server's counts (from each answer's usage) as prompt_tokens and
+# output_tokens beside the client's re-tokenised output_len; older ones prompt_len (the server's) and
+# output_len (the client's) alone. The server's count is read first wherever there is one.
+MEASURED_LENGTH_KEYS = {"prompt": ("prompt_tokens", "prompt_len"), "output": ("output_tokens", "output_len")}
+
+
+def _length_distribution(successes: Optional[JsonObject], side: str) -> Tuple[Optional[JsonObject], Optional[str]]:
+    """The distribution of a side's lengths (prompt or output) a summary's successes give,
+    and its key: the first of MEASURED_LENGTH_KEYS[side] that holds a min and a max; (None,
+    None) where none does (a stage without successes writes totals alone)."""
+    for key in MEASURED_LENGTH_KEYS[side]:
+        value = successes.value.get(key) if successes is not None else None
+        if isinstance(value, dict) and "min" in value and "max" in value:
+            return successes.object(key), key
+    return None, None
+
+
+def _measured_lengths(results: str, side: str) -> Tuple[Optional[List[Tuple[float, float]]], Optional[float], bool]:
+    """(quantile points, mean, whether the server counted them) of the prompt or output
+    lengths the run's successes measured, from summary_lifecycle_metrics.json; (None, None,
+    False) where it holds none. Prompt lengths are always the server's; output lengths are
+    the client's re-tokenised counts unless the run wrote the server's (output_tokens)."""
     where = os.path.join(results, "summary_lifecycle_metrics.json")
     if not os.path.isfile(where):
-        return None, None
+        return None, None, False
     successes = JsonObject(read_json_file(where, where), where).object("successes", None)
-    if successes is None or not successes.value.get(name):
-        return None, None
-    return _quantile_points(successes.object(name)), successes.object(name).number("mean", 0)
+    distribution, key = _length_distribution(successes, side)
+    if distribution is None:
+        return None, None, False
+    return _quantile_points(distribution), distribution.number("mean", 0), key == "output_tokens"
 
 
 def _inference_perf_lengths(data: JsonObject, kind: str, where: str) -> dict:
@@ -9267,15 +9286,20 @@ def _stage_figures(stage: JsonObject, output_tokens: float) -> dict:
     """What an inference-perf stage measured, under compare's labels (ms, tok/s, shares):
     TTFT and request latency as the client timed them, the time per output token as the
     server produced them ((mean latency - mean TTFT) / (output tokens - 1): the client's
-    own per-token figures count its re-tokenisation of the text), the failed share. A
-    percentile or the throughput a stage file leaves out (a published result that gives
-    only some figures) is unknown, None; the means are required."""
+    own per-token figures count its re-tokenisation of the text), the failed share. The
+    output tokens are the stage's successes' mean as the server counted them where the
+    file gives it (newer inference-perf's output_tokens), else output_tokens. A percentile
+    or the throughput a stage file leaves out (a published result that gives only some
+    figures) is unknown, None; the means are required."""
     successes, failures = stage.object("successes"), stage.object("failures", None) or JsonObject({}, stage.where)
     num_ok, num_failed = successes.integer("count"), failures.integer("count", 0, 0)
     figures = {"requests": num_ok + num_failed, "completed": num_ok,
                "failed share": num_failed / max(1, num_ok + num_failed)}
     if not num_ok:
         return figures
+    counted, key = _length_distribution(successes, "output")
+    if key == "output_tokens":
+        output_tokens = counted.number("mean", 0)
     latency = successes.object("latency")
     for label, key in (("ttft", "time_to_first_token"), ("e2e", "request_latency")):
         spread = latency.object(key)
@@ -9320,15 +9344,21 @@ def read_inference_perf(path: str) -> dict:
     # NOTE: a vLLM V1 server caches prefixes unless started with --no-enable-prefix-caching,
     # which the run does not record: the prediction takes the default unless a flag says otherwise
     served = {"kind": "vllm", "prefix_caching": True} if server.string("type", "") == "vllm" else {}
-    (prompt_len, prompt_mean), output_len = (_measured_lengths(results, name) for name in ("prompt_len", "output_len"))
+    prompt_len, prompt_mean, _ = _measured_lengths(results, "prompt")
+    output_len, output_mean, output_by_server = _measured_lengths(results, "output")
+    ignore_eos = server.boolean("ignore_eos", False)
     if kind in GENERATED_DATA:
         lengths = _inference_perf_lengths(data, kind, where)
-    elif prompt_len is None or output_len[0] is None:
+    elif prompt_len is None or output_len is None:
         raise UsageError(f"{where}: data.type {kind!r} is a dataset servesim rebuilds from the lengths the run "
-                         f"measured, and summary_lifecycle_metrics.json has no prompt_len and output_len to read")
-    else:  # NOTE: its output lengths are the client's counts, of the text it was streamed
-        lengths = {"input": None, "output": (output_len[0][0][1], output_len[0][-1][1], output_len[1], 0.0, "fixed")}
-    output_tokens = lengths["output"][2]
+                         f"measured, and summary_lifecycle_metrics.json has no prompt_tokens (or prompt_len) and "
+                         f"output_tokens (or output_len) to read")
+    else:  # NOTE: without output_tokens its output lengths are the client's counts, of the text it was streamed
+        lengths = {"input": None, "output": (output_len[0][1], output_len[-1][1], output_mean, 0.0, "fixed")}
+    # NOTE: a generator's output lengths are what it asked for; without ignore_eos the server may stop
+    # sooner, and where the run wrote the server's counts those are what it produced
+    outputs_measured = kind not in GENERATED_DATA or (output_by_server and not ignore_eos)
+    output_tokens = output_mean if outputs_measured else lengths["output"][2]
     measured = []
     for index in range(len(stages)):
         stage_where = os.path.join(results, f"stage_{index}_lifecycle_metrics.json")
@@ -9337,10 +9367,11 @@ def read_inference_perf(path: str) -> dict:
         measured.append(_stage_figures(JsonObject(read_json_file(stage_where, stage_where), stage_where), output_tokens))
     name = os.path.basename(os.path.normpath(path if results != path else os.path.dirname(os.path.normpath(path))))
     return {"source": "inference-perf", "path": path, "name": name or path, "kind": kind, "lengths": lengths,
-            "prompt_len": prompt_len, "prompt_mean": prompt_mean, "output_len": output_len[0],
+            "prompt_len": prompt_len, "prompt_mean": prompt_mean, "output_len": output_len,
+            "outputs_measured": outputs_measured,
             "load_type": load_type, "stages": stages,
             "concurrency": concurrency, "measured": measured,
-            "server_info": served, "ignore_eos": server.boolean("ignore_eos", False),
+            "server_info": served, "ignore_eos": ignore_eos,
             "timeout_s": timeout_s or INFERENCE_PERF_CLIENT_TIMEOUT_S,
             "timeout_from": "load.request_timeout" if timeout_s else "inference-perf's client default"}
 
@@ -9438,7 +9469,7 @@ def inference_perf_stages(run: dict, seed: int = 0) -> List[List[Request]]:
         requests = []
         for index, arrival_s in enumerate(inference_perf_arrivals(run["load_type"], rate, duration_s, rng)):
             output_tokens = max(1, round(_at_quantile(run["output_len"], 100 * rng.random()))
-                                if run["kind"] not in GENERATED_DATA else _clipped_normal(rng, *run["lengths"]["output"]))
+                                if run["outputs_measured"] else _clipped_normal(rng, *run["lengths"]["output"]))
             if prompts is None:
                 prompt_tokens = (round(_at_quantile(run["prompt_len"], 100 * rng.random())) if run["prompt_len"]
                                  else _clipped_normal(rng, *run["lengths"]["input"]))

@@ -215,7 +215,7 @@ class WorkloadTest(ScratchTest):
         self.rewrite_config(("type: shared_prefix", "type: shareGPT"))
         self.assert_usage_error(("compare", self.folder),
                                 "data.type 'shareGPT' is a dataset servesim rebuilds from the lengths the run measured",
-                                "no prompt_len and output_len")
+                                "no prompt_tokens (or prompt_len) and output_tokens (or output_len)")
 
     def test_a_dataset_is_rebuilt_from_the_prompt_and_output_lengths_the_run_measured(self):
         self.rewrite_config(("type: shared_prefix", "type: shareGPT"))
@@ -232,6 +232,53 @@ class WorkloadTest(ScratchTest):
         self.assertEqual((min(outputs) >= 10, max(outputs) <= 400, min(prompts) >= 420, max(prompts) <= 440),
                          (True, True, True, True))
         self.assertEqual({r.prefix_tokens for r in requests}, {0})  # no shared prefix is made up
+
+    def rewrite_json(self, name, change):
+        path = os.path.join(self.folder, "results", name)
+        with open(path) as handle:
+            data = json.load(handle)
+        change(data)
+        with open(path, "w") as handle:
+            json.dump(data, handle)
+
+    def newer_summary(self, data):
+        """The summary as newer inference-perf writes it: the server's counts as prompt_tokens
+        and output_tokens (totals beside the distribution), the client's output_len apart."""
+        del data["successes"]["prompt_len"]
+        data["successes"].update(
+            prompt_tokens={"total": 9000, "cached": 4000, "uncached": 5000, "min": 500, "median": 600, "max": 700,
+                           "mean": 600},
+            output_tokens={"total": 3000, "min": 20, "median": 30, "max": 40, "mean": 30},
+            output_len={"min": 15, "median": 24, "max": 33, "mean": 24})
+
+    def test_newer_summaries_give_a_dataset_the_servers_prompt_and_output_counts(self):
+        self.rewrite_config(("type: shared_prefix", "type: shareGPT"))
+        self.rewrite_json("summary_lifecycle_metrics.json", self.newer_summary)
+        run = main.read_inference_perf(self.folder)
+        self.assertEqual((run["prompt_mean"], run["lengths"]["output"], run["outputs_measured"]),
+                         (600, (20, 40, 30, 0.0, "fixed"), True))
+        requests = main.inference_perf_stages(run)[0]
+        self.assertEqual((min(r.prompt_tokens for r in requests) >= 500, max(r.prompt_tokens for r in requests) <= 700,
+                          min(r.max_tokens for r in requests) >= 20, max(r.max_tokens for r in requests) <= 40),
+                         (True, True, True, True))
+
+    def test_without_ignore_eos_a_generators_outputs_are_the_lengths_the_server_counted(self):
+        self.rewrite_json("summary_lifecycle_metrics.json", self.newer_summary)
+        self.assertEqual(main.read_inference_perf(self.folder)["outputs_measured"], False)  # ignore_eos: exactly 40
+        self.rewrite_config(("ignore_eos: true", "ignore_eos: false"))
+        run = main.read_inference_perf(self.folder)
+        self.assertEqual(run["outputs_measured"], True)
+        self.assertEqual(max(r.max_tokens for r in main.inference_perf_stages(run)[0]) <= 40, True)
+
+    def test_the_time_per_output_token_divides_by_the_servers_count_where_the_stage_gives_it(self):
+        stage = {"successes": {"count": 10, "latency": {"time_to_first_token": {"mean": 0.1},
+                                                        "request_latency": {"mean": 2.55}},
+                               "throughput": {"requests_per_sec": 2.0}}}
+        older = main._stage_figures(main.JsonObject(stage, "stage"), 40)
+        self.assertEqual((round(older["tpot mean"], 3), older["out tok/s"]), (62.821, 80.0))  # 2450 ms / 39
+        stage["successes"]["output_tokens"] = {"total": 500, "min": 40, "median": 50, "max": 60, "mean": 50}
+        newer = main._stage_figures(main.JsonObject(stage, "stage"), 40)
+        self.assertEqual((newer["tpot mean"], newer["out tok/s"]), (50.0, 100.0))  # 2450 ms / 49
 
     def test_a_missing_stage_file_exits_2_naming_it(self):
         os.remove(os.path.join(self.folder, "results", "stage_1_lifecycle_metrics.json"))
