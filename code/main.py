@@ -9300,6 +9300,9 @@ def _stage_figures(stage: JsonObject, output_tokens: float) -> dict:
     counted, key = _length_distribution(successes, "output")
     if key == "output_tokens":
         output_tokens = counted.number("mean", 0)
+    prompts = successes.object("prompt_tokens", None)  # newer inference-perf: the server's usage, cached among it
+    if prompts is not None and prompts.number("total", 0, 0) and "cached" in prompts.value:
+        figures["prefix_hit_rate"] = prompts.number("cached", 0) / prompts.number("total", 0)
     latency = successes.object("latency")
     for label, key in (("ttft", "time_to_first_token"), ("e2e", "request_latency")):
         spread = latency.object(key)
@@ -9508,8 +9511,17 @@ def predict_inference_perf(run: dict, spec: EngineSpec, seed: int = 0, timeout_s
         last_end_s = max((client_end_s(request, timeout_s) for request in requests), default=0.0)
         span_s = last_end_s - totals.first_sent_s if requests else 0.0
         summary["output_tok_per_s"] = summary["output_tokens"] / span_s if span_s > 0 else 0.0
-        reports.append({"summary": summary, "engine": report})
+        reports.append({"summary": summary, "engine": report, "prefix_hit_rate": successes_hit_rate(requests)})
     return reports
+
+
+def successes_hit_rate(requests: Sequence[Request]) -> Optional[float]:
+    """The share of the completed requests' prompt tokens their first admission found in
+    the prefix cache (the server's usage.prompt_tokens_details.cached_tokens, summed as
+    inference-perf sums it over a stage's successes); None when none completed."""
+    done = [request for request in requests if request.error is None and request.finished]
+    total = sum(request.prompt_tokens for request in done)
+    return sum(request.num_prefix_hit_tokens for request in done) / total if total else None
 
 
 def client_end_s(request: Request, timeout_s: Optional[float]) -> float:
@@ -9867,6 +9879,9 @@ def inference_perf_rows(run: dict, predictions: Sequence[dict], bands: Sequence[
                      "measured": measured_figures, "predicted": predicted, "error": error,
                      "spread": {label: None for label in measured_figures}, "sensitivity": band,
                      "request_timeout_s": run["timeout_s"], "cost_model": prediction["engine"]["cost_model"]})
+        if measured.get("prefix_hit_rate") is not None:
+            rows[-1]["prefix_hit_rate"] = {"measured": measured["prefix_hit_rate"],
+                                           "predicted": prediction["prefix_hit_rate"]}
     return rows
 
 
@@ -11965,6 +11980,11 @@ def format_inference_perf_compare(spec: EngineSpec, runs: Sequence[dict], rows: 
                  f"({'--request-timeout' if any(run['timeout_from'] == '--request-timeout' for run in runs) else runs[0]['timeout_from']})")
     lines += [f"{row['run']} stage {row['stage']}: {row['sensitivity']['note']}" for row in rows
               if row["sensitivity"] and row["sensitivity"]["note"]]
+    hits = [row for row in rows if "prefix_hit_rate" in row]
+    if hits:
+        lines.append("prefix cache hits of the successes' prompt tokens, server / simulated: " + ", ".join(
+            f"{row['run']} stage {row['stage']} {_share(row['prefix_hit_rate']['measured'])} / "
+            f"{_share(row['prefix_hit_rate']['predicted'])}" for row in hits))
     return lines + list(dict.fromkeys(row["cost_model"]["text"] for row in rows))
 
 

@@ -343,6 +343,28 @@ class CompareTest(ScratchTest):
         self.assertIn("mean |error| over 2 stages: ttft mean 0.0%, ttft p50 0.0%, e2e mean 0.0%, tpot mean 0.0%, "
                       "out tok/s 0.0%; failed share within 0.0 points", out)
 
+    def test_the_servers_cached_prompt_tokens_are_compared_with_the_simulated_hits_of_the_same_successes(self):
+        folder = write_run(self.directory, "small-run", "small", SMALL, 1, [(2, 20), (6, 20)])
+        model_file = os.path.join(self.directory, "models", "small", "config.json")
+        shares = [stage["prefix_hit_rate"] for stage in
+                  main.predict_inference_perf(main.read_inference_perf(folder), spec_for(model_file, 1, KNOWN))]
+        self.assertEqual((0 < shares[0] < shares[1] < 1), True)  # 20 prompts cycled: repeats hit, more once warm
+        for index, share in enumerate(shares):  # newer inference-perf's usage totals, as the server counted them
+            path = os.path.join(folder, "results", f"stage_{index}_lifecycle_metrics.json")
+            with open(path) as handle:
+                stage = json.load(handle)
+            stage["successes"]["prompt_tokens"] = {"total": 10_000, "cached": round(10_000 * share)}
+            with open(path, "w") as handle:
+                json.dump(stage, handle)
+        flags = ("--hardware-file", self.write("known.json", dataclasses.asdict(KNOWN)), "--model-file", model_file,
+                 "--max-num-seqs", "128", "--max-num-batched-tokens", "2048", "--no-sensitivity")
+        rows = run_json("compare", folder, *flags)["rows"]
+        self.assertEqual([row["prefix_hit_rate"] for row in rows],
+                         [{"measured": round(10_000 * share) / 10_000, "predicted": share} for share in shares])
+        code, out, err = run_cli("compare", folder, *flags)
+        self.assertIn(f"prefix cache hits of the successes' prompt tokens, server / simulated: small-run stage 0 "
+                      f"{shares[0]:.1%} / {shares[0]:.1%}, small-run stage 1 {shares[1]:.1%} / {shares[1]:.1%}\n", out)
+
     def test_runs_of_several_models_each_report_the_capacity_of_their_own_engine(self):
         folders = [write_run(self.directory, name, model, config, tp, [(2, 5)], output=20)
                    for name, model, config, tp in (("one", "mha", MHA, 1), ("two", "deep", DEEP, 2))]
