@@ -9305,13 +9305,14 @@ def _stage_figures(stage: JsonObject, output_tokens: float) -> dict:
         figures["prefix_hit_rate"] = prompts.number("cached", 0) / prompts.number("total", 0)
     latency = successes.object("latency")
     for label, key in (("ttft", "time_to_first_token"), ("e2e", "request_latency")):
-        spread = latency.object(key)
-        figures[f"{label} mean"] = spread.number("mean", 0) * 1000
+        # NOTE: a run that did not stream (api.streaming: false) timed no first token: its TTFT is null
+        spread = latency.object(key, None) if label == "ttft" else latency.object(key)
+        figures[f"{label} mean"] = None if spread is None else spread.number("mean", 0) * 1000
         for pct, name in ((50, "median"), (90, "p90"), (99, "p99")):
-            value = spread.number(name, 0, None)
+            value = None if spread is None else spread.number(name, 0, None)
             figures[f"{label} p{pct}"] = None if value is None else value * 1000
     figures["tpot mean"] = ((figures["e2e mean"] - figures["ttft mean"]) / (output_tokens - 1)
-                            if output_tokens > 1 else None)
+                            if output_tokens > 1 and figures["ttft mean"] is not None else None)
     throughput = successes.object("throughput", None)
     figures["out tok/s"] = (None if throughput is None else
                             throughput.number("requests_per_sec", 0) * output_tokens)
@@ -9998,9 +9999,10 @@ def loadgen_points(reports: Sequence[Tuple[str, dict]]) -> List[List[Tuple[str, 
 
 def inference_perf_points(run: dict) -> List[Tuple[str, float]]:
     """What a fit matches in an inference-perf run: each stage's server-side time per
-    output token and mean TTFT, the figures its stages are judged by."""
+    output token and mean TTFT, the figures its stages are judged by; a stage that timed
+    no first token (not streamed), its mean request latency."""
     return [(f"stage {index} {label}", stage[label]) for index, stage in enumerate(run["measured"])
-            for label in ("tpot mean", "ttft mean") if stage.get(label)]
+            for label in (("tpot mean", "ttft mean") if stage.get("ttft mean") else ("e2e mean",)) if stage.get(label)]
 
 
 # The figures a fit moves, each as an additive coordinate the step time is (nearly) linear

@@ -280,6 +280,16 @@ class WorkloadTest(ScratchTest):
         newer = main._stage_figures(main.JsonObject(stage, "stage"), 40)
         self.assertEqual((newer["tpot mean"], newer["out tok/s"]), (50.0, 100.0))  # 2450 ms / 49
 
+    def test_a_run_that_did_not_stream_is_compared_and_fitted_on_its_request_latency(self):
+        stage = {"successes": {"count": 10, "latency": {"time_to_first_token": None, "request_latency": {"mean": 2.55}},
+                               "throughput": {"requests_per_sec": 2.0}}}
+        figures = main._stage_figures(main.JsonObject(stage, "stage"), 40)
+        self.assertEqual((figures["ttft mean"], figures["ttft p50"], figures["tpot mean"], figures["e2e mean"]),
+                         (None, None, None, 2550.0))
+        streamed = dict(figures, **{"ttft mean": 100.0, "tpot mean": 62.8})
+        self.assertEqual(main.inference_perf_points({"measured": [figures, streamed]}),
+                         [("stage 0 e2e mean", 2550.0), ("stage 1 tpot mean", 62.8), ("stage 1 ttft mean", 100.0)])
+
     def test_a_missing_stage_file_exits_2_naming_it(self):
         os.remove(os.path.join(self.folder, "results", "stage_1_lifecycle_metrics.json"))
         self.assert_usage_error(("compare", self.folder), "stage_1_lifecycle_metrics.json: missing")
