@@ -9858,6 +9858,7 @@ def compare_rows(reports: Sequence[dict], predictions: Sequence[dict]) -> List[d
 INFERENCE_PERF_LABELS = ("ttft mean", "ttft p50", "ttft p90", "ttft p99", "e2e mean", "e2e p50", "e2e p90", "e2e p99",
                          "tpot mean", "out tok/s", "failed share")
 INFERENCE_PERF_SHOWN = ("ttft mean", "ttft p50", "e2e mean", "tpot mean", "out tok/s")  # the text table's figures
+INFERENCE_PERF_CHARTED = ("ttft mean", "e2e mean", "tpot mean", "out tok/s")  # its page's charts
 
 
 def inference_perf_rows(run: dict, predictions: Sequence[dict], bands: Sequence[Optional[dict]]) -> List[dict]:
@@ -11945,16 +11946,21 @@ def format_compare(spec: EngineSpec, reports: Sequence[dict], rows: Sequence[dic
     return lines + list(dict.fromkeys(row["cost_model"]["text"] for row in rows))
 
 
+def compared_servers(spec: EngineSpec, rows: Sequence[dict]) -> str:
+    """The model and devices each inference-perf row was predicted on (a run's own model
+    from --model-dir): "llama-2-7b-hf on h100-sxm-80gb (vLLM ...)" when they are the spec's."""
+    plan, served = spec.plan, sorted({(row["model"], row["devices"]) for row in rows})
+    if len(served) == 1 and served[0] == (plan.model.name, plan.devices):
+        return f"{plan.model.name} on {plan.devices} ({scheduler_text(spec)})"
+    return ", ".join(f"{model} on {devices}" for model, devices in served)
+
+
 def format_inference_perf_compare(spec: EngineSpec, runs: Sequence[dict], rows: Sequence[dict],
                                   hardware_named: bool = True) -> List[str]:
     """inference-perf stages measured beside predicted: a row per stage, the mean absolute
     error of each figure over them, and what the sensitivity bands say."""
     plan = spec.plan
-    served = sorted({(row["model"], row["devices"]) for row in rows})
-    what = (f"{plan.model.name} on {plan.devices} ({scheduler_text(spec)})" if len(served) == 1 and
-            served[0] == (plan.model.name, plan.devices) else
-            ", ".join(f"{model} on {devices}" for model, devices in served))
-    lines = [f"compare {what} with inference-perf {', '.join(run['name'] for run in runs)}; times in ms, tpot the "
+    lines = [f"compare {compared_servers(spec, rows)} with inference-perf {', '.join(run['name'] for run in runs)}; times in ms, tpot the "
              f"server's (latency less TTFT over the output tokens after the first)"]
     if not hardware_named:
         lines.append(f"no --hardware given: the default {plan.hardware.name}'s roofline stands in for the server's")
@@ -12504,22 +12510,27 @@ def plan_charts(report: dict) -> List[str]:
     return charts
 
 
-def compare_charts(rows: Sequence[dict]) -> List[str]:
-    """Measured beside predicted for each compared figure, one point per workload (in order)."""
+def compare_charts(rows: Sequence[dict], labels: Sequence[str]) -> List[str]:
+    """Measured beside predicted for each of the figures labels name that some row
+    measured, one point per workload (in order)."""
+    if not rows:
+        return []
     by_clients = all(row["concurrency"] for row in rows)
     xs = [float(row["concurrency"]) if by_clients else float(index + 1) for index, row in enumerate(rows)]
     x_label = "concurrency (clients)" if by_clients else "workload (the table's rows, in order)"
     charts = []
-    for label, _ in COMPARED:
+    for label in labels:
         shown = [(x, row) for x, row in zip(xs, rows)
                  if row["measured"].get(label) is not None and row["predicted"].get(label) is not None]
+        if not shown:
+            continue  # NOTE: a figure no run measured (a published result's) has nothing to set beside
         noise = tuple(f"noise {row['spread'][label]:.0%}" if row["spread"].get(label) is not None else ""
                       for _, row in shown)
         error = tuple(f"{row['error'][label]:+.0%}" if row["error"][label] is not None else "" for _, row in shown)
+        measured = "measured (its run-to-run noise)" if any(noise) else "measured"  # a single run has none
         charts.append(svg_chart(
             f"{label}: measured and predicted", x_label, label + ("" if label == "out tok/s" else " (ms)"),
-            [Series("measured (its run-to-run noise)", tuple((x, row["measured"][label]) for x, row in shown),
-                    notes=noise),
+            [Series(measured, tuple((x, row["measured"][label]) for x, row in shown), notes=noise),
              Series("predicted (its error)", tuple((x, row["predicted"][label]) for x, row in shown), dashed=True,
                     notes=error)]))
     return charts
@@ -12930,6 +12941,17 @@ def _run_spec(args, path: str, run: dict) -> EngineSpec:
     return build_engine_spec(argparse.Namespace(**dict(vars(args), **changes)), server=run["server_info"])
 
 
+def compared_engine(spec: EngineSpec, rows: Sequence[dict], run_rows: Sequence[dict]) -> dict:
+    """compare --json's hardware, model and capacity: the flags' engine, which predicted
+    the loadgen rows; with inference-perf runs alone, each predicted on its own model
+    (--model-dir), the one they share (None where they differ: each row names its own)."""
+    if rows or not run_rows:
+        return {"hardware": spec.plan.hardware.name, "model": spec.plan.model.name, "capacity": spec.plan.to_dict()}
+    shared = len({(row["model"], row["devices"]) for row in run_rows}) == 1
+    return {"hardware": spec.plan.hardware.name, "model": run_rows[0]["model"] if shared else None,
+            "capacity": run_rows[0]["capacity"] if shared else None}
+
+
 def cmd_compare(args) -> int:
     runs = [read_inference_perf(path) for path in args.reports if inference_perf_results(path)]
     reports = [read_loadgen_report(path) for path in args.reports if not inference_perf_results(path)]
@@ -12954,12 +12976,12 @@ def cmd_compare(args) -> int:
     lines = format_compare(spec, reports, rows, named, notes) if rows else []
     lines += format_inference_perf_compare(spec, runs, run_rows, named) if run_rows else []
     if args.html or args.svg:
-        _write_charts(args, f"servesim compare: {spec.plan.model.name} on {spec.plan.devices}", lines,
-                      compare_charts(rows + run_rows))
+        served = compared_servers(spec, run_rows) if not rows else f"{spec.plan.model.name} on {spec.plan.devices}"
+        _write_charts(args, f"servesim compare: {served}", lines, compare_charts(rows, [label for label, _ in COMPARED])
+                      + compare_charts(run_rows, INFERENCE_PERF_CHARTED))
     if args.json:
-        _print_json({"hardware": spec.plan.hardware.name, "model": spec.plan.model.name,
-                     "capacity": spec.plan.to_dict(), "scheduler": asdict(spec.config), "rows": rows + run_rows,
-                     "notes": notes})
+        _print_json(dict(compared_engine(spec, rows, run_rows), scheduler=asdict(spec.config), rows=rows + run_rows,
+                         notes=notes))
     else:
         _print_lines(lines)
     return 0

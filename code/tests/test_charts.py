@@ -159,8 +159,27 @@ class EveryReportTest(ScratchTest):
         charts = self.page("compare", *reports, "--step-profile", os.path.join(FIXTURES_DIR, "llamacpp",
                                                                               "profile.json"))
         self.assertEqual([list(lines) for _, lines, _, _ in charts],
-                         [["measured (its run-to-run noise)", "predicted (its error)"]] * 3)
+                         [["measured", "predicted (its error)"]] * 3)  # one run of each: no noise to show
         self.assertIn("concurrency (clients)", charts[0][2])
+        again = self.page("compare", *reports, os.path.join(FIXTURES_DIR, "llamacpp", "c4-again.json"),
+                          "--step-profile", os.path.join(FIXTURES_DIR, "llamacpp", "profile.json"))
+        self.assertEqual(list(again[0][1]), ["measured (its run-to-run noise)", "predicted (its error)"])
+
+    def test_an_inference_perf_compare_charts_its_stages_figures_under_the_runs_model(self):
+        folder = os.path.join(self.directory, "run")
+        shutil.copytree(os.path.join(FIXTURES_DIR, "gpu", "llama-3-1-8b-tp1-reasoning"), folder)
+        path = os.path.join(self.directory, "page.html")
+        code, out, err = run_cli("compare", folder, "--model-dir", os.path.join(FIXTURES_DIR, "gpu"), "--max-num-seqs",
+                                 "128", "--no-sensitivity", "--html", path)
+        self.assertEqual((code, err), (0, ""))
+        with open(path, encoding="utf-8") as handle:
+            page = handle.read()
+        self.assertIn("<h1>servesim compare: llama-3.1-8b-instruct on h100-sxm-80gb</h1>", page)
+        charts = [series_of(chart) for chart in charts_of(page)]
+        titles = [root.find(f"{SVG}title").text for root, _, _, _ in charts]
+        self.assertEqual(titles, ["ttft mean: measured and predicted", "e2e mean: measured and predicted",
+                                  "tpot mean: measured and predicted"])  # its throughput was not published
+        self.assertEqual([len(lines["measured"]) for _, lines, _, _ in charts], [1, 1, 1])
 
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")

@@ -383,6 +383,10 @@ class CompareTest(ScratchTest):
                           "--hardware-file", hardware, "--no-sensitivity")
         self.assertEqual([(row["run"], row["model"], row["capacity"]["model"], row["capacity"]["num_devices"])
                           for row in report["rows"]], [("one", "mha", "mha", 1), ("two", "deep", "deep", 2)])
+        self.assertEqual((report["model"], report["capacity"]), (None, None))  # not the flags' default model
+        alone = run_json("compare", folders[1], "--model-dir", os.path.join(self.directory, "models"),
+                         "--hardware-file", hardware, "--no-sensitivity")
+        self.assertEqual((alone["model"], alone["capacity"]), ("deep", alone["rows"][0]["capacity"]))
 
     def test_runs_find_their_models_in_whichever_model_dir_holds_them(self):
         folders = [write_run(self.directory, name, model, config, 1, [(2, 5)], output=20)
