@@ -12329,12 +12329,26 @@ def svg_chart(title: str, x_label: str, y_label: str, series: Sequence[Series], 
                      f'stroke="{color}" stroke-width="{width}"{dash}/>')
         if len(line.points) <= 60 or not line.joined:
             parts += [f'<circle cx="{sx(x):.1f}" cy="{sy(y):.1f}" r="3" fill="{color}"/>' for x, y in line.points]
-        parts += [f'<text class="note" x="{sx(x) + 5:.1f}" y="{sy(y) + 14:.1f}" fill="{color}">{_escape(note)}</text>'
-                  for (x, y), note in zip(line.points, line.notes) if note]
+        parts += [_svg_note(note, sx(x), sy(y) + (-7 if _tops_at(series, line, x, y) else 14), color,
+                            sx(x) > left + 0.75 * plot_w) for (x, y), note in zip(line.points, line.notes) if note]
         parts.append("</g>")
     parts += _svg_marks(marks, sx, sy, left, top, plot_w, plot_h)
     parts += _svg_legend(series, left + plot_w, top)
     return "\n".join(parts + ["</svg>"])
+
+
+def _tops_at(series: Sequence[Series], line: Series, x: float, y: float) -> bool:
+    """Whether line's point (x, y) is the highest of several series' points at x: its note
+    then goes above it, the others' below theirs, so that notes at one x do not overlap."""
+    others = [other_y for other in series if other is not line for other_x, other_y in other.points if other_x == x]
+    return bool(others) and y >= max(others)
+
+
+def _svg_note(note: str, x: float, y: float, color: str, toward_left: bool) -> str:
+    """A point's note beside it: to its right, or ending at its left where the plot's right
+    edge would cut it off."""
+    anchor = f'x="{x - 5:.1f}" text-anchor="end"' if toward_left else f'x="{x + 5:.1f}"'
+    return f'<text class="note" {anchor} y="{y:.1f}" fill="{color}">{_escape(note)}</text>'
 
 
 def _svg_axes(x_ticks, y_ticks, sx, sy, left, top, plot_w, plot_h, x_label, y_label, height) -> List[str]:
@@ -12353,17 +12367,28 @@ def _svg_axes(x_ticks, y_ticks, sx, sy, left, top, plot_w, plot_h, x_label, y_la
     return parts
 
 
+def _label_row(placed: List[Tuple[float, float, int]], x: float, width: float) -> int:
+    """The first row (0 at the top) where a label from x to x + width overlaps none of the
+    labels placed, (start, end, row) each; the label is added to placed."""
+    row = 0
+    while any(start < x + width and x < end and row == taken for start, end, taken in placed):
+        row += 1
+    placed.append((x, x + width, row))
+    return row
+
+
 def _svg_marks(marks, sx, sy, left, top, plot_w, plot_h) -> List[str]:
-    parts = []
-    for mark in marks:
+    parts, labelled = [], []  # labelled: where the vertical marks' labels were put (_label_row)
+    for mark in sorted(marks, key=lambda mark: -1e300 if mark.x is None else mark.x):
         if mark.y is not None:
             parts.append(f'<g class="mark" data-name="{_escape(mark.label)}"><line x1="{left}" y1="{sy(mark.y):.1f}" '
                          f'x2="{left + plot_w}" y2="{sy(mark.y):.1f}" stroke="#555" stroke-dasharray="3 3"/>'
                          f'<text x="{left + 4}" y="{sy(mark.y) - 4:.1f}" fill="#555">{_escape(mark.label)}</text></g>')
         else:
+            label_y = top + 14 * (1 + _label_row(labelled, sx(mark.x) + 4, 6.6 * len(mark.label)))
             parts.append(f'<g class="mark" data-name="{_escape(mark.label)}"><line x1="{sx(mark.x):.1f}" y1="{top}" '
                          f'x2="{sx(mark.x):.1f}" y2="{top + plot_h}" stroke="#555" stroke-dasharray="3 3"/>'
-                         f'<text x="{sx(mark.x) + 4:.1f}" y="{top + 14}" fill="#555">{_escape(mark.label)}</text></g>')
+                         f'<text x="{sx(mark.x) + 4:.1f}" y="{label_y}" fill="#555">{_escape(mark.label)}</text></g>')
     return parts
 
 
@@ -12373,9 +12398,9 @@ def _svg_legend(series, right_edge, top) -> List[str]:
     for index, line in enumerate(series):
         y = top - 8 - 16 * (len(series) - 1 - index)
         color = CHART_COLORS[index % len(CHART_COLORS)]
-        parts.append(f'<g class="legend"><line x1="{left:.0f}" y1="{y - 4}" x2="{left + 20:.0f}" y2="{y - 4}" '
-                     f'stroke="{color}" stroke-width="2"/><text x="{left + 26:.0f}" y="{y}">'
-                     f'{_escape(line.name)}</text></g>')
+        key = (f'<line x1="{left:.0f}" y1="{y - 4}" x2="{left + 20:.0f}" y2="{y - 4}" stroke="{color}" stroke-width="2"/>'
+               if line.joined else f'<circle cx="{left + 10:.0f}" cy="{y - 4}" r="3" fill="{color}"/>')  # a scatter's dot
+        parts.append(f'<g class="legend">{key}<text x="{left + 26:.0f}" y="{y}">{_escape(line.name)}</text></g>')
     return parts
 
 
@@ -12384,7 +12409,7 @@ def html_page(title: str, text_lines: Sequence[str], charts: Sequence[str]) -> s
     nothing fetched from anywhere."""
     style = ("body{font-family:sans-serif;margin:1.5em auto;max-width:1200px;padding:0 1em;color:#1f2328}"
              "pre{background:#f6f8fa;padding:1em;overflow-x:auto;font-size:13px}"
-             ".charts{display:grid;grid-template-columns:repeat(auto-fit,minmax(min(100%,480px),1fr));gap:1em}"
+             ".charts{display:grid;grid-template-columns:repeat(auto-fill,minmax(min(100%,480px),1fr));gap:1em}"
              ".chart{border:1px solid #d0d7de;border-radius:6px;padding:.5em;background:#fff}")
     charts_html = "".join(f'<div class="chart">{chart}</div>' for chart in charts)
     return (f'<!doctype html>\n<html lang="en"><head><meta charset="utf-8"><meta name="viewport" '
@@ -12430,7 +12455,7 @@ def sweep_charts(runs: Sequence[Tuple[str, Optional[int], dict]], slo: Optional[
                "trace speed-up": "load (x the trace's speed)"}.get(axis, "tokens cap")
     objectives = slo.objectives() if slo else {}
     charts = [svg_chart("Throughput against load", x_label, "output tokens/s", [throughput],
-                        ([Mark(f"knee {knee:g}", x=knee)] if knee is not None else []) + list(extra))]
+                        ([Mark(f"knee {knee:.4g}", x=knee)] if knee is not None else []) + list(extra))]
     for name, title in (("ttft_ms", "TTFT"), ("tpot_ms", "TPOT")):
         series = [line(f"{title} p50", lambda summary, n=name: summary[n]["p50"]),
                   line(f"{title} p95", lambda summary, n=name: summary[n]["p95"], dashed=True)]

@@ -53,6 +53,33 @@ class ChartTest(ScratchTest):
         self.assertEqual(main.nice_ticks(1, 256), [0, 100, 200, 300])
         self.assertEqual(main.nice_ticks(0.2, 0.9), [0.2, 0.4, 0.6, 0.8, 1.0])
 
+    def test_a_mark_label_that_would_overlap_one_placed_drops_to_the_first_free_row(self):
+        placed = []
+        self.assertEqual([main._label_row(placed, x, width) for x, width in ((100, 50), (120, 50), (200, 50), (130, 10))],
+                         [0, 1, 0, 2])
+
+    def test_notes_stay_inside_the_plot_and_apart_where_two_series_meet_one_x(self):
+        svg = main.svg_chart("t", "x", "y", [main.Series("low", ((1, 10), (4, 20)), notes=("a", "b")),
+                                              main.Series("high", ((1, 30), (4, 40)), notes=("c", "d")),
+                                              main.Series("dots", ((2, 5),), joined=False)])
+        root = ET.fromstring(svg)
+        circles = {(float(c.get("cx")), float(c.get("cy"))) for c in root.iter(f"{SVG}circle")}
+        notes = {t.text: t for t in root.iter(f"{SVG}text") if t.get("class") == "note"}
+        point = {"a": (64.0, 10), "b": (510.0, 20), "c": (64.0, 30), "d": (510.0, 40)}  # pixel x, data y
+        cy = {name: next(cy for cx, cy in circles if cx == x and abs(cy - self.y_of(root, value)) < 1)
+              for name, (x, value) in point.items()}
+        self.assertEqual([notes[name].get("text-anchor") for name in "abcd"], [None, "end", None, "end"])
+        self.assertEqual([float(notes[name].get("y")) - cy[name] for name in "abcd"], [14, 14, -7, -7])
+        legend = [g for g in root.iter(f"{SVG}g") if g.get("class") == "legend"]
+        self.assertEqual([g[0].tag.split("}")[1] for g in legend], ["line", "line", "circle"])  # a scatter's dot
+
+    def y_of(self, root, value):
+        """The pixel y of a data value, read off the chart's own tick labels."""
+        ticks = sorted((float(t.text.replace(",", "")), float(t.get("y")) - 4) for t in root.iter(f"{SVG}text")
+                       if t.get("class") == "y-tick")
+        (v0, y0), (v1, y1) = ticks[0], ticks[-1]
+        return y0 + (value - v0) * (y1 - y0) / (v1 - v0)
+
     def test_the_sweep_page_plots_each_runs_figures_with_the_knee_and_the_slo_lines(self):
         page_path, svg_path = os.path.join(self.directory, "s.html"), os.path.join(self.directory, "s.svg")
         code, out, err = run_cli(*SWEEP, "--html", page_path, "--svg", svg_path, "--json")
