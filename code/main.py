@@ -9319,6 +9319,23 @@ def _stage_figures(stage: JsonObject, output_tokens: float) -> dict:
     return figures
 
 
+def _stage_server_figures(results: str, index: int) -> dict:
+    """What the server's own /metrics said of a stage, where inference-perf scraped them
+    (report.prometheus.per_stage: stage_N_prometheus_metrics.json): its mean running batch
+    (vllm:num_requests_running) and the preemptions it counted; {} without that file, or
+    where it shows no running requests (the scrape did not reach the server's gauges)."""
+    where = os.path.join(results, f"stage_{index}_prometheus_metrics.json")
+    if not os.path.isfile(where):
+        return {}
+    successes = JsonObject(read_json_file(where, where), where).object("successes", None)
+    running = successes.object("num_requests_running", None) if successes is not None else None
+    batch = running.number("mean", 0, None) if running is not None else None
+    if not batch:
+        return {}
+    preempted = successes.object("num_preemptions_total", None)
+    return {"batch": batch, "preemptions": None if preempted is None else preempted.number("mean", 0, None)}
+
+
 def read_inference_perf(path: str) -> dict:
     """An inference-perf run folder as a measured run: the workload its config.yaml ran
     (the data generator, the stages, the load type, the client timeout) and each stage's
@@ -9368,7 +9385,8 @@ def read_inference_perf(path: str) -> dict:
         stage_where = os.path.join(results, f"stage_{index}_lifecycle_metrics.json")
         if not os.path.isfile(stage_where):
             raise UsageError(f"{stage_where}: missing; config.yaml names {len(stages)} stages")
-        measured.append(_stage_figures(JsonObject(read_json_file(stage_where, stage_where), stage_where), output_tokens))
+        figures = _stage_figures(JsonObject(read_json_file(stage_where, stage_where), stage_where), output_tokens)
+        measured.append(dict(figures, **_stage_server_figures(results, index)))
     name = os.path.basename(os.path.normpath(path if results != path else os.path.dirname(os.path.normpath(path))))
     return {"source": "inference-perf", "path": path, "name": name or path, "kind": kind, "lengths": lengths,
             "prompt_len": prompt_len, "prompt_mean": prompt_mean, "output_len": output_len,
@@ -9500,11 +9518,12 @@ def predict_inference_perf(run: dict, spec: EngineSpec, seed: int = 0, timeout_s
         for request in requests:
             request.arrival_s += start_s
         engine.restart_token_log()
-        steps, seqs = engine.num_steps, engine.num_batched_seqs
+        steps, seqs, preempted = engine.num_steps, engine.num_batched_seqs, engine.report()["num_preemptions"]
         totals = RunTotals(None, engine.token_log is None)
         run_engine(engine, requests, clients, None, totals.add, timeout_s)
         report = engine.report()
         report["mean_batch_seqs"] = (engine.num_batched_seqs - seqs) / max(1, engine.num_steps - steps)
+        report["stage_preemptions"] = report["num_preemptions"] - preempted  # the engine's count runs on
         summary = totals.summary(engine.token_log)
         # NOTE: inference-perf divides the successes' tokens by the time from the stage's first
         # send to the last answer or give-up of any request, failed ones included; an overloaded
@@ -9870,7 +9889,8 @@ def inference_perf_rows(run: dict, predictions: Sequence[dict], bands: Sequence[
             zip(run["stages"], run["concurrency"], run["measured"], predictions, bands)):
         summary = prediction["summary"]
         predicted = dict(run_figures(summary), batch=prediction["engine"]["mean_batch_seqs"])
-        measured_figures = dict({label: measured.get(label) for label in INFERENCE_PERF_LABELS}, batch=None)
+        measured_figures = dict({label: measured.get(label) for label in INFERENCE_PERF_LABELS},
+                                batch=measured.get("batch"))
         error = {label: relative_error(predicted[label], measured_figures[label]) for label in measured_figures}
         error["failed share"] = predicted["failed share"] - measured_figures["failed share"]
         completed = summary["num_completed"]
@@ -9884,6 +9904,9 @@ def inference_perf_rows(run: dict, predictions: Sequence[dict], bands: Sequence[
         if measured.get("prefix_hit_rate") is not None:
             rows[-1]["prefix_hit_rate"] = {"measured": measured["prefix_hit_rate"],
                                            "predicted": prediction["prefix_hit_rate"]}
+        if measured.get("preemptions") is not None:
+            rows[-1]["preemptions"] = {"measured": measured["preemptions"],
+                                       "predicted": prediction["engine"]["stage_preemptions"]}
     return rows
 
 
@@ -11946,6 +11969,16 @@ def format_compare(spec: EngineSpec, reports: Sequence[dict], rows: Sequence[dic
     return lines + list(dict.fromkeys(row["cost_model"]["text"] for row in rows))
 
 
+def _server_pair(row: dict, key: str) -> Optional[dict]:
+    """{measured, predicted} of a figure an inference-perf row has beside its labels (prefix
+    hits, preemptions) or among them (batch), where the run measured it; else None."""
+    if key in row:
+        return row[key]
+    if row["measured"].get(key) is None:
+        return None
+    return {"measured": row["measured"][key], "predicted": row["predicted"][key]}
+
+
 def compared_servers(spec: EngineSpec, rows: Sequence[dict]) -> str:
     """The model and devices each inference-perf row was predicted on (a run's own model
     from --model-dir): "llama-2-7b-hf on h100-sxm-80gb (vLLM ...)" when they are the spec's."""
@@ -11988,11 +12021,14 @@ def format_inference_perf_compare(spec: EngineSpec, runs: Sequence[dict], rows: 
                  f"({'--request-timeout' if any(run['timeout_from'] == '--request-timeout' for run in runs) else runs[0]['timeout_from']})")
     lines += [f"{row['run']} stage {row['stage']}: {row['sensitivity']['note']}" for row in rows
               if row["sensitivity"] and row["sensitivity"]["note"]]
-    hits = [row for row in rows if "prefix_hit_rate" in row]
-    if hits:
-        lines.append("prefix cache hits of the successes' prompt tokens, server / simulated: " + ", ".join(
-            f"{row['run']} stage {row['stage']} {_share(row['prefix_hit_rate']['measured'])} / "
-            f"{_share(row['prefix_hit_rate']['predicted'])}" for row in hits))
+    for what, key, shown in (("prefix cache hits of the successes' prompt tokens", "prefix_hit_rate", _share),
+                             ("mean running batch (the server's /metrics)", "batch", lambda value: f"{value:.1f}"),
+                             ("preemptions", "preemptions", lambda value: f"{value:,.0f}")):
+        pairs = [(row, _server_pair(row, key)) for row in rows if _server_pair(row, key)]
+        if pairs:
+            lines.append(f"{what}, server / simulated: " + ", ".join(
+                f"{row['run']} stage {row['stage']} {shown(pair['measured'])} / {shown(pair['predicted'])}"
+                for row, pair in pairs))
     return lines + list(dict.fromkeys(row["cost_model"]["text"] for row in rows))
 
 

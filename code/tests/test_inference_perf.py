@@ -375,6 +375,27 @@ class CompareTest(ScratchTest):
         self.assertIn(f"prefix cache hits of the successes' prompt tokens, server / simulated: small-run stage 0 "
                       f"{shares[0]:.1%} / {shares[0]:.1%}, small-run stage 1 {shares[1]:.1%} / {shares[1]:.1%}\n", out)
 
+    def test_the_servers_running_batch_and_preemptions_are_compared_where_inference_perf_scraped_them(self):
+        folder = write_run(self.directory, "small-run", "small", SMALL, 1, [(2, 20), (6, 20)])
+        model_file = os.path.join(self.directory, "models", "small", "config.json")
+        stages = main.predict_inference_perf(main.read_inference_perf(folder), spec_for(model_file, 1, KNOWN))
+        batches = [stage["engine"]["mean_batch_seqs"] for stage in stages]
+        for index, running in enumerate((batches[0], 0.0)):  # the second scrape never reached the server's gauges
+            with open(os.path.join(folder, "results", f"stage_{index}_prometheus_metrics.json"), "w") as handle:
+                json.dump({"benchmark_time_seconds": 0.0, "load_summary": {}, "failures": {},
+                           "successes": {"num_requests_running": {"mean": running},
+                                         "num_preemptions_total": {"mean": 3.0}}}, handle)
+        flags = ("--hardware-file", self.write("known.json", dataclasses.asdict(KNOWN)), "--model-file", model_file,
+                 "--max-num-seqs", "128", "--max-num-batched-tokens", "2048", "--no-sensitivity")
+        rows = run_json("compare", folder, *flags)["rows"]
+        self.assertEqual([(row["measured"]["batch"], row.get("preemptions")) for row in rows],
+                         [(batches[0], {"measured": 3.0, "predicted": 0}), (None, None)])
+        self.assertEqual(rows[0]["predicted"]["batch"], batches[0])
+        out = run_cli("compare", folder, *flags)[1]
+        self.assertIn(f"mean running batch (the server's /metrics), server / simulated: small-run stage 0 "
+                      f"{batches[0]:.1f} / {batches[0]:.1f}\npreemptions, server / simulated: small-run stage 0 3 / 0\n",
+                      out)
+
     def test_runs_of_several_models_each_report_the_capacity_of_their_own_engine(self):
         folders = [write_run(self.directory, name, model, config, tp, [(2, 5)], output=20)
                    for name, model, config, tp in (("one", "mha", MHA, 1), ("two", "deep", DEEP, 2))]
