@@ -9631,7 +9631,22 @@ def from_vllm_bench(result: dict, where: str) -> dict:
                "total_tok_per_s": result.get("total_token_throughput") if _is_number(result.get("total_token_throughput")) else None,
                **{f"{name}_ms": _vllm_bench_figures(result, key) for name, key in
                   (("ttft", "ttft"), ("tpot", "tpot"), ("itl", "itl"), ("e2e", "e2el"))}}
-    return {"settings": settings, "summary": summary, "request_lengths": lengths, "source": "vllm bench serve"}
+    return {"settings": settings, "summary": summary, "request_lengths": lengths, "source": "vllm bench serve",
+            "request_offsets": _vllm_bench_offsets(data, lengths) if not closed else []}
+
+
+def _vllm_bench_offsets(data: JsonObject, lengths: List[Tuple[int, int]]) -> List[float]:
+    """When each request arrived, from the first (s), where --save-detailed kept each one's
+    start_times (newer releases) beside its lengths: its send, less the time it waited for a
+    --max-concurrency slot (queue_times); [] without them. The very schedule a Poisson or
+    gamma run drew, which a prediction replays in place of drawing its own."""
+    starts = data.value.get("start_times")
+    queued = data.value.get("queue_times") or [0.0] * len(lengths)
+    if not (lengths and isinstance(starts, list) and isinstance(queued, list) and len(starts) == len(queued) == len(lengths)
+            and all(_is_number(value) for value in starts) and all(wait is None or _is_number(wait) for wait in queued)):
+        return []
+    arrivals = [start - (wait or 0.0) for start, wait in zip(starts, queued)]
+    return [arrival - min(arrivals) for arrival in arrivals]
 
 
 def _vllm_bench_lengths(data: JsonObject, completed: int) -> List[Tuple[int, int]]:
@@ -9760,8 +9775,9 @@ def predict_loadgen_run(report: dict, spec: EngineSpec) -> dict:
     settings = report["settings"]
     if rate is None:
         offsets = [0.0] * num_requests
-    else:  # the very schedule loadgen sent on
-        offsets = open_loop_schedule(num_requests, rate, settings.get("burstiness") or 1.0, settings.get("seed") or 0)
+    else:  # the very schedule the run sent on: loadgen's (from its seed), or vllm bench serve's as it kept it
+        offsets = report.get("request_offsets") or open_loop_schedule(
+            num_requests, rate, settings.get("burstiness") or 1.0, settings.get("seed") or 0)
     lengths = report.get("request_lengths") or [(prompt_tokens, output_tokens)] * num_requests
     requests = [Request(index, prompt, output, arrival_s)
                 for index, ((prompt, output), arrival_s) in enumerate(zip(lengths, offsets))]

@@ -572,6 +572,21 @@ class VllmBenchResultTest(ScratchTest):
                                                          completed=39), "r.json")
         self.assertEqual(partial["request_lengths"], [])  # a failed request's lengths are unknown: the means stand
 
+    def test_saved_start_times_are_the_arrivals_predicted(self):
+        def result(starts, queued=None):
+            return main.from_vllm_bench(vllm_bench_result(
+                request_rate=4.0, max_concurrency=None, input_lens=[1024] * 40, output_lens=[128] * 40,
+                start_times=starts, queue_times=queued if queued is not None else [0.0] * 40), "r.json")
+        spread = result([50.0 + 0.25 * index for index in range(40)], [0.1] + [None] * 39)
+        # the first arrived at 49.9 (sent at 50.0 after 0.1 s waiting for a slot), the next at 50.25
+        self.assertEqual([round(offset, 6) for offset in spread["request_offsets"][:3]], [0.0, 0.35, 0.6])
+        spec = main.EngineSpec(main.plan_capacity(main.HARDWARE["h100-sxm-80gb"], main.MODELS["llama-3.1-8b"]),
+                               main.SchedulerConfig())
+        ttft_p50 = [main.predict_loadgen_run(report, spec)["summary"]["ttft_ms"]["p50"]
+                    for report in (spread, result([50.0] * 40))]
+        self.assertGreater(ttft_p50[1], 3 * ttft_p50[0])  # all sent at once queue behind each other's prefills
+        self.assertEqual(result([50.0] * 39)["request_offsets"], [])  # not one per request: the rate draws them
+
     def test_a_result_that_does_not_fit_exits_2_naming_the_field(self):
         for changes, message in (({"request_rate": "fast"}, "request_rate must be a positive number or \"inf\""),
                                  ({"completed": "all"}, "completed must be an integer >= 0, got 'all'"),
