@@ -6,6 +6,7 @@ import json
 import os
 import tempfile
 import unittest
+from unittest import mock
 
 from support import ScratchTest, main, make_scheduler, run_cli, run_json, step
 
@@ -28,6 +29,18 @@ class TraceTest(ScratchTest):
         requests = main.read_trace(self.write("azure.csv", AZURE))
         self.assertEqual([round(r.arrival_s, 7) for r in requests], [0.0, 4.314579, 4.541877, 9.31941])
         self.assertEqual([(r.prompt_tokens, r.max_tokens) for r in requests], [(374, 44), (396, 109), (879, 55), (91, 16)])
+
+    def test_a_file_is_parsed_once_for_each_text_it_holds_and_each_read_gets_its_own_requests(self):
+        path, parsed = self.write("azure.csv", AZURE), []
+        reader = main.TRACE_READERS["azure"]
+        with mock.patch.dict(main.TRACE_READERS, azure=lambda lines, where: parsed.append(where) or reader(lines, where)):
+            first, again = main.read_trace(path), main.read_trace(path, time_scale=2.0)
+            self.write("azure.csv", AZURE.replace(",374,", ",375,"))
+            changed = main.read_trace(path)
+        self.assertEqual(len(parsed), 2)  # the second read found the first's rows; the edit was read anew
+        self.assertEqual([r.arrival_s * 2 for r in first], [r.arrival_s for r in again])
+        self.assertIsNot(first[0], again[0])
+        self.assertEqual((first[0].prompt_tokens, changed[0].prompt_tokens), (374, 375))
 
     def test_time_scale_stretches_and_compresses_arrivals(self):
         path = self.write("azure.csv", AZURE)
