@@ -12024,8 +12024,9 @@ def format_inference_perf_compare(spec: EngineSpec, runs: Sequence[dict], rows: 
     """inference-perf stages measured beside predicted: a row per stage, the mean absolute
     error of each figure over them, and what the sensitivity bands say."""
     plan = spec.plan
-    lines = [f"compare {compared_servers(spec, rows)} with inference-perf {', '.join(run['name'] for run in runs)}; times in ms, tpot the "
-             f"server's (latency less TTFT over the output tokens after the first)"]
+    names = ", ".join(run["name"] for run in runs)
+    lines = [f"compare {compared_servers(spec, rows)} with inference-perf {names}; times in ms, tpot the server's "
+             f"(latency less TTFT over the output tokens after the first)"]
     if not hardware_named:
         lines.append(f"no --hardware given: the default {plan.hardware.name}'s roofline stands in for the server's")
     header = ["run", "stage", "load", "requests"]
@@ -12055,7 +12056,7 @@ def format_inference_perf_compare(spec: EngineSpec, runs: Sequence[dict], rows: 
     for what, key, shown in (("prefix cache hits of the successes' prompt tokens", "prefix_hit_rate", _share),
                              ("mean running batch (the server's /metrics)", "batch", lambda value: f"{value:.1f}"),
                              ("preemptions", "preemptions", lambda value: f"{value:,.0f}")):
-        pairs = [(row, _server_pair(row, key)) for row in rows if _server_pair(row, key)]
+        pairs = [(row, pair) for row in rows for pair in (_server_pair(row, key),) if pair]
         if pairs:
             lines.append(f"{what}, server / simulated: " + ", ".join(
                 f"{row['run']} stage {row['stage']} {shown(pair['measured'])} / {shown(pair['predicted'])}"
