@@ -9408,7 +9408,7 @@ def read_inference_perf(path: str) -> dict:
             "outputs_measured": outputs_measured,
             "load_type": load_type, "stages": stages,
             "concurrency": concurrency, "measured": measured,
-            "server_info": served, "ignore_eos": ignore_eos,
+            "server_info": served, "ignore_eos": ignore_eos, "served_model": server.string("model_name", None),
             "timeout_s": timeout_s or INFERENCE_PERF_CLIENT_TIMEOUT_S,
             "timeout_from": "load.request_timeout" if timeout_s else "inference-perf's client default"}
 
@@ -12020,15 +12020,17 @@ def compared_servers(spec: EngineSpec, rows: Sequence[dict]) -> str:
 
 
 def format_inference_perf_compare(spec: EngineSpec, runs: Sequence[dict], rows: Sequence[dict],
-                                  hardware_named: bool = True) -> List[str]:
+                                  hardware_named: bool = True, notes: Sequence[str] = ()) -> List[str]:
     """inference-perf stages measured beside predicted: a row per stage, the mean absolute
-    error of each figure over them, and what the sensitivity bands say."""
+    error of each figure over them, and what the sensitivity bands say (notes: what stood
+    in for something the flags left out, after the defaults' line)."""
     plan = spec.plan
     names = ", ".join(run["name"] for run in runs)
     lines = [f"compare {compared_servers(spec, rows)} with inference-perf {names}; times in ms, tpot the server's "
              f"(latency less TTFT over the output tokens after the first)"]
     if not hardware_named:
         lines.append(f"no --hardware given: the default {plan.hardware.name}'s roofline stands in for the server's")
+    lines += list(notes)
     header = ["run", "stage", "load", "requests"]
     for label in INFERENCE_PERF_SHOWN:
         header += [label, "pred", "err"]
@@ -13045,6 +13047,17 @@ def compared_engine(spec: EngineSpec, rows: Sequence[dict], run_rows: Sequence[d
             "capacity": run_rows[0]["capacity"] if shared else None}
 
 
+def stand_in_model_notes(args, runs: Sequence[dict], spec: EngineSpec) -> List[str]:
+    """A line for each model the inference-perf runs served (config.yaml's server.model_name)
+    when no flag named one (--model-dir, --model-file, --model): the flags' preset was
+    predicted in its place, which the reader must not have to guess from the header."""
+    if args.model is not None or args.model_file is not None or args.model_dir:
+        return []
+    served = sorted({run["served_model"] for run in runs if run.get("served_model")})
+    return [f"{model} served the run; with no --model-dir, --model-file or --model the preset {spec.plan.model.name} "
+            f"stands in for it" for model in served]
+
+
 def cmd_compare(args) -> int:
     runs = [read_inference_perf(path) for path in args.reports if inference_perf_results(path)]
     reports = [read_loadgen_report(path) for path in args.reports if not inference_perf_results(path)]
@@ -13065,16 +13078,16 @@ def cmd_compare(args) -> int:
                 for row in predict_inference_perf_rows(run, _run_spec(args, path, run), args.request_timeout,
                                                        args.sensitivity)]
     named = args.hardware is not None or args.hardware_file is not None
-    notes = [note for note in (profile_drift_note(rows),) if note]
+    notes, stand_ins = [note for note in (profile_drift_note(rows),) if note], stand_in_model_notes(args, runs, spec)
     lines = format_compare(spec, reports, rows, named, notes) if rows else []
-    lines += format_inference_perf_compare(spec, runs, run_rows, named) if run_rows else []
+    lines += format_inference_perf_compare(spec, runs, run_rows, named, stand_ins) if run_rows else []
     if args.html or args.svg:
         served = compared_servers(spec, run_rows) if not rows else f"{spec.plan.model.name} on {spec.plan.devices}"
         _write_charts(args, f"servesim compare: {served}", lines, compare_charts(rows, [label for label, _ in COMPARED])
                       + compare_charts(run_rows, INFERENCE_PERF_CHARTED))
     if args.json:
         _print_json(dict(compared_engine(spec, rows, run_rows), scheduler=asdict(spec.config), rows=rows + run_rows,
-                         notes=notes))
+                         notes=notes + stand_ins))
     else:
         _print_lines(lines)
     return 0

@@ -396,6 +396,15 @@ class CompareTest(ScratchTest):
                       f"{batches[0]:.1f} / {batches[0]:.1f}\npreemptions, server / simulated: small-run stage 0 3 / 0\n",
                       out)
 
+    def test_without_a_model_flag_the_report_says_which_preset_stood_in_for_the_runs_model(self):
+        folder = write_run(self.directory, "small-run", "small", SMALL, 1, [(2, 5)], output=20)
+        code, out, err = run_cli("compare", folder, "--no-sensitivity")
+        self.assertEqual((code, err), (0, ""))
+        self.assertEqual(out.splitlines()[2], "org/small served the run; with no --model-dir, --model-file or --model "
+                                              "the preset llama-3.1-8b stands in for it")
+        named = run_json("compare", folder, "--model-dir", os.path.join(self.directory, "models"), "--no-sensitivity")
+        self.assertEqual((named["model"], named["notes"]), ("small", []))
+
     def test_runs_of_several_models_each_report_the_capacity_of_their_own_engine(self):
         folders = [write_run(self.directory, name, model, config, tp, [(2, 5)], output=20)
                    for name, model, config, tp in (("one", "mha", MHA, 1), ("two", "deep", DEEP, 2))]
