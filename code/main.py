@@ -11968,10 +11968,10 @@ def scheduler_text(spec: EngineSpec) -> str:
 
 
 def format_compare(spec: EngineSpec, reports: Sequence[dict], rows: Sequence[dict],
-                   hardware_named: bool = True, notes: Sequence[str] = ()) -> List[str]:
+                   hardware_named: bool = True, notes: Sequence[str] = (), stand_ins: Sequence[str] = ()) -> List[str]:
     """Measured beside predicted per run, with the relative error of each figure and the
     notes after the medians (hardware_named: false when the device is the default, not the
-    server's)."""
+    server's; stand_ins: what stood in for a model no flag named, under it)."""
     plan = spec.plan
     sources = sorted({report.get("source") or f"loadgen at {report['settings']['url']}" for report in reports})
     lines = [f"compare {plan.model.name} on {plan.devices} ({scheduler_text(spec)}) with {', '.join(sources)}; "
@@ -11979,6 +11979,7 @@ def format_compare(spec: EngineSpec, reports: Sequence[dict], rows: Sequence[dic
     if not hardware_named:
         lines.append(f"no --hardware given: the default {plan.hardware.name}'s price, memory and roofline stand "
                      f"in for the server's where the measurement is silent")
+    lines += list(stand_ins)
     told = server_flags_text(with_profiled_flags(measured_server(reports[0]), spec.step_profile))
     lines += [f"{told}; the prediction takes them where no flag says otherwise"] if told else []
     lines += _format_compare_table(rows) + [_format_compare_totals(compare_totals(rows))] + list(notes)
@@ -13047,15 +13048,15 @@ def compared_engine(spec: EngineSpec, rows: Sequence[dict], run_rows: Sequence[d
             "capacity": run_rows[0]["capacity"] if shared else None}
 
 
-def stand_in_model_notes(args, runs: Sequence[dict], spec: EngineSpec) -> List[str]:
-    """A line for each model the inference-perf runs served (config.yaml's server.model_name)
-    when no flag named one (--model-dir, --model-file, --model): the flags' preset was
-    predicted in its place, which the reader must not have to guess from the header."""
-    if args.model is not None or args.model_file is not None or args.model_dir:
+def stand_in_model_notes(args, served: Sequence[Optional[str]], spec: EngineSpec) -> List[str]:
+    """A line for each model the measured servers served (a loadgen report's settings.model,
+    an inference-perf run's server.model_name) when neither a flag (--model-dir,
+    --model-file, --model) nor the server's model file named the model predicted: the
+    flags' preset stood in for it, which the reader must not have to guess from the header."""
+    if args.model is not None or args.model_file is not None or getattr(args, "model_dir", None):
         return []
-    served = sorted({run["served_model"] for run in runs if run.get("served_model")})
     return [f"{model} served the run; with no --model-dir, --model-file or --model the preset {spec.plan.model.name} "
-            f"stands in for it" for model in served]
+            f"stands in for it" for model in sorted({name for name in served if name})]
 
 
 def cmd_compare(args) -> int:
@@ -13078,9 +13079,11 @@ def cmd_compare(args) -> int:
                 for row in predict_inference_perf_rows(run, _run_spec(args, path, run), args.request_timeout,
                                                        args.sensitivity)]
     named = args.hardware is not None or args.hardware_file is not None
-    notes, stand_ins = [note for note in (profile_drift_note(rows),) if note], stand_in_model_notes(args, runs, spec)
-    lines = format_compare(spec, reports, rows, named, notes) if rows else []
-    lines += format_inference_perf_compare(spec, runs, run_rows, named, stand_ins) if run_rows else []
+    stand_ins = stand_in_model_notes(args, [report["settings"].get("model") for report in reports]
+                                     + [run["served_model"] for run in runs], spec)
+    notes = [note for note in (profile_drift_note(rows),) if note]
+    lines = format_compare(spec, reports, rows, named, notes, stand_ins) if rows else []
+    lines += format_inference_perf_compare(spec, runs, run_rows, named, [] if rows else stand_ins) if run_rows else []
     if args.html or args.svg:
         served = compared_servers(spec, run_rows) if not rows else f"{spec.plan.model.name} on {spec.plan.devices}"
         _write_charts(args, f"servesim compare: {served}", lines, compare_charts(rows, [label for label, _ in COMPARED])

@@ -547,6 +547,14 @@ class VllmBenchResultTest(ScratchTest):
         self.assertTrue(run_cli("compare", path, *self.H100)[1].startswith(
             "compare llama-3.1-8b on h100-sxm-80gb (447,952 KV tokens, max-num-seqs 256) with vllm bench serve; "))
 
+    def test_without_a_model_flag_the_report_says_which_preset_stood_in_for_the_servers_model(self):
+        path = self.write("vllm.json", vllm_bench_result())
+        code, out, err = run_cli("compare", path, "--hardware", "h100-sxm-80gb")
+        self.assertEqual((code, err), (0, ""))
+        self.assertEqual(out.splitlines()[1], "meta-llama/Llama-3.1-8B-Instruct served the run; with no --model-dir, "
+                                              "--model-file or --model the preset llama-3.1-8b stands in for it")
+        self.assertEqual(run_json("compare", path, *self.H100)["notes"], [])
+
     def test_results_of_different_lengths_are_different_rows(self):
         short = self.write("short.json", vllm_bench_result())
         long = self.write("long.json", vllm_bench_result(total_input_tokens=40 * 4096))
