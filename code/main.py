@@ -13129,13 +13129,16 @@ def cmd_calibrate(args) -> int:
         hardware, residuals = fit_hardware(measured, base, name, workers, progress, args.hold)
     progress.close()
     models = list(dict.fromkeys(item.spec.plan.model.name for item in measured))
+    stand_ins = stand_in_model_notes(args, [report["settings"].get("model") for _, report in reports]
+                                     + [run["served_model"] for _, run in runs], spec)
     if args.out:
         write_json_file(args.out, asdict(hardware), "--out")
     if args.json:
         _print_json({"hardware": asdict(hardware), "fitted": fitted, "held": held, "models": models,
-                     "residuals": residuals})
+                     "residuals": residuals, "notes": stand_ins})
     else:
-        _print_lines(format_calibration(hardware, base, (fitted, held), models, len(measured), residuals, args.out))
+        lines = format_calibration(hardware, base, (fitted, held), models, len(measured), residuals, args.out)
+        _print_lines(lines[:1] + stand_ins + lines[1:])  # NOTE: a fit to the wrong model says so first
     return 0
 
 

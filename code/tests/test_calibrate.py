@@ -189,6 +189,16 @@ class VllmBenchCalibrateTest(ScratchTest):
         fitted = json.loads(out)["hardware"]
         for name in ("bandwidth_gbs", "tflops", "step_overhead_ms"):
             self.assertAlmostEqual(fitted[name] / getattr(KNOWN, name), 1.0, delta=0.05, msg=name)
+        self.assertEqual(json.loads(out)["notes"], [])  # --model named the model fitted
+
+    def test_a_fit_to_a_preset_no_flag_named_says_so_under_its_first_line(self):
+        served = [dict(simulated_vllm_bench(c), model_id="org/served") for c in (1, 8)]
+        code, out, err = run_cli("calibrate", *[self.write(f"b{c}.json", r) for c, r in zip((1, 8), served)],
+                                 "--hardware", "h100-sxm-80gb", "--hold", "compute,step_overhead_ms", "--jobs", "1")
+        self.assertEqual((code, err), (0, ""))
+        self.assertTrue(out.splitlines()[0].startswith("calibrated h100-sxm-80gb-calibrated for llama-3.1-8b from 2 runs"))
+        self.assertEqual(out.splitlines()[1], "org/served served the run; with no --model-dir, --model-file or "
+                                              "--model the preset llama-3.1-8b stands in for it")
 
 
 class CompareTest(ScratchTest):
