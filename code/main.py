@@ -9337,8 +9337,9 @@ def _stage_figures(stage: JsonObject, output_tokens: float) -> dict:
 def _stage_server_figures(results: str, index: int) -> dict:
     """What the server's own /metrics said of a stage, where inference-perf scraped them
     (report.prometheus.per_stage: stage_N_prometheus_metrics.json): its mean running batch
-    (vllm:num_requests_running) and the preemptions it counted; {} without that file, or
-    where it shows no running requests (the scrape did not reach the server's gauges)."""
+    (vllm:num_requests_running), the preemptions it counted and its prefix cache's hit share
+    (hits over queries, every admission's); {} without that file, or where it shows no
+    running requests (the scrape did not reach the server's gauges)."""
     where = os.path.join(results, f"stage_{index}_prometheus_metrics.json")
     if not os.path.isfile(where):
         return {}
@@ -9348,7 +9349,9 @@ def _stage_server_figures(results: str, index: int) -> dict:
     if not batch:
         return {}
     preempted = successes.object("num_preemptions_total", None)
-    return {"batch": batch, "preemptions": None if preempted is None else preempted.number("mean", 0, None)}
+    hits = successes.object("prefix_cache_hit_percent", None)
+    return {"batch": batch, "preemptions": None if preempted is None else preempted.number("mean", 0, None),
+            "server_prefix_hit_rate": None if hits is None else hits.number("mean", 0, 100) / 100}
 
 
 def read_inference_perf(path: str) -> dict:
@@ -9533,12 +9536,12 @@ def predict_inference_perf(run: dict, spec: EngineSpec, seed: int = 0, timeout_s
         for request in requests:
             request.arrival_s += start_s
         engine.restart_token_log()
-        steps, seqs, preempted = engine.num_steps, engine.num_batched_seqs, engine.report()["num_preemptions"]
+        steps, seqs, before = engine.num_steps, engine.num_batched_seqs, engine.report()
         totals = RunTotals(None, engine.token_log is None)
         run_engine(engine, requests, clients, None, totals.add, timeout_s)
         report = engine.report()
         report["mean_batch_seqs"] = (engine.num_batched_seqs - seqs) / max(1, engine.num_steps - steps)
-        report["stage_preemptions"] = report["num_preemptions"] - preempted  # the engine's count runs on
+        report.update(_stage_counts(before, report))
         summary = totals.summary(engine.token_log)
         # NOTE: inference-perf divides the successes' tokens by the time from the stage's first
         # send to the last answer or give-up of any request, failed ones included; an overloaded
@@ -9548,6 +9551,15 @@ def predict_inference_perf(run: dict, spec: EngineSpec, seed: int = 0, timeout_s
         summary["output_tok_per_s"] = summary["output_tokens"] / span_s if span_s > 0 else 0.0
         reports.append({"summary": summary, "engine": report, "prefix_hit_rate": successes_hit_rate(requests)})
     return reports
+
+
+def _stage_counts(before: dict, after: dict) -> dict:
+    """What the engine counted during one stage (its counts run on from stage to stage):
+    preemptions, and the prefix cache's hits over its queries."""
+    queries = after["prefix_query_tokens"] - before["prefix_query_tokens"]
+    hits = after["prefix_hit_tokens"] - before["prefix_hit_tokens"]
+    return {"stage_preemptions": after["num_preemptions"] - before["num_preemptions"],
+            "stage_prefix_hit_rate": hits / queries if queries else 0.0}
 
 
 def successes_hit_rate(requests: Sequence[Request]) -> Optional[float]:
@@ -9935,9 +9947,10 @@ def inference_perf_rows(run: dict, predictions: Sequence[dict], bands: Sequence[
         if measured.get("prefix_hit_rate") is not None:
             rows[-1]["prefix_hit_rate"] = {"measured": measured["prefix_hit_rate"],
                                            "predicted": prediction["prefix_hit_rate"]}
-        if measured.get("preemptions") is not None:
-            rows[-1]["preemptions"] = {"measured": measured["preemptions"],
-                                       "predicted": prediction["engine"]["stage_preemptions"]}
+        for key, predicted_key in (("preemptions", "stage_preemptions"),
+                                   ("server_prefix_hit_rate", "stage_prefix_hit_rate")):
+            if measured.get(key) is not None:
+                rows[-1][key] = {"measured": measured[key], "predicted": prediction["engine"][predicted_key]}
     return rows
 
 
@@ -12058,7 +12071,9 @@ def format_inference_perf_compare(spec: EngineSpec, runs: Sequence[dict], rows: 
               if row["sensitivity"] and row["sensitivity"]["note"]]
     for what, key, shown in (("prefix cache hits of the successes' prompt tokens", "prefix_hit_rate", _share),
                              ("mean running batch (the server's /metrics)", "batch", lambda value: f"{value:.1f}"),
-                             ("preemptions", "preemptions", lambda value: f"{value:,.0f}")):
+                             ("preemptions", "preemptions", lambda value: f"{value:,.0f}"),
+                             ("prefix cache hits of every admission (the server's /metrics)", "server_prefix_hit_rate",
+                              _share)):
         pairs = [(row, pair) for row in rows for pair in (_server_pair(row, key),) if pair]
         if pairs:
             lines.append(f"{what}, server / simulated: " + ", ".join(

@@ -380,21 +380,29 @@ class CompareTest(ScratchTest):
         model_file = os.path.join(self.directory, "models", "small", "config.json")
         stages = main.predict_inference_perf(main.read_inference_perf(folder), spec_for(model_file, 1, KNOWN))
         batches = [stage["engine"]["mean_batch_seqs"] for stage in stages]
+        hits = [stage["engine"]["stage_prefix_hit_rate"] for stage in stages]
+        before = {"prefix_query_tokens": 100, "prefix_hit_tokens": 20, "num_preemptions": 1}
+        after = {"prefix_query_tokens": 300, "prefix_hit_tokens": 120, "num_preemptions": 4}
+        self.assertEqual(main._stage_counts(before, after), {"stage_preemptions": 3, "stage_prefix_hit_rate": 0.5})
+        self.assertEqual(0 < hits[0] < hits[1] < 1, True)  # the second stage finds the first's prompts cached
         for index, running in enumerate((batches[0], 0.0)):  # the second scrape never reached the server's gauges
             with open(os.path.join(folder, "results", f"stage_{index}_prometheus_metrics.json"), "w") as handle:
                 json.dump({"benchmark_time_seconds": 0.0, "load_summary": {}, "failures": {},
                            "successes": {"num_requests_running": {"mean": running},
-                                         "num_preemptions_total": {"mean": 3.0}}}, handle)
+                                         "num_preemptions_total": {"mean": 3.0},
+                                         "prefix_cache_hit_percent": {"mean": 40.0}}}, handle)
         flags = ("--hardware-file", self.write("known.json", dataclasses.asdict(KNOWN)), "--model-file", model_file,
                  "--max-num-seqs", "128", "--max-num-batched-tokens", "2048", "--no-sensitivity")
         rows = run_json("compare", folder, *flags)["rows"]
         self.assertEqual([(row["measured"]["batch"], row.get("preemptions")) for row in rows],
                          [(batches[0], {"measured": 3.0, "predicted": 0}), (None, None)])
-        self.assertEqual(rows[0]["predicted"]["batch"], batches[0])
+        self.assertEqual((rows[0]["predicted"]["batch"], rows[0]["server_prefix_hit_rate"]),
+                         (batches[0], {"measured": 0.4, "predicted": hits[0]}))
         out = run_cli("compare", folder, *flags)[1]
         self.assertIn(f"mean running batch (the server's /metrics), server / simulated: small-run stage 0 "
-                      f"{batches[0]:.1f} / {batches[0]:.1f}\npreemptions, server / simulated: small-run stage 0 3 / 0\n",
-                      out)
+                      f"{batches[0]:.1f} / {batches[0]:.1f}\npreemptions, server / simulated: small-run stage 0 3 / 0\n"
+                      f"prefix cache hits of every admission (the server's /metrics), server / simulated: small-run "
+                      f"stage 0 40.0% / {hits[0]:.1%}\n", out)
 
     def test_without_a_model_flag_the_report_says_which_preset_stood_in_for_the_runs_model(self):
         folder = write_run(self.directory, "small-run", "small", SMALL, 1, [(2, 5)], output=20)
