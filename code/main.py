@@ -189,7 +189,6 @@ import csv
 import dataclasses
 import datetime
 import errno
-import functools
 import gc
 import heapq
 import http.client
@@ -5813,16 +5812,26 @@ def detect_trace_format(lines: List[str], path: str) -> str:
                      f"Azure CSV ({','.join(AZURE_COLUMNS)}) or Mooncake JSON Lines (timestamp, input_length, ...)")
 
 
+PARSED_TRACES: Dict[tuple, Tuple[TraceRow, ...]] = {}  # the last few traces parsed: (path, format, text's size, hash)
+
+
 def trace_rows(path: str, trace_format: Optional[str] = None) -> Tuple[TraceRow, ...]:
     """Every request row of a trace file, parsed once for each text the file holds however
     many runs replay it: a sweep's or a search's points, a sensitivity band's runs (reading
-    a 12,000-row trace takes milliseconds, parsing it ~0.4 s)."""
-    return _parsed_trace(read_text_file(path, f"--trace {path}"), path, trace_format)
+    a 12,000-row trace takes milliseconds, parsing it ~0.4 s). The four last parsed are
+    kept, each by its text's length and hash (not the text itself)."""
+    text = read_text_file(path, f"--trace {path}")
+    key = (path, trace_format, len(text), hash(text))
+    if key not in PARSED_TRACES:
+        rows = _parse_trace(text, path, trace_format)  # NOTE: an error is raised, never kept
+        while len(PARSED_TRACES) >= 4:
+            PARSED_TRACES.pop(next(iter(PARSED_TRACES)))
+        PARSED_TRACES[key] = rows
+    return PARSED_TRACES[key]
 
 
-@functools.lru_cache(maxsize=4)
-def _parsed_trace(text: str, path: str, trace_format: Optional[str]) -> Tuple[TraceRow, ...]:
-    """trace_rows' parse, kept by the text itself (an error is raised, never kept)."""
+def _parse_trace(text: str, path: str, trace_format: Optional[str]) -> Tuple[TraceRow, ...]:
+    """The rows of a trace's text, in its format (given, or told from the text)."""
     lines = text.splitlines()
     if not any(line.strip() for line in lines):
         raise UsageError(f"--trace {path}: no requests in the file")
