@@ -375,7 +375,7 @@ class CompareTest(ScratchTest):
         self.assertIn(f"prefix cache hits of the successes' prompt tokens, server / simulated: small-run stage 0 "
                       f"{shares[0]:.1%} / {shares[0]:.1%}, small-run stage 1 {shares[1]:.1%} / {shares[1]:.1%}\n", out)
 
-    def test_the_servers_running_batch_and_preemptions_are_compared_where_inference_perf_scraped_them(self):
+    def test_the_servers_batch_preemptions_and_prefix_hits_are_compared_where_inference_perf_scraped_them(self):
         folder = write_run(self.directory, "small-run", "small", SMALL, 1, [(2, 20), (6, 20)])
         model_file = os.path.join(self.directory, "models", "small", "config.json")
         stages = main.predict_inference_perf(main.read_inference_perf(folder), spec_for(model_file, 1, KNOWN))
