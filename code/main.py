@@ -9321,8 +9321,8 @@ def _stage_figures(stage: JsonObject, output_tokens: float) -> dict:
                "failed share": num_failed / max(1, num_ok + num_failed)}
     if not num_ok:
         return figures
-    counted, key = _length_distribution(successes, "output")
-    if key == "output_tokens":
+    counted, counted_as = _length_distribution(successes, "output")
+    if counted_as == "output_tokens":
         output_tokens = counted.number("mean", 0)
     prompts = successes.object("prompt_tokens", None)  # newer inference-perf: the server's usage, cached among it
     if prompts is not None and prompts.number("total", 0, 0) and "cached" in prompts.value:
@@ -14094,14 +14094,17 @@ SUBCOMMANDS = (
      "step cost 5% off. With a step profile, a line (notes in --json) says when one client decoded "
      "more than 5% off the profile's step: the machine's speed most likely moved between the profile "
      "and the runs. Without --model, the preset named by the model file the server loaded "
-     "(llama.cpp's model_path), if there is one.",
+     "(llama.cpp's model_path), if there is one; else a line under the header (notes in --json) names "
+     "the model the server served and the preset that stood in for it.",
      _compare_flags, cmd_compare),
     ("calibrate", "fit hardware figures to measured runs",
      "Fit the figures the runs can tell apart (the memory and FLOP rates, the per-step and per-layer "
      "overheads, the all-reduce's latency and link efficiency, the request path) so the simulator "
      "reproduces the TPOT p50 of every loadgen report and the TTFT p50 of the lowest load, or each "
-     "inference-perf stage's server TPOT and mean TTFT. Memory and reserve come from --hardware. Without "
-     "--model, the preset named by the model file the server loaded, if there is one.",
+     "inference-perf stage's server TPOT and mean TTFT (a stage that did not stream: its mean latency). "
+     "Memory and reserve come from --hardware. Without --model, the preset named by the model file the "
+     "server loaded, if there is one; else a line (notes in --json) names the model the server served "
+     "and the preset fitted in its place.",
      _calibrate_flags, cmd_calibrate),
     ("plan", "the cheapest configuration that meets the SLO",
      "Simulate the workload at its load on every combination of hardware, tensor-parallel size, replicas, "
