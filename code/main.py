@@ -9697,12 +9697,20 @@ def _vllm_bench_lengths(data: JsonObject, completed: int) -> List[Tuple[int, int
 def read_loadgen_report(path: str) -> dict:
     """A loadgen --json report (or a vllm bench serve result, read as one); UsageError
     naming the file and the field when it is neither."""
+    if os.path.isdir(path):
+        raise UsageError(f"{path}: a folder, but not an inference-perf run (no config.yaml with "
+                         f"stage_0_lifecycle_metrics.json in it or in its results/)")
+    own_file = os.path.basename(path) == "config.yaml" or path.endswith("_metrics.json")
+    if own_file and inference_perf_results(os.path.dirname(path) or "."):
+        raise UsageError(f"{path}: one file of an inference-perf run; give the run's folder, "
+                         f"{os.path.dirname(path) or '.'}")
     report = read_json_file(path, path)
     if isinstance(report, dict) and "settings" not in report and "median_ttft_ms" in report and "completed" in report:
         report = from_vllm_bench(report, path)
     if not (isinstance(report, dict) and isinstance(report.get("settings"), dict)
             and isinstance(report.get("summary"), dict) and "max_tokens" in report["settings"]):
-        raise UsageError(f"{path}: not a loadgen --json report (no settings and summary)")
+        raise UsageError(f"{path}: not a loadgen --json report (no settings and summary), nor a vllm bench serve "
+                         f"result (no completed and median_ttft_ms)")
     check_loadgen_report(report, path)
     summary = report["summary"]
     if not summary["num_completed"]:

@@ -294,6 +294,17 @@ class WorkloadTest(ScratchTest):
         os.remove(os.path.join(self.folder, "results", "stage_1_lifecycle_metrics.json"))
         self.assert_usage_error(("compare", self.folder), "stage_1_lifecycle_metrics.json: missing")
 
+    def test_a_folder_without_the_first_stage_file_is_not_taken_for_a_report(self):
+        os.remove(os.path.join(self.folder, "results", "stage_0_lifecycle_metrics.json"))
+        for command in ("compare", "calibrate"):
+            self.assert_usage_error((command, self.folder), f"{self.folder}: a folder, but not an inference-perf run "
+                                    "(no config.yaml with stage_0_lifecycle_metrics.json in it or in its results/)")
+
+    def test_a_file_of_a_run_given_for_the_run_asks_for_its_folder(self):
+        results = os.path.join(self.folder, "results")
+        self.assert_usage_error(("compare", os.path.join(results, "config.yaml")),
+                                f"config.yaml: one file of an inference-perf run; give the run's folder, {results}")
+
     def test_a_config_in_flow_style_wrapped_over_lines_reads_as_its_block_style(self):
         path = os.path.join(self.folder, "results", "config.yaml")
         with open(path) as handle:
