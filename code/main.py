@@ -12382,13 +12382,15 @@ class Mark:
     y: Optional[float] = None
 
 
-def nice_ticks(low: float, high: float, most: int = 6) -> List[float]:
-    """Round tick values (1, 2 or 5 times a power of ten apart) covering low..high."""
+def nice_ticks(low: float, high: float, most: int = 6, whole: bool = False) -> List[float]:
+    """Round tick values (1, 2 or 5 times a power of ten apart) covering low..high; whole
+    numbers only when whole (an axis of counts or row numbers has no tick at 1.5)."""
     if not high > low:
         high = low + (abs(low) or 1.0)
     raw = (high - low) / max(1, most - 1)
     power = 10 ** math.floor(math.log10(raw))
     step = next(m * power for m in (1, 2, 5, 10) if m * power >= raw)
+    step = max(step, 1.0) if whole else step
     first = math.floor(low / step) * step
     count = int(math.ceil((high - first) / step - 1e-9)) + 1
     return [round(first + index * step, 12) for index in range(count)]
@@ -12409,7 +12411,8 @@ def svg_chart(title: str, x_label: str, y_label: str, series: Sequence[Series], 
     points = [point for line in series for point in line.points] or [(0.0, 0.0)]
     xs = [x for x, _ in points] + [mark.x for mark in marks if mark.x is not None]
     ys = [y for _, y in points] + [mark.y for mark in marks if mark.y is not None] + [0.0]
-    x_ticks, y_ticks = nice_ticks(min(xs), max(xs)), nice_ticks(min(ys), max(ys))
+    x_ticks = nice_ticks(min(xs), max(xs), whole=all(float(x).is_integer() for x in xs))
+    y_ticks = nice_ticks(min(ys), max(ys))
     left, right, top, bottom = 64, 30, 30 + 16 * max(1, len(series)), 52  # the legend sits above the plot
     plot_w, plot_h = width - left - right, height - top - bottom
 
@@ -12432,7 +12435,7 @@ def svg_chart(title: str, x_label: str, y_label: str, series: Sequence[Series], 
                      f'stroke="{color}" stroke-width="{width}"{dash}/>')
         if len(line.points) <= 60 or not line.joined:
             parts += [f'<circle cx="{sx(x):.1f}" cy="{sy(y):.1f}" r="3" fill="{color}"/>' for x, y in line.points]
-        parts += [_svg_note(note, sx(x), sy(y) + (-7 if _tops_at(series, line, x, y) else 14), color,
+        parts += [_svg_note(note, sx(x), _note_y(sy(y), _tops_at(series, line, x, y), top, top + plot_h), color,
                             sx(x) > left + 0.75 * plot_w) for (x, y), note in zip(line.points, line.notes) if note]
         parts.append("</g>")
     parts += _svg_marks(marks, sx, sy, left, top, plot_w, plot_h)
@@ -12445,6 +12448,17 @@ def _tops_at(series: Sequence[Series], line: Series, x: float, y: float) -> bool
     then goes above it, the others' below theirs, so that notes at one x do not overlap."""
     others = [other_y for other in series if other is not line for other_x, other_y in other.points if other_x == x]
     return bool(others) and y >= max(others)
+
+
+def _note_y(point_y: float, above: bool, plot_top: float, plot_bottom: float) -> float:
+    """Where a note's baseline goes: just above its point or just below, kept inside the
+    plot (a note above the top point would run into the legend, below the bottom one into
+    the ticks)."""
+    if above and point_y - 7 < plot_top + 11:
+        above = False
+    elif not above and point_y + 14 > plot_bottom - 3:
+        above = True
+    return point_y - 7 if above else point_y + 14
 
 
 def _svg_note(note: str, x: float, y: float, color: str, toward_left: bool) -> str:

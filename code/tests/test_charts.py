@@ -51,6 +51,16 @@ class ChartTest(ScratchTest):
         self.assertEqual(main.nice_ticks(0, 97), [0, 20, 40, 60, 80, 100])
         self.assertEqual(main.nice_ticks(1, 256), [0, 100, 200, 300])
         self.assertEqual(main.nice_ticks(0.2, 0.9), [0.2, 0.4, 0.6, 0.8, 1.0])
+        self.assertEqual(main.nice_ticks(1, 3), [1.0, 1.5, 2.0, 2.5, 3.0])
+        self.assertEqual(main.nice_ticks(1, 3, whole=True), [1, 2, 3])
+
+    def test_rows_numbered_on_the_x_axis_get_whole_ticks_and_a_note_at_the_bottom_goes_above(self):
+        svg = main.svg_chart("t", "row", "y", [main.Series("s", ((1, 0), (2, 5), (3, 10)), notes=("low", "", ""))])
+        root = ET.fromstring(svg)
+        self.assertEqual([t.text for t in root.iter(f"{SVG}text") if t.get("class") == "x-tick"], ["1", "2", "3"])
+        dot = next(root.iter(f"{SVG}circle"))  # the point at row 1, value 0: the plot's bottom edge
+        note = next(t for t in root.iter(f"{SVG}text") if t.get("class") == "note")
+        self.assertEqual(float(note.get("y")) - float(dot.get("cy")), -7)  # below it, it would cover the ticks
 
     def test_a_mark_label_that_would_overlap_one_placed_drops_to_the_first_free_row(self):
         placed = []
@@ -68,7 +78,8 @@ class ChartTest(ScratchTest):
         cy = {name: next(cy for cx, cy in circles if cx == x and abs(cy - self.y_of(root, value)) < 1)
               for name, (x, value) in point.items()}
         self.assertEqual([notes[name].get("text-anchor") for name in "abcd"], [None, "end", None, "end"])
-        self.assertEqual([float(notes[name].get("y")) - cy[name] for name in "abcd"], [14, 14, -7, -7])
+        # d tops its x but sits on the plot's top edge: above it, it would run into the legend
+        self.assertEqual([float(notes[name].get("y")) - cy[name] for name in "abcd"], [14, 14, -7, 14])
         legend = [g for g in root.iter(f"{SVG}g") if g.get("class") == "legend"]
         self.assertEqual([g[0].tag.split("}")[1] for g in legend], ["line", "line", "circle"])  # a scatter's dot
 
