@@ -9372,8 +9372,35 @@ def read_inference_perf(path: str) -> dict:
         raise UsageError(f"{path}: not an inference-perf run (no results/config.yaml with stage_0_lifecycle_metrics.json)")
     where = os.path.join(results, "config.yaml")
     config = JsonObject(read_yaml_file(where, where), where)
-    load, data = config.object("load"), config.object("data")
-    kind = data.string("type")
+    load = config.object("load")
+    load_type, stages, concurrency = _inference_perf_load(load, results, where)
+    timeout_s = load.number("request_timeout", default=None, above=0)
+    server = config.object("server", None) or JsonObject({}, where)
+    # NOTE: a vLLM V1 server caches prefixes unless started with --no-enable-prefix-caching,
+    # which the run does not record: the prediction takes the default unless a flag says otherwise
+    served = {"kind": "vllm", "prefix_caching": True} if server.string("type", "") == "vllm" else {}
+    ignore_eos = server.boolean("ignore_eos", False)
+    workload = _inference_perf_workload(config.object("data"), results, where, ignore_eos)
+    output_tokens, measured = workload.pop("output_tokens"), []
+    for index in range(len(stages)):
+        stage_where = os.path.join(results, f"stage_{index}_lifecycle_metrics.json")
+        if not os.path.isfile(stage_where):
+            raise UsageError(f"{stage_where}: missing; config.yaml names {len(stages)} stages")
+        stage = JsonObject(read_json_file(stage_where, stage_where), stage_where)
+        measured.append(dict(_stage_figures(stage, output_tokens), **_stage_server_figures(results, index)))
+    name = os.path.basename(os.path.normpath(path if results != path else os.path.dirname(os.path.normpath(path))))
+    return {"source": "inference-perf", "path": path, "name": name or path, **workload,
+            "load_type": load_type, "stages": stages, "concurrency": concurrency, "measured": measured,
+            "server_info": served, "ignore_eos": ignore_eos, "served_model": server.string("model_name", None),
+            "timeout_s": timeout_s or INFERENCE_PERF_CLIENT_TIMEOUT_S,
+            "timeout_from": "load.request_timeout" if timeout_s else "inference-perf's client default"}
+
+
+def _inference_perf_load(load: JsonObject, results: str, where: str) -> Tuple[str, List[Tuple[float, float]],
+                                                                              List[Optional[int]]]:
+    """A run's load type, its stages (rate, duration) and each stage's clients (a
+    concurrent stage's; None for an open loop), from load.stages or, for a sweep, from
+    the stages the sweep generated."""
     load_type = load.string("type", "constant")
     if load_type not in ("constant", "poisson", "concurrent"):
         raise UsageError(f"{where}: load.type must be constant, poisson or concurrent, got {load_type!r}")
@@ -9387,14 +9414,17 @@ def read_inference_perf(path: str) -> dict:
     for rate, duration in stages:
         if rate * duration > MAX_COUNT:
             raise UsageError(f"{where}: a stage of {rate:g} req/s for {duration:g} s sends more than {MAX_COUNT:,} requests")
-    timeout_s = load.number("request_timeout", default=None, above=0)
-    server = config.object("server", None) or JsonObject({}, where)
-    # NOTE: a vLLM V1 server caches prefixes unless started with --no-enable-prefix-caching,
-    # which the run does not record: the prediction takes the default unless a flag says otherwise
-    served = {"kind": "vllm", "prefix_caching": True} if server.string("type", "") == "vllm" else {}
+    return load_type, stages, concurrency
+
+
+def _inference_perf_workload(data: JsonObject, results: str, where: str, ignore_eos: bool) -> dict:
+    """What a run's requests were: the data kind, the lengths the prediction draws (the
+    generator's, or a dataset's as the run measured them), the measured length
+    distributions, whether the outputs are the server's counts, and the output tokens a
+    stage's time per token divides by."""
+    kind = data.string("type")
     prompt_len, prompt_mean, _ = _measured_lengths(results, "prompt")
     output_len, output_mean, output_by_server = _measured_lengths(results, "output")
-    ignore_eos = server.boolean("ignore_eos", False)
     if kind in GENERATED_DATA:
         lengths = _inference_perf_lengths(data, kind, where)
     elif prompt_len is None or output_len is None:
@@ -9406,23 +9436,9 @@ def read_inference_perf(path: str) -> dict:
     # NOTE: a generator's output lengths are what it asked for; without ignore_eos the server may stop
     # sooner, and where the run wrote the server's counts those are what it produced
     outputs_measured = kind not in GENERATED_DATA or (output_by_server and not ignore_eos)
-    output_tokens = output_mean if outputs_measured else lengths["output"][2]
-    measured = []
-    for index in range(len(stages)):
-        stage_where = os.path.join(results, f"stage_{index}_lifecycle_metrics.json")
-        if not os.path.isfile(stage_where):
-            raise UsageError(f"{stage_where}: missing; config.yaml names {len(stages)} stages")
-        figures = _stage_figures(JsonObject(read_json_file(stage_where, stage_where), stage_where), output_tokens)
-        measured.append(dict(figures, **_stage_server_figures(results, index)))
-    name = os.path.basename(os.path.normpath(path if results != path else os.path.dirname(os.path.normpath(path))))
-    return {"source": "inference-perf", "path": path, "name": name or path, "kind": kind, "lengths": lengths,
-            "prompt_len": prompt_len, "prompt_mean": prompt_mean, "output_len": output_len,
-            "outputs_measured": outputs_measured,
-            "load_type": load_type, "stages": stages,
-            "concurrency": concurrency, "measured": measured,
-            "server_info": served, "ignore_eos": ignore_eos, "served_model": server.string("model_name", None),
-            "timeout_s": timeout_s or INFERENCE_PERF_CLIENT_TIMEOUT_S,
-            "timeout_from": "load.request_timeout" if timeout_s else "inference-perf's client default"}
+    return {"kind": kind, "lengths": lengths, "prompt_len": prompt_len, "prompt_mean": prompt_mean,
+            "output_len": output_len, "outputs_measured": outputs_measured,
+            "output_tokens": output_mean if outputs_measured else lengths["output"][2]}
 
 
 def _inference_perf_stage_loads(load: JsonObject, load_type: str) -> Tuple[List[Tuple[float, float]], List[Optional[int]]]:
