@@ -12928,6 +12928,35 @@ def _request_headers(args) -> Tuple[Dict[str, str], Dict[str, str]]:
     return headers, {key: value for key, value in headers.items() if key == "Authorization"}
 
 
+def _drive_load(run, sampler: "MetricsSampler", progress: "Progress") -> bool:
+    """Warm the server up, then send the run's requests with the sampler scraping, until
+    they are all answered or Ctrl-C (then the requests in flight get their grace);
+    whether it was interrupted."""
+    try:
+        run.warm_up()
+        sampler.start()
+        run.start()
+        run.wait(poll=progress.update)
+        return False
+    except KeyboardInterrupt:
+        run.stop()
+        finish_in_flight(run, say=lambda text: print(text, file=sys.stderr, flush=True))
+        return True
+    finally:
+        run.close()
+        progress.close()
+
+
+def _add_reader_figures(report: dict, run, args) -> None:
+    """The client's own health beside a loadgen report's figures: how late its readers
+    took the bytes that arrived, the warnings they call for, and the cost per token."""
+    rounds_s, delays_s, lags_s = run.reader_lag_s()
+    report["reader_round_ms"], report["reader_delay_ms"] = distribution_ms(rounds_s), distribution_ms(delays_s)
+    report["reader_decode_lag_ms"] = distribution_ms(lags_s)
+    report["warnings"] = loadgen_warnings(report, args.workers)
+    add_cost(report["summary"], (args.price_per_hour or 0.0) * args.num_devices, args.num_devices)
+
+
 def cmd_loadgen(args) -> int:
     if args.trace and args.requests is not None:
         raise UsageError("--requests with --trace: the trace's requests are sent; --limit N keeps the first N")
@@ -12947,19 +12976,7 @@ def cmd_loadgen(args) -> int:
     run = ProcessLoadRun(plan, args.workers) if several else LoadRun(plan)
     sampler = MetricsSampler(endpoint, args.scrape_interval, auth)
     progress = Progress(run.measured(), sys.stderr.isatty() and not args.quiet)
-    interrupted = False
-    try:
-        run.warm_up()
-        sampler.start()
-        run.start()
-        run.wait(poll=progress.update)
-    except KeyboardInterrupt:
-        interrupted = True
-        run.stop()
-        finish_in_flight(run, say=lambda text: print(text, file=sys.stderr, flush=True))
-    finally:
-        run.close()
-    progress.close()
+    interrupted = _drive_load(run, sampler, progress)
     window = sampler.finish()
     records = [r for r in run.measured() if r.sent_s is not None]
     origin_s = min((r.sent_s for r in records), default=0.0)
@@ -12968,11 +12985,7 @@ def cmd_loadgen(args) -> int:
     if replay is not None:
         settings["num_requests"] = len(replay[0])
     report = build_loadgen_report(settings, records, window, sampler.problem, slo, args.json_requests)
-    rounds_s, delays_s, lags_s = run.reader_lag_s()
-    report["reader_round_ms"], report["reader_delay_ms"] = distribution_ms(rounds_s), distribution_ms(delays_s)
-    report["reader_decode_lag_ms"] = distribution_ms(lags_s)
-    report["warnings"] = loadgen_warnings(report, args.workers)
-    add_cost(report["summary"], (args.price_per_hour or 0.0) * args.num_devices, args.num_devices)
+    _add_reader_figures(report, run, args)
     if replay is not None:
         report["replay"] = replay_report(args, replay[0], run.measured(), replay[1], num_changed)
     if args.csv:
