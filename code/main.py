@@ -11701,7 +11701,8 @@ def format_simulation(report: dict) -> List[str]:
     elif settings.get("replicas", 1) > 1:
         devices = f"{settings['replicas']} replicas of {devices} routed {settings['router']},"
     lines = [
-        f"servesim {settings['model']} on {devices} {settings['num_requests']:,} requests {how}",
+        f"servesim {settings['model']} on {devices} {settings['num_requests']:,} "
+        f"request{'s' if settings['num_requests'] != 1 else ''} {how}",
         f"kv cache {engine['num_blocks']:,} blocks x {engine['block_size']} tokens "
         f"peak {engine['kv_peak']:.1%} mean {engine['kv_mean']:.1%}",
         f"steps {engine['num_steps']:,} mean batch {engine['mean_batch_seqs']:.1f} seqs "

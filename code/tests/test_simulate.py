@@ -166,6 +166,11 @@ class SimulateTest(unittest.TestCase):
         self.assertEqual([line.split()[0] for line in lines[4:9]], ["ttft", "tpot", "itl", "queue", "e2e"])
         self.assertRegex(lines[9], r"^throughput \d+\.\d output tok/s \d+\.\d total tok/s \d+\.\d\d req/s$")
 
+    def test_a_single_request_is_one_request_in_the_header(self):
+        code, out, _ = run_cli("simulate", "--hardware", "l4-24gb", "--concurrency", "1", "--requests", "1")
+        self.assertEqual((code, out.splitlines()[0]),
+                         (0, "servesim llama-3.1-8b on l4-24gb 1 request closed loop concurrency 1"))
+
     def test_json_report_carries_settings_capacity_engine_and_summary(self):
         report = run_json("simulate", "--concurrency", "4", "--requests", "8")
         self.assertEqual(set(report), {"settings", "capacity", "engine", "summary", "rejected", "step_cost",
