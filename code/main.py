@@ -44,6 +44,8 @@ Examples:
     # an inference-perf run of vLLM on GPUs, stage by stage; a campaign of several models fitted
     python3 code/main.py compare RUN_DIR --model-file config.json --tensor-parallel-size 2 --max-num-seqs 128
     python3 code/main.py calibrate RUN_DIR... --model-dir MODELS_DIR --hardware h100-sxm-80gb --out my-h100.json
+    # vllm bench serve --save-result files, or SGLang bench_serving's (several runs, one a line)
+    python3 code/main.py compare result.json sglang.jsonl --model-file config.json --hardware h100-sxm-80gb
     # which budget binds, from two /metrics scrapes and the server's flags, and each change simulated
     python3 code/main.py explain before.prom after.prom --hardware l4-24gb --max-num-seqs 256
     # speculative decoding, and a host tier for the KV cache
@@ -9656,10 +9658,11 @@ def _vllm_bench_figures(result: dict, name: str) -> dict:
     return {key: value for key, value in figures.items() if _is_number(value)}
 
 
-def from_vllm_bench(result: dict, where: str) -> dict:
+def from_vllm_bench(result: dict, where: str, source: str = "vllm bench serve") -> dict:
     """A `vllm bench serve --save-result` JSON as a loadgen report: its load (request rate,
     "inf" being every request at once, capped by max_concurrency, and burstiness), its
-    lengths (each request's, when saved with --save-detailed), its medians."""
+    lengths (each request's, when saved with --save-detailed), its medians, the server
+    its backend names (vllm or openai: vLLM; sglang: SGLang)."""
     data = JsonObject(result, where)
     check_shape(data, VLLM_BENCH_SHAPE)
     rate = result.get("request_rate")
@@ -9677,14 +9680,37 @@ def from_vllm_bench(result: dict, where: str) -> dict:
                 "concurrency": (result.get("max_concurrency") or num_requests) if closed else result.get("max_concurrency"),
                 "rate": None if closed else float(rate), "burstiness": result.get("burstiness") or 1.0,  # absent: Poisson
                 "max_tokens": max((output for _, output in lengths), default=output_mean), "ignore_eos": False,
-                "server_info": {"kind": "vllm"} if (result.get("backend") or "vllm").startswith(("vllm", "openai")) else {}}
+                "server_info": _bench_server(result.get("backend") or "vllm")}
     summary = {"num_requests": num_requests, "num_completed": completed, "prompt_tokens": result["total_input_tokens"],
                "output_tokens": result["total_output_tokens"], "output_tok_per_s": result["output_throughput"],
                "total_tok_per_s": result.get("total_token_throughput") if _is_number(result.get("total_token_throughput")) else None,
                **{f"{name}_ms": _vllm_bench_figures(result, key) for name, key in
                   (("ttft", "ttft"), ("tpot", "tpot"), ("itl", "itl"), ("e2e", "e2el"))}}
-    return {"settings": settings, "summary": summary, "request_lengths": lengths, "source": "vllm bench serve",
+    return {"settings": settings, "summary": summary, "request_lengths": lengths, "source": source,
             "request_offsets": _vllm_bench_offsets(data, lengths) if not closed else []}
+
+
+def _bench_server(backend: str) -> dict:
+    """The server a serving benchmark's --backend drove: SGLang's, vLLM's (or any OpenAI
+    API, as vLLM's), or {} for another (TensorRT-LLM, TGI...)."""
+    if backend.startswith("sglang"):
+        return {"kind": "sglang"}
+    return {"kind": "vllm"} if backend.startswith(("vllm", "openai")) else {}
+
+
+def from_sglang_bench(result: dict, where: str) -> dict:
+    """One `python -m sglang.bench_serving` result (a line of its --output-file) as a
+    loadgen report. SGLang adapted vLLM's serving benchmark and saves the same figures,
+    with three differences taken here: request latency is e2e_latency (vLLM: e2el), an
+    infinite rate is written as a number (Infinity), and the requests sent are not
+    recorded: without --output-details (each request's lengths) the completed ones are
+    all that is known of them."""
+    lengths = result.get("input_lens")
+    sent = len(lengths) if isinstance(lengths, list) else result.get("completed")
+    rate = result.get("request_rate")
+    renamed = {f"{stat}_e2el_ms": result.get(f"{stat}_e2e_latency_ms") for stat in ("mean", "median", "p99")}
+    return from_vllm_bench(dict(result, num_prompts=sent, request_rate="inf" if rate == math.inf else rate, **renamed),
+                           where, "sglang bench_serving")
 
 
 def _vllm_bench_offsets(data: JsonObject, lengths: List[Tuple[int, int]]) -> List[float]:
@@ -9710,9 +9736,12 @@ def _vllm_bench_lengths(data: JsonObject, completed: int) -> List[Tuple[int, int
     return pairs if complete else []  # NOTE: a failed request's lengths are not saved, so its share is unknown
 
 
-def read_loadgen_report(path: str) -> dict:
-    """A loadgen --json report (or a vllm bench serve result, read as one); UsageError
-    naming the file and the field when it is neither."""
+def read_measured_runs(path: str) -> List[Tuple[str, dict]]:
+    """The measured runs in one file, each (its name, a loadgen report): a loadgen --json
+    report, a vllm bench serve result or an SGLang bench_serving result, named by the
+    path; or several results one to a line (vllm bench serve --append-result, SGLang's
+    --output-file), each named path:line. UsageError naming the file (and line) and the
+    field when it is none of these."""
     if os.path.isdir(path):
         raise UsageError(f"{path}: a folder, but not an inference-perf run (no config.yaml with "
                          f"stage_0_lifecycle_metrics.json in it or in its results/)")
@@ -9720,19 +9749,52 @@ def read_loadgen_report(path: str) -> dict:
     if own_file and inference_perf_results(os.path.dirname(path) or "."):
         raise UsageError(f"{path}: one file of an inference-perf run; give the run's folder, "
                          f"{os.path.dirname(path) or '.'}")
-    report = read_json_file(path, path)
+    documents = json_documents(read_text_file(path, path), path)
+    if len(documents) == 1:
+        return [(path, measured_report(documents[0][1], path))]
+    return [(f"{path}:{line}", measured_report(value, f"{path}:{line}")) for line, value in documents]
+
+
+def json_documents(text: str, where: str) -> List[Tuple[int, object]]:
+    """(first line, value) of the JSON value a text holds, or of each of its non-blank lines
+    when it is JSON Lines (its first line a JSON object of its own); UsageError naming
+    where, and the line, otherwise."""
+    try:
+        return [(1, json.loads(text))]
+    except ValueError as error:
+        whole = error
+    lines = [(number, line) for number, line in enumerate(text.splitlines(), 1) if line.strip()]
+    try:
+        first = json.loads(lines[0][1]) if len(lines) > 1 else None
+    except ValueError:
+        first = None
+    if not isinstance(first, dict):
+        raise UsageError(f"{where}: not JSON ({whole})")
+    documents = []
+    for number, line in lines:
+        try:
+            documents.append((number, json.loads(line)))
+        except ValueError as error:
+            raise UsageError(f"{where}:{number}: not JSON ({error})") from None
+    return documents
+
+
+def measured_report(report, where: str) -> dict:
+    """One measured run as a loadgen report: a loadgen --json report as it is, a vllm bench
+    serve or SGLang bench_serving result translated; UsageError naming where and the field."""
     if isinstance(report, dict) and "settings" not in report and "median_ttft_ms" in report and "completed" in report:
-        report = from_vllm_bench(report, path)
+        sglang = "num_prompts" not in report and "median_e2e_latency_ms" in report
+        report = from_sglang_bench(report, where) if sglang else from_vllm_bench(report, where)
     if not (isinstance(report, dict) and isinstance(report.get("settings"), dict)
             and isinstance(report.get("summary"), dict) and "max_tokens" in report["settings"]):
-        raise UsageError(f"{path}: not a loadgen --json report (no settings and summary), nor a vllm bench serve "
-                         f"result (no completed and median_ttft_ms)")
-    check_loadgen_report(report, path)
+        raise UsageError(f"{where}: not a loadgen --json report (no settings and summary), nor a vllm bench serve "
+                         f"or SGLang bench_serving result (no completed and median_ttft_ms)")
+    check_loadgen_report(report, where)
     summary = report["summary"]
     if not summary["num_completed"]:
-        raise UsageError(f"{path}: no request completed in this run, so it measured nothing")
+        raise UsageError(f"{where}: no request completed in this run, so it measured nothing")
     if summary["num_completed"] > summary["num_requests"]:
-        raise UsageError(f"{path}: summary.num_completed {summary['num_completed']:,} exceeds summary.num_requests "
+        raise UsageError(f"{where}: summary.num_completed {summary['num_completed']:,} exceeds summary.num_requests "
                          f"{summary['num_requests']:,}; expected at most as many completed as sent")
     return report
 
@@ -13137,7 +13199,8 @@ def stand_in_model_notes(args, served: Sequence[Optional[str]], spec: EngineSpec
 
 def cmd_compare(args) -> int:
     runs = [read_inference_perf(path) for path in args.reports if inference_perf_results(path)]
-    reports = [read_loadgen_report(path) for path in args.reports if not inference_perf_results(path)]
+    reports = [report for path in args.reports if not inference_perf_results(path)
+               for _, report in read_measured_runs(path)]
     server = measured_server(reports[0]) if reports else runs[0]["server_info"]
     _served_model(args, server)
     spec = build_engine_spec(args, server=server)
@@ -13179,7 +13242,7 @@ def cmd_calibrate(args) -> int:
             raise UsageError(f"{flag}: calibrate fits runs of one tensor-parallel engine (the terms it fits are "
                              f"priced per layer of one stage)")
     runs = [(path, read_inference_perf(path)) for path in args.reports if inference_perf_results(path)]
-    reports = [(path, read_loadgen_report(path)) for path in args.reports if not inference_perf_results(path)]
+    reports = [named for path in args.reports if not inference_perf_results(path) for named in read_measured_runs(path)]
     loads = {measured_workload(report)[:2] for _, report in reports}
     if not runs and len(reports) < 2:
         raise UsageError("calibrate needs at least two loadgen reports at different concurrencies (one "
@@ -13973,8 +14036,9 @@ def _compare_flags(parser: argparse.ArgumentParser) -> None:
     _add_planning_flags(parser, workload=False)
     _add_timeout_flags(parser, of_compare=True)
     parser.add_argument("reports", nargs="+", metavar="REPORT",
-                        help="loadgen --json report files, vllm bench serve --save-result files, or inference-perf "
-                             "run folders (the folder holding results/, or results/ itself)")
+                        help="loadgen --json report files, vllm bench serve --save-result or SGLang bench_serving "
+                             "result files (several results one to a line: a run each), or inference-perf run "
+                             "folders (the folder holding results/, or results/ itself)")
     _add_model_dir_flag(parser)
 
 
@@ -13990,8 +14054,8 @@ def _calibrate_flags(parser: argparse.ArgumentParser) -> None:
     _add_jobs_flag(parser)
     _add_quiet_flag(parser)
     parser.add_argument("reports", nargs="+", metavar="REPORT",
-                        help="loadgen --json reports or vllm bench serve results (2 or more), or inference-perf "
-                             "run folders")
+                        help="loadgen --json reports, vllm bench serve or SGLang bench_serving results (2 or more "
+                             "runs), or inference-perf run folders")
     _add_model_dir_flag(parser)
     parser.add_argument("--name", help="name of the calibrated hardware (default: HARDWARE-calibrated)")
     parser.add_argument("--out", help="write the calibrated hardware as JSON, for --hardware-file")

@@ -474,18 +474,26 @@ VLLM_BENCH_RESULT = {"backend": "vllm", "model_id": "m", "num_prompts": 8, "requ
                      "max_concurrency": 2, "completed": 8, "total_input_tokens": 800, "total_output_tokens": 80,
                      "output_throughput": 50.0, "total_token_throughput": 550.0, "median_ttft_ms": 30.0,
                      "median_tpot_ms": 9.0, "p99_ttft_ms": 40.0, "input_lens": [100] * 8, "output_lens": [10] * 8}
+SGLANG_BENCH_RESULT = {"backend": "sglang", "request_rate": float("inf"), "max_concurrency": 2, "completed": 8,
+                       "total_input_tokens": 800, "total_output_tokens": 80, "output_throughput": 50.0,
+                       "median_ttft_ms": 30.0, "median_tpot_ms": 9.0, "median_e2e_latency_ms": 120.0,
+                       "input_lens": [100] * 8, "output_lens": [10] * 8, "errors": [""] * 8}
 
 
 def report_cases(rng, count, loadgen_report, simulate_report):
     cases = []
     for _ in range(count):
-        source = rng.choice((loadgen_report, simulate_report, {"runs": [simulate_report]}, VLLM_BENCH_RESULT))
+        source = rng.choice((loadgen_report, simulate_report, {"runs": [simulate_report]}, VLLM_BENCH_RESULT,
+                             SGLANG_BENCH_RESULT))
         mutated = mutate_json(rng, source)
         if rng.random() < 0.1:
             mutated = rng.choice(({"settings": {}, "engine": {}}, {"settings": {}, "summary": {}}, [], "x", {}))
         command = rng.choice((["explain", "r.json"], ["compare", "r.json", "--hardware", "cpu-2vcpu"],
                               ["calibrate", "r.json", "r.json"]))
-        cases.append(Case(f"report {command[0]}", command, files={"r.json": dumps(mutated)}))
+        text = dumps(mutated)
+        if rng.random() < 0.2:  # several results, one a line, as --append-result and --output-file write them
+            text = text + b"\n" + dumps(mutate_json(rng, source))
+        cases.append(Case(f"report {command[0]}", command, files={"r.json": text}))
     return cases
 
 

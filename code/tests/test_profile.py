@@ -1,6 +1,7 @@
 """profile, --step-profile and --scheduler llamacpp: step costs measured on the server itself."""
 
 import json
+import math
 import os
 import random
 import signal
@@ -605,6 +606,63 @@ class VllmBenchResultTest(ScratchTest):
             code, _, err = run_cli("compare", path, *self.H100)
             self.assertEqual(code, 2)
             self.assertIn(f"{path}: {message}", err)
+
+
+def sglang_bench_result(**changes):
+    """One line of `python -m sglang.bench_serving --output-file`: the run of vllm_bench_result,
+    as SGLang saves it (no num_prompts or model, e2e_latency, an infinite rate as a number)."""
+    result = {"backend": "sglang-oai", "dataset_name": "random", "request_rate": math.inf, "max_concurrency": 4,
+              "random_input_len": 1024, "random_output_len": 128, "duration": 12.0, "completed": 40,
+              "total_input_tokens": 40 * 1024, "total_output_tokens": 40 * 128, "request_throughput": 3.3,
+              "output_throughput": 426.7, "mean_e2e_latency_ms": 1180.0, "median_e2e_latency_ms": 1170.0,
+              "p99_e2e_latency_ms": 1300.0, "mean_ttft_ms": 30.0, "median_ttft_ms": 28.5, "p99_ttft_ms": 60.0,
+              "mean_tpot_ms": 9.1, "median_tpot_ms": 9.0, "p99_tpot_ms": 9.9, "mean_itl_ms": 9.0,
+              "median_itl_ms": 8.9, "p99_itl_ms": 12.0, "concurrency": 3.9}
+    result.update(changes)
+    return result
+
+
+class SglangBenchResultTest(ScratchTest):
+    """compare reads SGLang's bench_serving results, and files of several results, one a line."""
+
+    H100 = VllmBenchResultTest.H100
+
+    def test_an_sglang_result_reads_as_the_same_run_saved_by_vllm(self):
+        sglang = main.measured_report(sglang_bench_result(), "s.jsonl")
+        vllm = main.measured_report(vllm_bench_result(backend="sglang-oai", model_id=None, mean_e2el_ms=1180.0,
+                                                      p99_e2el_ms=1300.0, mean_itl_ms=9.0, p99_itl_ms=12.0,
+                                                      total_token_throughput=None), "v.json")
+        self.assertEqual((sglang["settings"], sglang["summary"]), (vllm["settings"], vllm["summary"]))
+        self.assertEqual((sglang["source"], sglang["settings"]["server_info"], sglang["summary"]["e2e_ms"]),
+                         ("sglang bench_serving", {"kind": "sglang"}, {"mean": 1180.0, "p50": 1170.0, "p99": 1300.0}))
+
+    def test_its_details_count_the_requests_sent_and_give_their_lengths(self):
+        inputs, outputs = [1024] * 39 + [1000], [128] * 39 + [0]  # the last one failed
+        report = main.measured_report(sglang_bench_result(input_lens=inputs, output_lens=outputs, completed=39,
+                                                          errors=[""] * 39 + ["timeout"]), "s.jsonl")
+        self.assertEqual((report["summary"]["num_requests"], report["summary"]["num_completed"]), (40, 39))
+
+    def test_a_file_of_results_one_a_line_is_a_row_each_named_by_its_line(self):
+        lines = [json.dumps(sglang_bench_result(max_concurrency=n)) for n in (1, 4)]
+        path = self.write("sweep.jsonl", "\n".join(lines))
+        rows = run_json("compare", path, *self.H100)["rows"]
+        self.assertEqual([row["concurrency"] for row in rows], [1, 4])
+        self.assertTrue(run_cli("compare", path, *self.H100)[1].startswith(
+            "compare llama-3.1-8b on h100-sxm-80gb (447,952 KV tokens, max-num-seqs 256) with sglang bench_serving; "))
+        broken = self.write("broken.jsonl", lines[0] + "\n" + lines[1][:-1] + "\n")
+        code, _, err = run_cli("compare", broken, *self.H100)
+        self.assertEqual(code, 2)
+        self.assertIn(f"{broken}:2: not JSON (", err)
+
+    def test_vllm_bench_serves_appended_results_are_read_the_same_way(self):
+        path = self.write("appended.json", json.dumps(vllm_bench_result()) + "\n" +
+                               json.dumps(vllm_bench_result(max_concurrency=8)))
+        self.assertEqual([(name, report["settings"]["concurrency"]) for name, report in main.read_measured_runs(path)],
+                         [(f"{path}:1", 4), (f"{path}:2", 8)])
+        pretty = self.write("pretty.json", "{\n  \"completed\": 4,\n")  # one JSON value, cut short
+        code, _, err = run_cli("compare", pretty, *self.H100)
+        self.assertEqual(code, 2)
+        self.assertIn(f"{pretty}: not JSON (", err)
 
 
 class ServerFlagsTest(ScratchTest):

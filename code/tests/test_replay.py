@@ -137,7 +137,7 @@ class ReplayTest(ScratchTest):
         path = self.write("replay.json", report)
         spec = main.build_engine_spec(main.build_parser("compare").parse_args(
             ["compare", path, "--hardware", "cpu-2vcpu", "--model", "gemma-3-270m-q4_k_m", "--prefix-caching"]))
-        predicted = main.predict_loadgen_run(main.read_loadgen_report(path), spec)
+        predicted = main.predict_loadgen_run(main.read_measured_runs(path)[0][1], spec)
         self.assertEqual(predicted["summary"]["prompt_tokens"], sum(record["prompt_tokens"] for record in records))
         self.assertEqual(predicted["summary"]["num_requests"], 6)
         self.assertEqual(predicted["engine"]["prefix_hit_tokens"], 5 * 64)  # each later request hits the 64 shared
