@@ -13188,13 +13188,19 @@ def compared_engine(spec: EngineSpec, rows: Sequence[dict], run_rows: Sequence[d
 
 def stand_in_model_notes(args, served: Sequence[Optional[str]], spec: EngineSpec) -> List[str]:
     """A line for each model the measured servers served (a loadgen report's settings.model,
-    an inference-perf run's server.model_name) when neither a flag (--model-dir,
-    --model-file, --model) nor the server's model file named the model predicted: the
-    flags' preset stood in for it, which the reader must not have to guess from the header."""
+    an inference-perf run's server.model_name), and one for runs that name none, when
+    neither a flag (--model-dir, --model-file, --model) nor the server's model file named
+    the model predicted: the flags' preset stood in for it, which the reader must not have
+    to guess from the header."""
     if args.model is not None or args.model_file is not None or getattr(args, "model_dir", None):
         return []
-    return [f"{model} served the run; with no --model-dir, --model-file or --model the preset {spec.plan.model.name} "
-            f"stands in for it" for model in sorted({name for name in served if name})]
+    standing = f"with no --model-dir, --model-file or --model the preset {spec.plan.model.name} stands in for it"
+    notes = [f"{model} served the run; {standing}" for model in sorted({name for name in served if name})]
+    unnamed = sum(1 for name in served if not name)  # SGLang bench_serving saves none; inference-perf may not
+    if unnamed:
+        who = "the run does" if len(served) == 1 else "the runs do" if unnamed == len(served) else "a run does"
+        notes.append(f"{who} not name the model served; {standing}")
+    return notes
 
 
 def cmd_compare(args) -> int:
@@ -14211,7 +14217,7 @@ SUBCOMMANDS = (
      "more than 5% off the profile's step: the machine's speed most likely moved between the profile "
      "and the runs. Without --model, the preset named by the model file the server loaded "
      "(llama.cpp's model_path), if there is one; else a line under the header (notes in --json) names "
-     "the model the server served and the preset that stood in for it.",
+     "the model the server served (or that the run names none) and the preset that stood in for it.",
      _compare_flags, cmd_compare),
     ("calibrate", "fit hardware figures to measured runs",
      "Fit the figures the runs can tell apart (the memory and FLOP rates, the per-step and per-layer "

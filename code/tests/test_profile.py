@@ -636,6 +636,13 @@ class SglangBenchResultTest(ScratchTest):
         self.assertEqual((sglang["source"], sglang["settings"]["server_info"], sglang["summary"]["e2e_ms"]),
                          ("sglang bench_serving", {"kind": "sglang"}, {"mean": 1180.0, "p50": 1170.0, "p99": 1300.0}))
 
+    def test_without_a_model_flag_the_report_says_the_result_names_no_model(self):
+        path = self.write("one.jsonl", json.dumps(sglang_bench_result()))
+        code, out, err = run_cli("compare", path, "--hardware", "h100-sxm-80gb")
+        self.assertEqual((code, err, out.splitlines()[1]), (0, "", (
+            "the run does not name the model served; with no --model-dir, --model-file or --model the preset "
+            "llama-3.1-8b stands in for it")))
+
     def test_its_details_count_the_requests_sent_and_give_their_lengths(self):
         inputs, outputs = [1024] * 39 + [1000], [128] * 39 + [0]  # the last one failed
         report = main.measured_report(sglang_bench_result(input_lens=inputs, output_lens=outputs, completed=39,
