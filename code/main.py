@@ -9903,7 +9903,11 @@ def predict_loadgen_run(report: dict, spec: EngineSpec) -> dict:
     lengths = report.get("request_lengths") or [(prompt_tokens, output_tokens)] * num_requests
     requests = [Request(index, prompt, output, arrival_s)
                 for index, ((prompt, output), arrival_s) in enumerate(zip(lengths, offsets))]
-    return run_and_report(spec.engine(), with_shared_prefix(requests, report), concurrency)
+    # NOTE: an open loop's in-flight cap (loadgen --rate with --concurrency, vllm bench serve's
+    # --max-concurrency) holds a request back until one in flight ends, and its TTFT counts from
+    # its send: the closed loop's rule (its clients send in order, none before its arrival)
+    cap = settings.get("concurrency") if rate is not None else concurrency
+    return run_and_report(spec.engine(), with_shared_prefix(requests, report), cap)
 
 
 def with_shared_prefix(requests: List[Request], report: dict) -> List[Request]:

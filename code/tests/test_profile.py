@@ -567,6 +567,14 @@ class VllmBenchResultTest(ScratchTest):
         self.assertEqual((report["settings"]["mode"], report["settings"]["rate"], report["settings"]["concurrency"]),
                          ("open", 2.5, None))
 
+    def test_an_open_loop_under_a_concurrency_cap_never_runs_more_at_once(self):
+        spec = main.EngineSpec(main.plan_capacity(main.HARDWARE["h100-sxm-80gb"], main.MODELS["llama-3.1-8b"]),
+                               main.SchedulerConfig())
+        batches = [main.predict_loadgen_run(main.from_vllm_bench(vllm_bench_result(
+            request_rate=20.0, max_concurrency=cap), "r.json"), spec)["engine"]["max_batch_seqs"] for cap in (None, 2)]
+        self.assertEqual(batches[1], 2)  # each request waits for one of the two in flight to end
+        self.assertGreater(batches[0], 10)  # 20 req/s of 1.2 s requests, uncapped
+
     def test_saved_lengths_are_the_lengths_predicted(self):
         inputs, outputs = [100 + index for index in range(40)], [10 + index % 7 for index in range(40)]
         report = main.from_vllm_bench(vllm_bench_result(input_lens=inputs, output_lens=outputs,
