@@ -5906,6 +5906,22 @@ def arrival_offsets(num_requests: int, rate: float, burstiness: float, rng: rand
     return list(iter_arrival_offsets(num_requests, rate, burstiness, rng))
 
 
+def ramp_offsets(num_requests: int, strategy: str, start_rps: float, end_rps: float, burstiness: float,
+                 rng: random.Random) -> List[float]:
+    """Send times in seconds under vllm bench serve's --ramp-up-strategy: the rate goes from
+    start_rps at the first request to end_rps at the last, in equal steps (linear) or equal
+    ratios (exponential) per request, each request's gap drawn at the rate it has reached
+    (arrival_gap_s), the first one's too."""
+    offsets, at_s = [], 0.0
+    for index in range(num_requests):
+        progress = index / max(num_requests - 1, 1)
+        rate = (start_rps + (end_rps - start_rps) * progress if strategy == "linear"
+                else start_rps * (end_rps / start_rps) ** progress)
+        at_s += arrival_gap_s(rate, burstiness, rng)
+        offsets.append(at_s)
+    return offsets
+
+
 def schedule_stretches(schedule: Sequence[Tuple[float, float]], duration_s: float) -> List[Tuple[float, float, float]]:
     """A rate schedule's (start_s, end_s, rate) stretches: each start until the next, the
     last until duration_s."""
@@ -9661,7 +9677,8 @@ def _vllm_bench_figures(result: dict, name: str) -> dict:
 def from_vllm_bench(result: dict, where: str, source: str = "vllm bench serve") -> dict:
     """A `vllm bench serve --save-result` JSON as a loadgen report: its load (request rate,
     "inf" being every request at once, capped by max_concurrency, and burstiness), its
-    lengths (each request's, when saved with --save-detailed), its medians, the server
+    lengths (each request's, when saved with --save-detailed), its arrivals (each request's,
+    where they were saved, or drawn under its --ramp-up-strategy), its medians, the server
     its backend names (vllm or openai: vLLM; sglang: SGLang)."""
     data = JsonObject(result, where)
     check_shape(data, VLLM_BENCH_SHAPE)
@@ -9673,12 +9690,17 @@ def from_vllm_bench(result: dict, where: str, source: str = "vllm bench serve") 
     num_requests, completed = result["num_prompts"], result["completed"]
     if not 1 <= num_requests <= MAX_COUNT or completed > num_requests:
         raise UsageError(f"{where}: num_prompts must be from 1 to {MAX_COUNT:,} and at least completed")
-    closed = rate == "inf"
-    lengths = _vllm_bench_lengths(data, completed)
+    lengths, burstiness = _vllm_bench_lengths(data, completed), result.get("burstiness") or 1.0  # absent: Poisson
+    offsets, ramp = _vllm_bench_offsets(data, lengths), _vllm_bench_ramp(result, where)
+    closed = rate == "inf" and ramp is None
+    if ramp is not None and not offsets:
+        offsets = ramp_offsets(num_requests, *ramp, burstiness, random.Random(0))
+    if ramp is not None:  # the rate it went at, on average (request_rate is inf then)
+        rate = len(offsets) / offsets[-1] if offsets[-1] > 0 else max(ramp[1:])
     output_mean = max(1, round(result["total_output_tokens"] / completed)) if completed else 1
     settings = {"url": "", "model": result.get("model_id") or "", "mode": "closed" if closed else "open",
                 "concurrency": (result.get("max_concurrency") or num_requests) if closed else result.get("max_concurrency"),
-                "rate": None if closed else float(rate), "burstiness": result.get("burstiness") or 1.0,  # absent: Poisson
+                "rate": None if closed else float(rate), "burstiness": burstiness,
                 "max_tokens": max((output for _, output in lengths), default=output_mean), "ignore_eos": False,
                 "server_info": _bench_server(result.get("backend") or "vllm")}
     summary = {"num_requests": num_requests, "num_completed": completed, "prompt_tokens": result["total_input_tokens"],
@@ -9687,7 +9709,22 @@ def from_vllm_bench(result: dict, where: str, source: str = "vllm bench serve") 
                **{f"{name}_ms": _vllm_bench_figures(result, key) for name, key in
                   (("ttft", "ttft"), ("tpot", "tpot"), ("itl", "itl"), ("e2e", "e2el"))}}
     return {"settings": settings, "summary": summary, "request_lengths": lengths, "source": source,
-            "request_offsets": _vllm_bench_offsets(data, lengths) if not closed else []}
+            "request_offsets": offsets if not closed else []}
+
+
+def _vllm_bench_ramp(result: dict, where: str) -> Optional[Tuple[str, float, float]]:
+    """A run's --ramp-up-strategy, linear or exponential, and the rates it ramped from and
+    to (req/s); None for a run at one rate."""
+    strategy = result.get("ramp_up_strategy")
+    if strategy is None:
+        return None
+    if strategy not in ("linear", "exponential"):
+        raise UsageError(f"{where}: ramp_up_strategy must be linear or exponential, got {_shown(strategy)}")
+    start, end = result.get("ramp_up_start_rps"), result.get("ramp_up_end_rps")
+    if not (_is_number(start) and _is_number(end) and start > 0 and end > 0):
+        raise UsageError(f"{where}: ramp_up_start_rps and ramp_up_end_rps must be positive numbers, got "
+                         f"{_shown(start)} and {_shown(end)}")
+    return strategy, float(start), float(end)
 
 
 def _bench_server(backend: str) -> dict:

@@ -604,6 +604,23 @@ class VllmBenchResultTest(ScratchTest):
         self.assertGreater(ttft_p50[1], 3 * ttft_p50[0])  # all sent at once queue behind each other's prefills
         self.assertEqual(result([50.0] * 39)["request_offsets"], [])  # not one per request: the rate draws them
 
+    def test_a_ramped_rate_is_an_open_loop_that_speeds_up_as_it_ramped(self):
+        ramped = vllm_bench_result(num_prompts=200, completed=200, max_concurrency=None, ramp_up_strategy="linear",
+                                   ramp_up_start_rps=1, ramp_up_end_rps=10)
+        report = main.from_vllm_bench(ramped, "r.json")
+        offsets = report["request_offsets"]
+        self.assertEqual((report["settings"]["mode"], len(offsets), offsets == sorted(offsets)), ("open", 200, True))
+        first, last = offsets[19] - offsets[0], offsets[-1] - offsets[-20]
+        self.assertGreater(first, 3 * last)  # 19 gaps at ~1.5 req/s against 19 at ~9.5
+        self.assertAlmostEqual(report["settings"]["rate"], 200 / offsets[-1])
+        exponential = main.from_vllm_bench(dict(ramped, ramp_up_strategy="exponential"), "r.json")["request_offsets"]
+        self.assertGreater(exponential[-1], offsets[-1])  # the same two ends, more of the way slow
+        for changes, message in (({"ramp_up_strategy": "steps"}, "ramp_up_strategy must be linear or exponential"),
+                                 ({"ramp_up_start_rps": 0}, "ramp_up_start_rps and ramp_up_end_rps must be positive")):
+            with self.assertRaises(main.UsageError) as caught:
+                main.from_vllm_bench(dict(ramped, **changes), "r.json")
+            self.assertIn(f"r.json: {message}", str(caught.exception))
+
     def test_a_result_that_does_not_fit_exits_2_naming_the_field(self):
         for changes, message in (({"request_rate": "fast"}, "request_rate must be a positive number or \"inf\""),
                                  ({"completed": "all"}, "completed must be an integer >= 0, got 'all'"),
