@@ -492,10 +492,13 @@ def bench_fuzz(num_cases, seed):
                                                       ("stderr", "stderr lines"), ("key", "API key"))
                              if words in problem), "exit")
                 counts[kind] += 1
-                print(f"fuzz     {case.describe()[:160]}: {problem[:200]}")
+                # NOTE: to the real stdout: a hung case's thread, still running, puts back the
+                # sys.stdout it found (another case's capture) whenever it ends
+                print(f"fuzz     {case.describe()[:160]}: {problem[:200]}", file=sys.__stdout__, flush=True)
     print(f"fuzz     seed {seed}: {len(cases):,} cases in {time.perf_counter() - start:.1f} s: "
           f"{counts['traceback']} tracebacks, {counts['hung']} hangs, {counts['exit']} wrong exits, "
-          f"{counts['stderr']} exit-2 with more than one stderr line, {counts['key']} with the API key shown")
+          f"{counts['stderr']} exit-2 with more than one stderr line, {counts['key']} with the API key shown",
+          file=sys.__stdout__)
     return 1 if any(counts.values()) else 0
 
 

@@ -5915,7 +5915,7 @@ def ramp_offsets(num_requests: int, strategy: str, start_rps: float, end_rps: fl
     offsets, at_s = [], 0.0
     for index in range(num_requests):
         progress = index / max(num_requests - 1, 1)
-        rate = (start_rps + (end_rps - start_rps) * progress if strategy == "linear"
+        rate = (start_rps * (1 - progress) + end_rps * progress if strategy == "linear"  # NOTE: exact at both ends
                 else start_rps * (end_rps / start_rps) ** progress)
         at_s += arrival_gap_s(rate, burstiness, rng)
         offsets.append(at_s)
@@ -9658,6 +9658,9 @@ def check_loadgen_report(report, where: str) -> dict:
                         ("settings", "shared_prefix_tokens")):  # NOTE: a prediction replays these many
         if (report[block].get(name) or 0) > MAX_COUNT:
             raise UsageError(f"{where}: {block}.{name} must be at most {MAX_COUNT:,}, got {report[block][name]:,}")
+    for name in ("rate", "burstiness"):  # NOTE: an open loop's gaps are drawn from these (arrival_gap_s)
+        if report["settings"].get(name) is not None:
+            _check_number(where, f"settings.{name}", report["settings"][name], 1e-9, "a positive number")
     return report
 
 
@@ -9687,6 +9690,7 @@ def from_vllm_bench(result: dict, where: str, source: str = "vllm bench serve") 
         raise UsageError(f"{where}: request_rate must be a positive number or \"inf\", got {_shown(rate)}")
     if result.get("burstiness") is not None and not result["burstiness"] > 0:
         raise UsageError(f"{where}: burstiness must be a positive number, got {_shown(result['burstiness'])}")
+    _check_number(where, "burstiness", result.get("burstiness") or 1.0, 0)  # NOTE: a vast shape stalls the gamma draw
     num_requests, completed = result["num_prompts"], result["completed"]
     if not 1 <= num_requests <= MAX_COUNT or completed > num_requests:
         raise UsageError(f"{where}: num_prompts must be from 1 to {MAX_COUNT:,} and at least completed")
@@ -9724,7 +9728,8 @@ def _vllm_bench_ramp(result: dict, where: str) -> Optional[Tuple[str, float, flo
     if not (_is_number(start) and _is_number(end) and start > 0 and end > 0):
         raise UsageError(f"{where}: ramp_up_start_rps and ramp_up_end_rps must be positive numbers, got "
                          f"{_shown(start)} and {_shown(end)}")
-    return strategy, float(start), float(end)
+    return strategy, _check_number(where, "ramp_up_start_rps", float(start), 0), \
+        _check_number(where, "ramp_up_end_rps", float(end), 0)
 
 
 def _bench_server(backend: str) -> dict:
@@ -10534,7 +10539,7 @@ def evidence_from_summary(evidence: Evidence, summary: dict, label: str) -> None
 
 
 SIMULATE_REPORT_SHAPE = {
-    "settings": {"hardware": "str", "model": "str",
+    "settings": {"hardware": "str", "model": "str", "shared_prefix_tokens": "int?",
                  "scheduler": {"max_num_seqs": "int", "max_num_batched_tokens": "int", "prefix_caching": "bool"}},
     "engine": {"kv_peak": "number", "num_preemptions": "int", "max_batch_seqs": "int", "mean_batch_seqs": "number",
                "mean_batch_tokens": "number", "prefix_hit_rate": "number"},

@@ -484,7 +484,8 @@ def report_cases(rng, count, loadgen_report, simulate_report):
     cases = []
     for _ in range(count):
         source = rng.choice((loadgen_report, simulate_report, {"runs": [simulate_report]}, VLLM_BENCH_RESULT,
-                             SGLANG_BENCH_RESULT))
+                             dict(VLLM_BENCH_RESULT, ramp_up_strategy="linear", ramp_up_start_rps=1,
+                                  ramp_up_end_rps=5), SGLANG_BENCH_RESULT))
         mutated = mutate_json(rng, source)
         if rng.random() < 0.1:
             mutated = rng.choice(({"settings": {}, "engine": {}}, {"settings": {}, "summary": {}}, [], "x", {}))
