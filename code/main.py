@@ -10539,7 +10539,7 @@ def evidence_from_summary(evidence: Evidence, summary: dict, label: str) -> None
 
 
 SIMULATE_REPORT_SHAPE = {
-    "settings": {"hardware": "str", "model": "str", "shared_prefix_tokens": "int?",
+    "settings": {"hardware": "str", "model": "str", "shared_prefix_tokens": "int?", "arrivals?": {"mode": "str?"},
                  "scheduler": {"max_num_seqs": "int", "max_num_batched_tokens": "int", "prefix_caching": "bool"}},
     "engine": {"kv_peak": "number", "num_preemptions": "int", "max_batch_seqs": "int", "mean_batch_seqs": "number",
                "mean_batch_tokens": "number", "prefix_hit_rate": "number"},
