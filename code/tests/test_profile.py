@@ -1,5 +1,6 @@
 """profile, --step-profile and --scheduler llamacpp: step costs measured on the server itself."""
 
+import dataclasses
 import json
 import math
 import os
@@ -11,6 +12,7 @@ import unittest
 from fake_engine import FakeEngine
 from fake_server import FakeServer
 from support import FIXTURES_DIR, ScratchTest, main, new_scheduler, run_cli, run_json, start_interruptible
+from test_fast_engine import differences
 
 DECODE_MS = {1: 9.0, 2: 19.0, 3: 31.0, 4: 27.0}  # not monotone: CPU matrix kernels tile
 QUICK_DECODE_MS = {1: 2.0, 2: 3.0, 3: 4.0, 4: 5.0}  # for tests that send many requests and read no step
@@ -574,6 +576,10 @@ class VllmBenchResultTest(ScratchTest):
             request_rate=20.0, max_concurrency=cap), "r.json"), spec)["engine"]["max_batch_seqs"] for cap in (None, 2)]
         self.assertEqual(batches[1], 2)  # each request waits for one of the two in flight to end
         self.assertGreater(batches[0], 10)  # 20 req/s of 1.2 s requests, uncapped
+        capped = main.from_vllm_bench(vllm_bench_result(request_rate=20.0, max_concurrency=3), "r.json")
+        step_engine = dataclasses.replace(spec, fast=False)
+        self.assertEqual(differences(main.predict_loadgen_run(capped, step_engine),
+                                     main.predict_loadgen_run(capped, spec)), [])  # figure by figure
 
     def test_saved_lengths_are_the_lengths_predicted(self):
         inputs, outputs = [100 + index for index in range(40)], [10 + index % 7 for index in range(40)]
