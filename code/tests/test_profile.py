@@ -679,6 +679,10 @@ class SglangBenchResultTest(ScratchTest):
         report = main.measured_report(sglang_bench_result(input_lens=inputs, output_lens=outputs, completed=39,
                                                           errors=[""] * 39 + ["timeout"]), "s.jsonl")
         self.assertEqual((report["summary"]["num_requests"], report["summary"]["num_completed"]), (40, 39))
+        inputs = [1000 + index for index in range(40)]
+        whole = main.measured_report(sglang_bench_result(input_lens=inputs, output_lens=[128] * 40,
+                                                         total_input_tokens=sum(inputs)), "s.jsonl")
+        self.assertEqual(whole["request_lengths"], [(prompt, 128) for prompt in inputs])
 
     def test_a_file_of_results_one_a_line_is_a_row_each_named_by_its_line(self):
         lines = [json.dumps(sglang_bench_result(max_concurrency=n)) for n in (1, 4)]
