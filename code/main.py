@@ -10005,11 +10005,21 @@ def asked_workload(report: dict) -> tuple:
     replay's lengths are the trace's, as the server counted them. The settings taken from
     the report are compared as JSON text, whatever a hand-edited report holds there."""
     settings, (concurrency, rate, num_requests, prompt_tokens, output_tokens) = report["settings"], measured_workload(report)
+    load = concurrency, rate, num_requests, open_loop_shape(report)
     if settings.get("mode") == "trace" or settings.get("prompt_tokens") is None:  # lengths not asked: as counted
-        return concurrency, rate, num_requests, prompt_tokens, output_tokens, json.dumps(settings.get("trace"))
+        return (*load, prompt_tokens, output_tokens, json.dumps(settings.get("trace")))
     asked = [settings.get(name) for name in ("prompt_tokens", "max_tokens", "ignore_eos", "shared_prefix_tokens",
                                              "prompt_file")]
-    return concurrency, rate, num_requests, json.dumps(asked, sort_keys=True)
+    return (*load, json.dumps(asked, sort_keys=True))
+
+
+def open_loop_shape(report: dict) -> Tuple[Optional[int], Optional[float]]:
+    """An open loop's cap on requests in flight and its burstiness (None, None for a closed
+    loop): runs at one rate but of another cap or burstiness are other workloads."""
+    settings = report["settings"]
+    if measured_workload(report)[1] is None:
+        return None, None
+    return settings.get("concurrency"), settings.get("burstiness") or 1.0
 
 
 def compare_rows(reports: Sequence[dict], predictions: Sequence[dict]) -> List[dict]:
@@ -10030,7 +10040,9 @@ def compare_rows(reports: Sequence[dict], predictions: Sequence[dict]) -> List[d
                                batch=prediction["engine"]["mean_batch_seqs"]) for _, prediction in runs]
         prediction = runs[0][1]
         replay = runs[0][0].get("replay")
-        row = {"concurrency": concurrency, "rate": rate, "num_requests": num_requests, "num_runs": len(runs),
+        max_in_flight, burstiness = open_loop_shape(runs[0][0])
+        row = {"concurrency": concurrency, "rate": rate, "max_in_flight": max_in_flight, "burstiness": burstiness,
+               "num_requests": num_requests, "num_runs": len(runs),
                "trace": os.path.basename(replay["trace"]) if replay else None,
                "prompt_tokens": prompt_tokens, "output_tokens": output_tokens,
                "measured": {label: median_of_known([run[label] for run in measured_runs]) for label in measured_runs[0]},
@@ -12053,7 +12065,11 @@ def _share(value: Optional[float]) -> str:
 def _load_label(row: dict) -> str:
     if row.get("trace"):
         return f"trace {row['trace']}"
-    return str(row["concurrency"]) if row["concurrency"] else f"rate {row['rate']:g}"
+    if row["concurrency"]:
+        return str(row["concurrency"])
+    shape = ([f"burstiness {row['burstiness']:g}"] if row.get("burstiness") not in (None, 1.0) else []) + (
+        [f"at most {row['max_in_flight']}"] if row.get("max_in_flight") else [])
+    return f"rate {row['rate']:g}" + (f" ({', '.join(shape)})" if shape else "")
 
 
 def _format_compare_table(rows: Sequence[dict]) -> List[str]:

@@ -610,6 +610,17 @@ class VllmBenchResultTest(ScratchTest):
         self.assertGreater(ttft_p50[1], 3 * ttft_p50[0])  # all sent at once queue behind each other's prefills
         self.assertEqual(result([50.0] * 39)["request_offsets"], [])  # not one per request: the rate draws them
 
+    def test_runs_at_one_rate_but_of_another_cap_or_burstiness_are_rows_of_their_own(self):
+        paths = [self.write(f"r{index}.json", vllm_bench_result(request_rate=20.0, **changes)) for index, changes in
+                 enumerate(({"max_concurrency": None}, {"max_concurrency": 2}, {"max_concurrency": None,
+                                                                                "burstiness": 0.5}))]
+        rows = run_json("compare", *paths, *self.H100, "--no-sensitivity")["rows"]
+        self.assertEqual([(row["num_runs"], row["max_in_flight"], row["burstiness"]) for row in rows],
+                         [(1, None, 1.0), (1, 2, 1.0), (1, None, 0.5)])
+        lines = run_cli("compare", *paths, *self.H100, "--no-sensitivity")[1].splitlines()
+        self.assertEqual([line.strip().split("  ")[0] for line in lines[3:6]],
+                         ["rate 20", "rate 20 (at most 2)", "rate 20 (burstiness 0.5)"])
+
     def test_a_ramped_rate_is_an_open_loop_that_speeds_up_as_it_ramped(self):
         ramped = vllm_bench_result(num_prompts=200, completed=200, max_concurrency=None, ramp_up_strategy="linear",
                                    ramp_up_start_rps=1, ramp_up_end_rps=10)
