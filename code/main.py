@@ -9330,13 +9330,13 @@ def _stage_figures(stage: JsonObject, output_tokens: float) -> dict:
     server produced them ((mean latency - mean TTFT) / (output tokens - 1): the client's
     own per-token figures count its re-tokenisation of the text), the failed share. The
     output tokens are the stage's successes' mean as the server counted them where the
-    file gives it (newer inference-perf's output_tokens), else output_tokens. A percentile
-    or the throughput a stage file leaves out (a published result that gives only some
-    figures) is unknown, None; the means are required."""
-    successes, failures = stage.object("successes"), stage.object("failures", None) or JsonObject({}, stage.where)
-    num_ok, num_failed = successes.integer("count"), failures.integer("count", 0, 0)
+    file gives it (newer inference-perf's output_tokens), else output_tokens. A percentile,
+    the throughput or the failures a stage file leaves out (a published result that gives
+    only some figures) is unknown, None; the means are required."""
+    successes, failures = stage.object("successes"), stage.object("failures", None)
+    num_ok, num_failed = successes.integer("count"), 0 if failures is None else failures.integer("count", 0, 0)
     figures = {"requests": num_ok + num_failed, "completed": num_ok,
-               "failed share": num_failed / max(1, num_ok + num_failed)}
+               "failed share": None if failures is None else num_failed / max(1, num_ok + num_failed)}
     if not num_ok:
         return figures
     counted, counted_as = _length_distribution(successes, "output")
@@ -10088,7 +10088,8 @@ def inference_perf_rows(run: dict, predictions: Sequence[dict], bands: Sequence[
         measured_figures = dict({label: measured.get(label) for label in INFERENCE_PERF_LABELS},
                                 batch=measured.get("batch"))
         error = {label: relative_error(predicted[label], measured_figures[label]) for label in measured_figures}
-        error["failed share"] = predicted["failed share"] - measured_figures["failed share"]
+        error["failed share"] = (None if measured_figures["failed share"] is None
+                                 else predicted["failed share"] - measured_figures["failed share"])
         completed = summary["num_completed"]
         rows.append({"source": "inference-perf", "run": run["name"], "stage": index, "concurrency": clients,
                      "rate": None if clients else rate, "duration_s": None if clients else duration_s, "num_requests": measured["requests"], "num_runs": 1,
@@ -12214,14 +12215,15 @@ def format_inference_perf_compare(spec: EngineSpec, runs: Sequence[dict], rows: 
         for label in INFERENCE_PERF_SHOWN:
             cells += [_figure(row["measured"][label], "{:.1f}"), _figure(row["predicted"][label], "{:.1f}"),
                       _figure(row["error"][label], "{:+.1%}")]
-        cells += [f"{row['measured']['failed share']:.1%}", f"{row['predicted']['failed share']:.1%}"]
+        cells += [_figure(row["measured"]["failed share"], "{:.1%}"), f"{row['predicted']['failed share']:.1%}"]
         table.append(cells)
     lines += format_table(header, table, label_column=True)
     errors = {label: [abs(row["error"][label]) for row in rows if row["error"][label] is not None]
               for label in INFERENCE_PERF_SHOWN}
+    failed_points = [abs(row["error"]["failed share"]) * 100 for row in rows if row["error"]["failed share"] is not None]
     lines.append(f"mean |error| over {len(rows)} stages: " + ", ".join(
         f"{label} {sum(values) / len(values):.1%}" for label, values in errors.items() if values)
-                 + f"; failed share within {max(abs(row['error']['failed share']) for row in rows) * 100:.1f} points")
+                 + (f"; failed share within {max(failed_points):.1f} points" if failed_points else ""))
     timeouts = sorted({row["request_timeout_s"] for row in rows})
     lines.append(f"clients give up after {', '.join(f'{value:g}' for value in timeouts)} s "
                  f"({'--request-timeout' if any(run['timeout_from'] == '--request-timeout' for run in runs) else runs[0]['timeout_from']})")

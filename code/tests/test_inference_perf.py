@@ -459,17 +459,22 @@ class CompareTest(ScratchTest):
             stage = json.load(handle)
         for spread in stage["successes"]["latency"].values():
             del spread["median"]
-        del stage["successes"]["throughput"]
+        del stage["successes"]["throughput"], stage["failures"]
         with open(where, "w") as handle:
             json.dump(stage, handle)
-        report = run_json("compare", folder, "--hardware-file", self.write("known.json", dataclasses.asdict(KNOWN)),
-                          "--model-file", os.path.join(self.directory, "models", "small", "config.json"),
-                          "--no-sensitivity")
+        flags = ["--hardware-file", self.write("known.json", dataclasses.asdict(KNOWN)),
+                 "--model-file", os.path.join(self.directory, "models", "small", "config.json"), "--no-sensitivity"]
+        report = run_json("compare", folder, *flags)
         (row,) = report["rows"]
-        self.assertEqual([row["measured"][label] for label in ("ttft p50", "e2e p50", "out tok/s")], [None] * 3)
-        self.assertEqual([row["error"][label] for label in ("ttft p50", "e2e p50", "out tok/s")], [None] * 3)
+        unknown = ("ttft p50", "e2e p50", "out tok/s", "failed share")
+        self.assertEqual([row["measured"][label] for label in unknown], [None] * 4)
+        self.assertEqual([row["error"][label] for label in unknown], [None] * 4)
         for label in ("ttft mean", "ttft p90", "e2e p99", "tpot mean"):
             self.assertAlmostEqual(row["error"][label], 0.0, places=6, msg=label)
+        code, out, _ = run_cli("compare", folder, *flags)
+        self.assertEqual(code, 0)
+        self.assertEqual(out.splitlines()[2].split()[-2:], ["-", "0.0%"])  # failed: unknown, predicted none
+        self.assertNotIn("failed share within", out)
 
     def test_a_concurrent_stage_is_a_closed_loop_of_its_clients(self):
         # the requests are queued within the stage's first second, so the clients are the limit
