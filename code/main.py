@@ -9114,6 +9114,7 @@ def mean_step_cost(spec: EngineSpec, engine: dict) -> Optional[dict]:
 
 SENSITIVITY_STEP_FACTORS = (0.95, 1.05)  # the step cost 5% cheaper and 5% dearer
 NEAR_SATURATION_BAND = 0.25              # a band wider than this share of the figure is said in words
+NEAR_SATURATION_FAILED = 0.10            # so is a failed share that moves by more than this (10 points)
 
 
 def run_figures(summary: dict) -> dict:
@@ -9139,18 +9140,25 @@ def sensitivity(figures: dict, cheaper: dict, dearer: dict) -> dict:
     step costs 5% less (cheaper: the same run's figures on spec.slower_by(0.95)) or 5% more
     (dearer). Near saturation a few percent of step cost is a large queueing error: a band
     wider than a quarter of the figure is said in words, so that nobody trusts it to a few
-    percent."""
+    percent. Past saturation, where clients give up, the successes' TTFT is capped by their
+    patience and may barely move (or move the wrong way: dearer steps fail more of the
+    slowest): there the failed share moves, by its band in points, and a move of more than
+    ten points is said too."""
     bands = {}
     for label in ("ttft mean", "e2e mean"):
         low, high, value = cheaper.get(label), dearer.get(label), figures.get(label)
-        band = (high - low) / value if value and low is not None and high is not None else None
+        band = abs(high - low) / value if value and low is not None and high is not None else None
         bands[label] = {"step_cost_minus_5pct": low, "step_cost_plus_5pct": high, "band": band}
-    wide = [(label, bands[label]["band"]) for label in bands if (bands[label]["band"] or 0) > NEAR_SATURATION_BAND]
+    low, high = cheaper["failed share"], dearer["failed share"]
+    bands["failed share"] = {"step_cost_minus_5pct": low, "step_cost_plus_5pct": high, "band": abs(high - low)}
+    moves = [f"{label.split()[0].upper()} by {band['band']:.0%}" for label, band in bands.items()
+             if label != "failed share" and (band["band"] or 0) > NEAR_SATURATION_BAND]
+    if abs(high - low) > NEAR_SATURATION_FAILED:
+        moves.append(f"the failed share from {low:.0%} to {high:.0%}")
     note = None
-    if wide:
-        moves = " and ".join(f"{label.split()[0].upper()} by {band:.0%}" for label, band in wide)
-        note = (f"near saturation: a step cost 5% off either way moves {moves}; trust this prediction only as far "
-                f"as the step cost is known")
+    if moves:
+        note = (f"near saturation: a step cost 5% off either way moves {' and '.join(moves)}; trust this prediction "
+                f"only as far as the step cost is known")
     return dict(bands, note=note)
 
 
@@ -11914,9 +11922,11 @@ def step_cost_line(terms: dict, what: str = "mean step") -> str:
 
 def sensitivity_lines(bands: dict) -> List[str]:
     """How far TTFT and E2E move with the step cost 5% off, and the warning near saturation."""
-    parts = [f"{label.split()[0]} mean {_figure(band['step_cost_minus_5pct'], '{:.1f}')} to "
-             f"{_figure(band['step_cost_plus_5pct'], '{:.1f}')} ms"
-             for label, band in bands.items() if label != "note"]
+    parts = [f"{label.split()[0]} mean {_figure(bands[label]['step_cost_minus_5pct'], '{:.1f}')} to "
+             f"{_figure(bands[label]['step_cost_plus_5pct'], '{:.1f}')} ms" for label in ("ttft mean", "e2e mean")]
+    failed = bands.get("failed share")
+    if failed and failed["band"]:
+        parts.append(f"failed {failed['step_cost_minus_5pct']:.1%} to {failed['step_cost_plus_5pct']:.1%}")
     return [f"step cost -5% / +5%: " + ", ".join(parts)] + ([bands["note"]] if bands["note"] else [])
 
 

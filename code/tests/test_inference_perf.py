@@ -356,7 +356,7 @@ class CompareTest(ScratchTest):
                 self.assertAlmostEqual(row["error"][label], 0.0, places=6, msg=label)
             self.assertEqual(set(row["measured"]) - {"batch"}, set(main.INFERENCE_PERF_LABELS))
             self.assertEqual(row["error"]["failed share"], 0.0)
-            self.assertEqual(set(row["sensitivity"]), {"ttft mean", "e2e mean", "note"})
+            self.assertEqual(set(row["sensitivity"]), {"ttft mean", "e2e mean", "failed share", "note"})
         code, out, err = run_cli("compare", folder, "--hardware-file", hardware, "--model-file",
                                  os.path.join(self.directory, "models", "small", "config.json"), "--max-num-seqs",
                                  "128", "--max-num-batched-tokens", "2048", "--no-sensitivity")

@@ -98,5 +98,33 @@ class TimeoutTest(unittest.TestCase):
         self.assertLessEqual(summary["e2e_ms"]["max"], 2000.0)
 
 
+class SensitivityTest(unittest.TestCase):
+    """How far a prediction moves with every step 5% cheaper and 5% dearer."""
+
+    BASE = {"ttft mean": 100.0, "e2e mean": 1000.0, "failed share": 0.0}
+
+    def bands(self, cheaper, dearer, base=None):
+        return main.sensitivity(base or self.BASE, dict(self.BASE, **cheaper), dict(self.BASE, **dearer))
+
+    def test_a_band_under_a_quarter_of_the_figure_says_nothing(self):
+        bands = self.bands({"ttft mean": 90.0, "e2e mean": 950.0}, {"ttft mean": 114.0, "e2e mean": 1060.0})
+        self.assertEqual((bands["ttft mean"]["band"], bands["note"]), (0.24, None))
+        self.assertAlmostEqual(bands["e2e mean"]["band"], 0.11)
+
+    def test_a_wide_band_is_said_in_words_whichever_way_it_moves(self):
+        # past saturation dearer steps fail the slowest requests, so the successes' TTFT may fall
+        bands = self.bands({"ttft mean": 130.0}, {"ttft mean": 90.0})
+        self.assertAlmostEqual(bands["ttft mean"]["band"], 0.4)
+        self.assertEqual(bands["note"], "near saturation: a step cost 5% off either way moves TTFT by 40%; trust this "
+                                        "prediction only as far as the step cost is known")
+
+    def test_a_failed_share_that_moves_more_than_ten_points_is_said_too(self):
+        bands = self.bands({"failed share": 0.0}, {"failed share": 0.26}, dict(self.BASE, **{"failed share": 0.147}))
+        self.assertEqual(bands["failed share"], {"step_cost_minus_5pct": 0.0, "step_cost_plus_5pct": 0.26, "band": 0.26})
+        self.assertEqual(bands["note"], "near saturation: a step cost 5% off either way moves the failed share from 0% "
+                                        "to 26%; trust this prediction only as far as the step cost is known")
+        self.assertIsNone(self.bands({"failed share": 0.05}, {"failed share": 0.14})["note"])  # 9 points
+
+
 if __name__ == "__main__":
     unittest.main()
