@@ -871,7 +871,7 @@ class ModelSpec:
 # memory-bound), so set by hand: mfu 0.556, which keeps the lesson's compute knee (~197
 # tokens for Llama 3.1 8B) at the fitted mbu and is within what dense BF16 GEMMs reach on an
 # H100; moe_efficiency 0.7, between the 215 and 523 TFLOPS two published grouped-GEMM kernels
-# reach on an H100 (VeOmni PR 460, Liger-Kernel PR 1294). The other NVIDIA HBM presets carry
+# reach on an H100 (VeOmni PR 460, Liger-Kernel PR 1294). The H200 and B200 carry
 # FITTED_H100 (the same serving stack; not fitted on those GPUs). Prices are on-demand USD
 # per GPU-hour as one public source listed them on the date given; they move, so
 # --price-per-hour overrides.
@@ -881,6 +881,17 @@ class ModelSpec:
 DATASHEET_GPU = dict(mfu=0.5, mbu=0.75, step_overhead_ms=1.0)
 FITTED_H100 = dict(mfu=0.556, mbu=0.835, step_overhead_ms=0.245, layer_overhead_us=23.0, allreduce_latency_us=7.3,
                    link_efficiency=0.25, request_overhead_ms=6.56, moe_efficiency=0.7, attention_efficiency=0.0632)
+# FITTED_A100: what `calibrate` fitted to three public vLLM v0.15.1 runs of the same campaign on
+# A100 SXM 80GB (code/fixtures/gpu/a100: Qwen3-14B TP 1, CodeLlama-34B TP 2, Llama-2-70B TP 4,
+# the short-context `general-lite` workload), starting from FITTED_H100 with the arithmetic
+# (mfu), decode attention's efficiency and the all-reduce's latency held at the H100's (three
+# runs cannot pin them: left free, the fit drove mbu to 1 or mfu to 1). Rounded: mbu, the
+# per-step and per-layer costs (over 40 to 80 layers they trade against each other), the
+# all-reduce's link efficiency, the request path (these nodes' hosts take twice the H100
+# nodes' 6.6 ms). Checked on two runs it was not fitted to, Llama-3.1-8B TP 1 and
+# Mixtral-8x7B TP 2; see the README's "Predicting a GPU server".
+FITTED_A100 = dict(FITTED_H100, mbu=0.762, step_overhead_ms=2.84, layer_overhead_us=5.74, link_efficiency=0.107,
+                   request_overhead_ms=13.0)
 # Servers of eight GPUs: HGX H100/H200/B200 and MI300X platforms hold 8 devices on one
 # NVLink/Infinity Fabric; DGX H100, DGX B200 and MI300X nodes give each GPU a 400 Gb/s NIC
 # (ConnectX-7 or Pollara: 50 GB/s each way). A100 (DGX A100: 200 Gb/s HDR per GPU, 25 GB/s),
@@ -912,11 +923,10 @@ HARDWARE: Dict[str, Hardware] = {
                  fp8_tflops=2614.9, price_per_hour=1.99, host_link_gbs=64, **HGX_NODE, **DATASHEET_GPU),
         # A100 SXM4 80GB: nvidia-smi 81,920 MiB; HBM2e 2,039 GB/s; 312 TFLOPS dense BF16; no FP8;
         # NVLink 3, 600 GB/s both ways. Price: middle of the $1.49-2.49 typical on-demand range,
-        # pricegpu.pages.dev, early 2026. Against one public vLLM run (Mixtral-8x7B TP 2, see the
-        # README) its steps came out 12-13% dearer than these figures price them.
+        # pricegpu.pages.dev, early 2026. Efficiencies: FITTED_A100.
         Hardware("a100-sxm-80gb", memory_gib=80.0, bandwidth_gbs=2039, tflops=312, reserve_gib=2.0,
                  interconnect_gbs=300, price_per_hour=1.99, host_link_gbs=32, devices_per_node=8,
-                 network_gbs=25, **FITTED_H100),
+                 network_gbs=25, **FITTED_A100),
         # L40S 48GB: nvidia-smi 46,068 MiB; GDDR6 864 GB/s; 362.05 TFLOPS dense BF16, 733 FP8;
         # no NVLink, PCIe 4.0 x16. Price: Lambda on-demand as gpuadvisor.com listed it, May 2026.
         Hardware("l40s-48gb", 45.0, 864, 362.05, fp8_tflops=733, interconnect_gbs=32, reserve_gib=1.5,

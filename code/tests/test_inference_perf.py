@@ -13,7 +13,7 @@ import os
 import random
 import unittest
 
-from support import ScratchTest, main, run_cli, run_json
+from support import FIXTURES_DIR, ScratchTest, main, run_cli, run_json
 
 KNOWN = dataclasses.replace(main.HARDWARE["h100-sxm-80gb"], name="known", mbu=0.8, mfu=0.6, step_overhead_ms=0.3,
                             layer_overhead_us=30.0, allreduce_latency_us=15.0, link_efficiency=0.3,
@@ -524,6 +524,21 @@ class CompareTest(ScratchTest):
         lost.error_kind, lost.error = "timeout", "gave up"
         refused.error_kind, refused.error = "max-model-len", "too long"
         self.assertEqual([main.client_end_s(request, 3.0) for request in (done, lost, refused)], [6.0, 8.0, 5.0])
+
+
+class PublishedRunTest(unittest.TestCase):
+    """The published vLLM runs in fixtures/gpu, predicted by the presets fitted to them."""
+
+    def test_the_a100_preset_predicts_a_run_it_was_fitted_to_within_15_percent(self):
+        gpu = os.path.join(FIXTURES_DIR, "gpu")
+        report = run_json("compare", os.path.join(gpu, "a100", "qwen3-14b-tp1-general-lite"), "--hardware",
+                          "a100-sxm-80gb", "--model-dir", gpu, "--max-num-seqs", "128", "--max-num-batched-tokens",
+                          "2048", "--max-model-len", "4096", "--no-sensitivity")
+        self.assertEqual([(row["rate"], row["num_requests"]) for row in report["rows"]], [(2.5, 1500), (6.0, 3600)])
+        for row in report["rows"]:
+            for label in ("ttft mean", "e2e mean", "tpot mean"):
+                self.assertLess(abs(row["error"][label]), 0.15, msg=(row["stage"], label))
+            self.assertIsNone(row["measured"]["failed share"])  # not published
 
 
 class FitTest(ScratchTest):
