@@ -9597,11 +9597,13 @@ def predict_inference_perf(run: dict, spec: EngineSpec, seed: int = 0, timeout_s
         for request in requests:
             request.arrival_s += start_s
         engine.restart_token_log()
-        steps, seqs, before = engine.num_steps, engine.num_batched_seqs, engine.report()
+        sums, before = _step_sums(engine), engine.report()
         totals = RunTotals(None, engine.token_log is None)
         run_engine(engine, requests, clients, None, totals.add, timeout_s)
         report = engine.report()
-        report["mean_batch_seqs"] = (engine.num_batched_seqs - seqs) / max(1, engine.num_steps - steps)
+        num_steps, *stage_sums = (now - then for now, then in zip(_step_sums(engine), sums))
+        report.update({name: total / max(1, num_steps) for name, total in zip(
+            ("mean_batch_seqs", "mean_batch_tokens", "mean_context_tokens"), stage_sums)})
         report.update(_stage_counts(before, report))
         summary = totals.summary(engine.token_log)
         # NOTE: inference-perf divides the successes' tokens by the time from the stage's first
@@ -9612,6 +9614,12 @@ def predict_inference_perf(run: dict, spec: EngineSpec, seed: int = 0, timeout_s
         summary["output_tok_per_s"] = summary["output_tokens"] / span_s if span_s > 0 else 0.0
         reports.append({"summary": summary, "engine": report, "prefix_hit_rate": successes_hit_rate(requests)})
     return reports
+
+
+def _step_sums(engine) -> Tuple[int, int, int, int]:
+    """The engine's steps and its running sums of sequences, tokens and context over them
+    (a stage's means are the differences over its own steps)."""
+    return engine.num_steps, engine.num_batched_seqs, engine.num_batched_tokens, engine.num_context_tokens
 
 
 def _stage_counts(before: dict, after: dict) -> dict:

@@ -181,6 +181,14 @@ class WorkloadTest(ScratchTest):
         self.assertEqual(first["summary"]["num_completed"], 40)
         self.assertGreater(second["engine"]["prefix_hit_rate"], first["engine"]["prefix_hit_rate"])
 
+    def test_a_stages_engine_means_are_over_its_own_steps(self):
+        folder = write_run(self.directory, "ramp", "small", SMALL, 1, [(1, 5), (40, 5)], output=200)
+        spec = spec_for(os.path.join(self.directory, "models", "small", "config.json"), 1, KNOWN)
+        for stage in main.predict_inference_perf(main.read_inference_perf(folder), spec):
+            engine = stage["engine"]  # each decoding sequence is a token of its step, 400 or more of context
+            self.assertGreaterEqual(engine["mean_batch_tokens"], engine["mean_batch_seqs"])
+            self.assertGreater(engine["mean_context_tokens"], 400 * engine["mean_batch_seqs"])
+
     def rewrite_config(self, *replacements):
         path = os.path.join(self.folder, "results", "config.yaml")
         with open(path) as handle:
