@@ -75,6 +75,7 @@ Options of the subcommands that plan (all but loadgen and explain):
     --gpu-memory-utilization F   share of device memory for weights + KV cache (0.90)
     --block-size N               tokens per KV block (16)
     --kv-tokens N                fix the KV cache size in tokens (llama.cpp --ctx-size)
+    --num-gpu-blocks-override N  or at N blocks of --block-size tokens (vLLM's flag)
     --tensor-parallel-size N     shard weights and KV heads over N devices (1)
     --interconnect-gbs G         GB/s each way between them (the hardware's NVLink or PCIe)
     --pipeline-parallel-size P   split the layers over P stages of TP devices; a step runs through each
@@ -8784,10 +8785,21 @@ def build_plan(args, hardware: Optional[Hardware] = None, kv_tokens: Optional[in
         flag = f"--tensor-parallel-size {tp}" if stages == 1 else f"--pipeline-parallel-size {stages}"
         raise UsageError(f"{flag}: {hardware.name} names no link between devices; give --interconnect-gbs")
     block_size = getattr(args, "block_size", None) or block_size or 16
-    return plan_capacity(hardware, model, args.gpu_memory_utilization, block_size, args.kv_tokens or kv_tokens,
+    return plan_capacity(hardware, model, args.gpu_memory_utilization, block_size,
+                         fixed_kv_tokens(args, block_size) or kv_tokens,
                          getattr(args, "max_model_len", None) or 4096, tp,
                          max_num_seqs or getattr(args, "max_num_seqs", None) or 256, drafter, stages,
                          expert_devices(args, model))
+
+
+def fixed_kv_tokens(args, block_size: int) -> Optional[int]:
+    """The KV cache size a flag fixes, in tokens: --kv-tokens, or vLLM's
+    --num-gpu-blocks-override blocks of block_size tokens (every device holds its shard
+    of each block); None where neither is given."""
+    num_blocks = getattr(args, "num_gpu_blocks_override", None)
+    if num_blocks and args.kv_tokens:
+        raise UsageError("--num-gpu-blocks-override and --kv-tokens both size the KV cache; give one of them")
+    return num_blocks * block_size if num_blocks else args.kv_tokens
 
 
 def expert_devices(args, model: ModelSpec) -> int:
@@ -11041,6 +11053,7 @@ def what_if_base(evidence: Evidence, args, load: Optional[Tuple[str, float]]) ->
         if name in evidence:
             flags += [option, str(int(evidence.value(name)))]
     for option, value in (("--block-size", args.block_size), ("--kv-tokens", args.kv_tokens),
+                          ("--num-gpu-blocks-override", args.num_gpu_blocks_override),
                           ("--quantization", args.quantization), ("--speculative-config", args.speculative_config),
                           ("--acceptance-rate", args.acceptance_rate)):
         if value is not None:
@@ -11692,7 +11705,7 @@ def deployment_text(plan: CapacityPlan, replicas: int = 1, router: str = "") -> 
 def format_capacity(plan: CapacityPlan) -> List[str]:
     hardware, model = plan.hardware, plan.model
     if plan.kv_tokens_fixed:
-        kv_detail = "fixed by --kv-tokens"
+        kv_detail = "fixed by --kv-tokens or --num-gpu-blocks-override"
     else:
         windows = " - sliding windows" if plan.window_bytes else ""
         kv_detail = f"budget - weights - {hardware.reserve_gib:.1f} GiB reserve{windows}"
@@ -13743,6 +13756,9 @@ def _add_hardware_flags(parser: argparse.ArgumentParser, of_server: bool = False
     else:
         parser.add_argument("--kv-tokens", "--ctx-size", dest="kv_tokens", type=positive_int,
                             help="fix the KV cache at this many tokens, as llama.cpp's --ctx-size does")
+    parser.add_argument("--num-gpu-blocks-override", type=positive_int, metavar="N",
+                        help=f"{'the server' if of_server else 'fix the KV cache'} at N blocks of --block-size tokens, "
+                             f"as vLLM's flag does")
     _add_precision_flags(parser, of_server)
     if not of_server:
         parser.add_argument("--price-per-hour", type=non_negative_float, metavar="USD",

@@ -239,7 +239,8 @@ BASE_COMMANDS = (
      "--jobs", "1", "--quiet"],
 )
 FLAGS = ("--requests", "--prompt-tokens", "--output-tokens", "--rate", "--concurrency", "--max-num-seqs",
-         "--max-num-batched-tokens", "--block-size", "--kv-tokens", "--gpu-memory-utilization", "--max-model-len",
+         "--max-num-batched-tokens", "--block-size", "--kv-tokens", "--num-gpu-blocks-override", "--gpu-memory-utilization",
+         "--max-model-len",
          "--tensor-parallel-size", "--interconnect-gbs", "--seed", "--burstiness", "--time-scale", "--start",
          "--limit", "--slo-ttft-ms", "--slo-percentile", "--slo-attainment", "--max-tokens-in-flight",
          "--kv-link-gbs", "--hardware", "--model", "--scheduler", "--ubatch-size", "--tolerance", "--start-load",

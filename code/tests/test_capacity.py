@@ -40,6 +40,15 @@ class CapacityTest(unittest.TestCase):
         self.assertEqual(report["capacity"]["num_kv_tokens"], 4096)
         self.assertTrue(report["capacity"]["kv_tokens_fixed"])
 
+    def test_num_gpu_blocks_override_fixes_the_cache_at_that_many_blocks_as_vllm_does(self):
+        report = run_json("capacity", "--hardware", "cpu-4vcpu", "--model", "smollm2-135m-q8_0",
+                          "--num-gpu-blocks-override", "200", "--block-size", "32")
+        self.assertEqual((report["capacity"]["num_blocks"], report["capacity"]["num_kv_tokens"]), (200, 6400))
+        self.assertTrue(report["capacity"]["kv_tokens_fixed"])
+        code, _, err = run_cli("capacity", "--num-gpu-blocks-override", "200", "--kv-tokens", "4096")
+        self.assertEqual((code, err), (2, "servesim: error: --num-gpu-blocks-override and --kv-tokens both size "
+                                          "the KV cache; give one of them\n"))
+
     def test_kv_tokens_larger_than_free_memory_exits_1(self):
         code, _, err = run_cli("capacity", "--hardware", "l4-24gb", "--kv-tokens", "100000")
         self.assertEqual(code, 1)
