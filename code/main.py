@@ -13757,8 +13757,8 @@ def _add_hardware_flags(parser: argparse.ArgumentParser, of_server: bool = False
         parser.add_argument("--kv-tokens", "--ctx-size", dest="kv_tokens", type=positive_int,
                             help="fix the KV cache at this many tokens, as llama.cpp's --ctx-size does")
     parser.add_argument("--num-gpu-blocks-override", type=positive_int, metavar="N",
-                        help=f"{'the server' if of_server else 'fix the KV cache'} at N blocks of --block-size tokens, "
-                             f"as vLLM's flag does")
+                        help=("the server's KV cache" if of_server else "fix the KV cache")
+                        + " at N blocks of --block-size tokens, as vLLM's flag does")
     _add_precision_flags(parser, of_server)
     if not of_server:
         parser.add_argument("--price-per-hour", type=non_negative_float, metavar="USD",
