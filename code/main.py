@@ -13853,7 +13853,7 @@ def _add_scheduler_flags(parser: argparse.ArgumentParser, of_server: bool = Fals
                         help="price steps from a profile measured on the server (servesim profile --out); "
                              "the roofline prices what it does not cover; several profiles (one taken in "
                              "each round of runs): each point is their median")
-    parser.add_argument("--no-chunked-prefill", dest="chunked_prefill", action="store_false",
+    parser.add_argument("--no-chunked-prefill", "--no-enable-chunked-prefill", dest="chunked_prefill", action="store_false",
                         help="admit a prompt only if all of it fits the step's token budget")
     parser.add_argument("--prefix-caching", "--enable-prefix-caching", action=argparse.BooleanOptionalAction,
                         help="reuse full KV blocks of prompts that share a prefix (default: what the measured "
@@ -14252,7 +14252,7 @@ def _plan_flags(parser: argparse.ArgumentParser) -> None:
                         help="share of device memory for weights and KV cache (default %(default)s)")
     parser.add_argument("--block-size", type=positive_int, default=16, help="tokens per KV block (default 16)")
     _add_max_model_len_flag(parser)
-    parser.add_argument("--no-chunked-prefill", dest="chunked_prefill", action="store_false",
+    parser.add_argument("--no-chunked-prefill", "--no-enable-chunked-prefill", dest="chunked_prefill", action="store_false",
                         help="admit a prompt only if all of it fits the step's token budget")
     parser.add_argument("--engine", choices=("fast", "step"), default="fast", help="(default fast; same figures)")
     parser.add_argument("--router", choices=ROUTERS, default="round-robin",

@@ -2,7 +2,7 @@
 
 import unittest
 
-from support import ScratchTest
+from support import ScratchTest, main
 
 
 class BadInputTest(ScratchTest):
@@ -64,6 +64,21 @@ class BadInputTest(ScratchTest):
     def test_an_empty_trace_exits_2(self):
         path = self.write("t.jsonl", "\n")
         self.assert_usage_error(("simulate", "--trace", path), "no requests")
+
+
+class FlagSpellingTest(ScratchTest):
+
+    def test_vllm_and_llama_cpp_spellings_set_the_same_knobs(self):
+        def parsed(*flags):
+            return vars(main.build_parser().parse_args(["simulate", "--concurrency", "1", *flags]))
+        for flags, knob, value in ((("--enable-prefix-caching",), "prefix_caching", True),
+                                   (("--no-enable-prefix-caching",), "prefix_caching", False),
+                                   (("--no-enable-chunked-prefill",), "chunked_prefill", False),
+                                   (("--ctx-size", "4096"), "kv_tokens", 4096),
+                                   (("--num-gpu-blocks-override", "256"), "num_gpu_blocks_override", 256),
+                                   (("--parallel", "4"), "max_num_seqs", 4),
+                                   (("--batch-size", "512"), "max_num_batched_tokens", 512)):
+            self.assertEqual(parsed(*flags)[knob], value, flags)
 
 
 if __name__ == "__main__":
