@@ -12580,8 +12580,25 @@ def nice_ticks(low: float, high: float, most: int = 6, whole: bool = False) -> L
     return [round(first + index * step, 12) for index in range(count)]
 
 
+LOG_SCALE_RATIO = 1000  # a y range of positive values this many times over is drawn on a log scale
+
+
+def log_ticks(low: float, high: float) -> List[float]:
+    """Powers of ten covering low..high (both above 0): a log axis's ticks."""
+    first, last = math.floor(math.log10(low)), math.ceil(math.log10(high))
+    return [10.0 ** power for power in range(first, max(last, first + 1) + 1)]
+
+
 def _tick_text(value: float) -> str:
     return f"{value:,.0f}" if abs(value) >= 100 or value == int(value) else f"{value:g}"
+
+
+def _power_text(value: float) -> str:
+    """A log axis's tick, a power of ten, short: 0.1, 10, 1k, 100k, 1M."""
+    for size, suffix in ((1e9, "G"), (1e6, "M"), (1e3, "k")):
+        if value >= size:
+            return f"{value / size:g}{suffix}"
+    return f"{value:g}"
 
 
 def _escape(text: str) -> str:
@@ -12594,22 +12611,29 @@ def svg_chart(title: str, x_label: str, y_label: str, series: Sequence[Series], 
     polyline with its points marked, marks as dashed lines. Scales to its container."""
     points = [point for line in series for point in line.points] or [(0.0, 0.0)]
     xs = [x for x, _ in points] + [mark.x for mark in marks if mark.x is not None]
-    ys = [y for _, y in points] + [mark.y for mark in marks if mark.y is not None] + [0.0]
+    ys = [y for _, y in points] + [mark.y for mark in marks if mark.y is not None]
     x_ticks = nice_ticks(min(xs), max(xs), whole=all(float(x).is_integer() for x in xs))
-    y_ticks = nice_ticks(min(ys), max(ys))
-    left, right, top, bottom = 64, 30, 30 + 16 * max(1, len(series)), 52  # the legend sits above the plot
+    # NOTE: values spanning three decades or more (a TTFT of 50 ms beside one of 150 s past
+    # saturation) go on a log scale, where a linear one would flatten all but the largest
+    log_y = min(ys) > 0 and max(ys) >= LOG_SCALE_RATIO * min(ys)
+    y_ticks = log_ticks(min(ys), max(ys)) if log_y else nice_ticks(min(ys + [0.0]), max(ys + [0.0]))
+    scale, y_text = (math.log10, _power_text) if log_y else ((lambda y: y), _tick_text)
+    y_label += " (log scale)" if log_y else ""
+    widest = max(len(y_text(y)) for y in y_ticks)  # ~6.6 px a character, clear of the axis label
+    left, right, top, bottom = max(64, round(30 + 6.6 * widest)), 30, 30 + 16 * max(1, len(series)), 52
+    # NOTE: the legend sits above the plot
     plot_w, plot_h = width - left - right, height - top - bottom
 
     def sx(x: float) -> float:
         return left + (x - x_ticks[0]) / (x_ticks[-1] - x_ticks[0]) * plot_w
 
     def sy(y: float) -> float:
-        return top + plot_h - (y - y_ticks[0]) / (y_ticks[-1] - y_ticks[0]) * plot_h
+        return top + plot_h - (scale(y) - scale(y_ticks[0])) / (scale(y_ticks[-1]) - scale(y_ticks[0])) * plot_h
     parts = [f'<svg xmlns="http://www.w3.org/2000/svg" viewBox="0 0 {width} {height}" width="100%" '
              f'role="img" aria-label="{_escape(title)}" font-family="sans-serif" font-size="12">',
              f'<title>{_escape(title)}</title>',
              f'<text x="{left}" y="18" font-size="14" font-weight="bold">{_escape(title)}</text>']
-    parts += _svg_axes(x_ticks, y_ticks, sx, sy, left, top, plot_w, plot_h, x_label, y_label, height)
+    parts += _svg_axes(x_ticks, y_ticks, sx, sy, left, top, plot_w, plot_h, x_label, y_label, height, y_text)
     for index, line in enumerate(series):
         color = CHART_COLORS[index % len(CHART_COLORS)]
         coords = " ".join(f"{sx(x):.1f},{sy(y):.1f}" for x, y in line.points)
@@ -12652,7 +12676,8 @@ def _svg_note(note: str, x: float, y: float, color: str, toward_left: bool) -> s
     return f'<text class="note" {anchor} y="{y:.1f}" fill="{color}">{_escape(note)}</text>'
 
 
-def _svg_axes(x_ticks, y_ticks, sx, sy, left, top, plot_w, plot_h, x_label, y_label, height) -> List[str]:
+def _svg_axes(x_ticks, y_ticks, sx, sy, left, top, plot_w, plot_h, x_label, y_label, height,
+              y_text: Callable[[float], str] = _tick_text) -> List[str]:
     parts = [f'<rect x="{left}" y="{top}" width="{plot_w}" height="{plot_h}" fill="none" stroke="#888"/>']
     for x in x_ticks:
         parts.append(f'<line x1="{sx(x):.1f}" y1="{top}" x2="{sx(x):.1f}" y2="{top + plot_h}" stroke="#eee"/>'
@@ -12660,7 +12685,7 @@ def _svg_axes(x_ticks, y_ticks, sx, sy, left, top, plot_w, plot_h, x_label, y_la
                      f'{_tick_text(x)}</text>')
     for y in y_ticks:
         parts.append(f'<line x1="{left}" y1="{sy(y):.1f}" x2="{left + plot_w}" y2="{sy(y):.1f}" stroke="#eee"/>'
-                     f'<text class="y-tick" x="{left - 6}" y="{sy(y) + 4:.1f}" text-anchor="end">{_tick_text(y)}</text>')
+                     f'<text class="y-tick" x="{left - 6}" y="{sy(y) + 4:.1f}" text-anchor="end">{y_text(y)}</text>')
     parts.append(f'<text class="x-label" x="{left + plot_w / 2:.0f}" y="{height - 12}" text-anchor="middle">'
                  f'{_escape(x_label)}</text>')
     parts.append(f'<text class="y-label" x="14" y="{top + plot_h / 2:.0f}" text-anchor="middle" '

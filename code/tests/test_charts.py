@@ -62,6 +62,17 @@ class ChartTest(ScratchTest):
         note = next(t for t in root.iter(f"{SVG}text") if t.get("class") == "note")
         self.assertEqual(float(note.get("y")) - float(dot.get("cy")), -7)  # below it, it would cover the ticks
 
+    def test_values_spanning_three_decades_go_on_a_log_axis_ticked_at_powers_of_ten(self):
+        svg = main.svg_chart("t", "row", "ttft (ms)", [main.Series("s", ((1, 50), (2, 500), (3, 150_000)))])
+        root = ET.fromstring(svg)
+        ticks = {t.text: float(t.get("y")) - 4 for t in root.iter(f"{SVG}text") if t.get("class") == "y-tick"}
+        self.assertEqual(list(ticks), ["10", "100", "1k", "10k", "100k", "1M"])
+        self.assertIn("ttft (ms) (log scale)", [t.text for t in root.iter(f"{SVG}text")])
+        dot = [float(circle.get("cy")) for circle in root.iter(f"{SVG}circle")][1]  # 500: 0.699 of a decade past 100
+        self.assertAlmostEqual(dot, ticks["100"] + 0.69897 * (ticks["1k"] - ticks["100"]), delta=0.1)
+        linear = ET.fromstring(main.svg_chart("t", "row", "y", [main.Series("s", ((1, 50), (2, 40_000)))]))
+        self.assertEqual([t.text for t in linear.iter(f"{SVG}text") if t.get("class") == "y-tick"][:2], ["0", "10,000"])
+
     def test_a_mark_label_that_would_overlap_one_placed_drops_to_the_first_free_row(self):
         placed = []
         self.assertEqual([main._label_row(placed, x, width) for x, width in ((100, 50), (120, 50), (200, 50), (130, 10))],
