@@ -484,7 +484,13 @@ def write_csv_file(path: str, header: Sequence[str], rows: Iterable[Sequence], f
 
 
 def _is_number(value) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+    """A finite int or float (not a bool); an int too large for a float is not one."""
+    if not isinstance(value, (int, float)) or isinstance(value, bool):
+        return False
+    try:
+        return math.isfinite(value)
+    except OverflowError:
+        return False
 
 
 def _check_number(where: str, name: str, value, least: float, what: str = "a number") -> float:
@@ -548,11 +554,13 @@ class JsonObject:
             raise self.fail(key, expected, value)
         return value
 
-    def number(self, key: str, least: float = -math.inf, default=_MISSING, above: Optional[float] = None):
+    def number(self, key: str, least: float = -math.inf, default=_MISSING, above: Optional[float] = None,
+               most: float = math.inf):
         expected = ("a positive number" if above == 0 else f"a number > {above:g}" if above is not None else
                     "a number" if least == -math.inf else f"a number >= {least:g}")
+        expected += f" and at most {most:,.0f}" if most < math.inf else ""
         return self._read(key, default, expected,
-                          lambda v: _is_number(v) and v >= least and (above is None or v > above))
+                          lambda v: _is_number(v) and least <= v <= most and (above is None or v > above))
 
     def integer(self, key: str, least: int = 0, default=_MISSING):
         return self._read(key, default, "a positive integer" if least == 1 else f"an integer >= {least}",
@@ -9281,7 +9289,8 @@ def _distribution_spec(spread: JsonObject) -> Tuple[float, float, float, float, 
         raise spread.fail("type", f"one of {', '.join(DISTRIBUTION_KINDS)}", kind)
     variance = spread.number("variance", 0, None)
     std = math.sqrt(variance) if variance is not None else spread.number("std_dev", 0, spread.number("std", 0, 0.0))
-    return (spread.number("min", 1, 1), spread.number("max", 1, MAX_COUNT), spread.number("mean", 1), std, kind)
+    return (spread.number("min", 1, 1, most=MAX_COUNT), spread.number("max", 1, MAX_COUNT, most=MAX_COUNT),
+            spread.number("mean", 1, most=MAX_COUNT), std, kind)
 
 
 def _generator_length(generator: JsonObject, name: str) -> Optional[Tuple[float, float, float, float, str]]:
@@ -9295,8 +9304,9 @@ def _generator_length(generator: JsonObject, name: str) -> Optional[Tuple[float,
         return None
     if isinstance(generator.value[f"{name}_len"], dict):
         return _distribution_spec(generator.object(f"{name}_len"))
-    return (generator.number(f"{name}_len_min", 0, 0), generator.number(f"{name}_len_max", 0, MAX_COUNT),
-            generator.number(f"{name}_len", 0), generator.number(f"{name}_len_std", 0, 0.0), "normal")
+    return (generator.number(f"{name}_len_min", 0, 0, most=MAX_COUNT),
+            generator.number(f"{name}_len_max", 0, MAX_COUNT, most=MAX_COUNT),
+            generator.number(f"{name}_len", 0, most=MAX_COUNT), generator.number(f"{name}_len_std", 0, 0.0), "normal")
 
 
 GENERATED_DATA = ("shared_prefix", "random", "synthetic")  # inference-perf data servesim rebuilds from the config

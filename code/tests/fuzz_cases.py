@@ -499,6 +499,57 @@ def report_cases(rng, count, loadgen_report, simulate_report):
     return cases
 
 
+INFERENCE_PERF_CONFIG = {"api.streaming": "true", "shared_prefix.num_groups": "2", "shared_prefix.num_prompts_per_group": "2",
+                         "shared_prefix.system_prompt_len": "10", "shared_prefix.question_len": "20",
+                         "shared_prefix.output_len": "8", "load.type": "constant", "stage.rate": "2",
+                         "stage.duration": "3", "load.request_timeout": "null", "server.ignore_eos": "true"}
+ODD_YAML = ("null", "[1, 2]", "{a: 1}", "'5'", "1e9", "-3", "0", "poisson", "concurrent", "false", "~", "- x",
+            "&a 1", "\"2\"", "1.5", "2e7")
+INFERENCE_PERF_STAGE = {"load_summary": {"count": 6, "requested_rate": 2.0},
+                        "successes": {"count": 6, "latency": {
+                            "time_to_first_token": {"mean": 0.05, "median": 0.05, "p90": 0.06, "p99": 0.07},
+                            "request_latency": {"mean": 0.5, "median": 0.5, "p90": 0.6, "p99": 0.7}},
+                            "throughput": {"requests_per_sec": 2.0},
+                            "prompt_len": {"mean": 30, "min": 28, "median": 30, "max": 32},
+                            "output_len": {"mean": 8, "min": 8, "median": 8, "max": 8}},
+                        "failures": {"count": 0}}
+
+
+def inference_perf_config(rng):
+    """An inference-perf results/config.yaml, its values now and then odd (YAML of another shape)."""
+    value = {key: (rng.choice(ODD_VALUES + ODD_YAML) if rng.random() < 0.15 else text)
+             for key, text in INFERENCE_PERF_CONFIG.items()}
+    stage_keys = ("rate", "duration") if value["load.type"] != "concurrent" else ("num_requests", "concurrency_level")
+    lines = ["api:", "  type: completion", f"  streaming: {value['api.streaming']}", "data:", "  type: shared_prefix",
+             "  shared_prefix:"]
+    lines += [f"    {key.split('.')[1]}: {text}" for key, text in value.items() if key.startswith("shared_prefix.")]
+    lines += ["load:", f"  type: {value['load.type']}", "  stages:",
+              f"  - {stage_keys[0]}: {value['stage.rate']}", f"    {stage_keys[1]}: {value['stage.duration']}",
+              f"  request_timeout: {value['load.request_timeout']}", "server:", "  type: vllm", "  model_name: org/m",
+              f"  ignore_eos: {value['server.ignore_eos']}"]
+    if rng.random() < 0.1:
+        del lines[rng.randrange(len(lines))]
+    return ("\n".join(lines) + "\n").encode("utf-8", "replace")
+
+
+def inference_perf_cases(rng, count):
+    """inference-perf run folders, their config, stage files and exp-config odd, compared and fitted."""
+    cases = []
+    for _ in range(count):
+        files = {"run/results/config.yaml": inference_perf_config(rng),
+                 "run/results/stage_0_lifecycle_metrics.json": dumps(mutate_json(rng, INFERENCE_PERF_STAGE)),
+                 "models/m/config.json": dumps(LLAMA_CONFIG)}
+        if rng.random() < 0.5:
+            files["run/exp-config.yaml"] = rng.choice((b"model: org/m\ntensor_parallelism: 1\n",
+                                                       b"model: org/m\ntensor_parallelism: 0\n",
+                                                       b"model: [x]\nmax_num_seqs: abc\n", b"\x00\xff"))
+        command = rng.choice((["compare", "run", "--model-dir", "models", "--no-sensitivity"],
+                              ["compare", "run/results", "--model-file", "models/m/config.json", "--json"],
+                              ["calibrate", "run", "--model-file", "models/m/config.json"]))
+        cases.append(Case("inference-perf", command + ["--hardware", "h100-sxm-80gb"], files=files))
+    return cases
+
+
 def scrape_cases(rng, count):
     names = ("vllm:num_requests_running", "vllm:num_requests_waiting", "vllm:kv_cache_usage_perc",
              "vllm:num_preemptions_total", "vllm:request_queue_time_seconds_sum", "vllm:request_queue_time_seconds_count",
@@ -534,7 +585,8 @@ def generate(seed, num_cases, loadgen_report, simulate_report):
             reports[name] = handle.read()
     cases = (server + server_flag_cases(rng, rest // 10, reports) + flag_cases(rng, rest * 2 // 10)
              + trace_cases(rng, rest * 2 // 10)
-             + file_cases(rng, rest * 2 // 10) + report_cases(rng, rest * 2 // 10, loadgen_report, simulate_report))
+             + file_cases(rng, rest * 2 // 10) + report_cases(rng, rest * 2 // 10, loadgen_report, simulate_report)
+             + inference_perf_cases(rng, rest // 10))
     cases += scrape_cases(rng, num_cases - len(cases))
     return cases[:num_cases] if num_cases >= len(server) else rng.sample(cases, num_cases)
 
@@ -546,6 +598,7 @@ def generate(seed, num_cases, loadgen_report, simulate_report):
 def run_case(main, case, directory):
     """Run one case in directory; (problems, exit code, stdout, stderr, seconds)."""
     for name, data in case.files.items():
+        os.makedirs(os.path.dirname(os.path.join(directory, name)), exist_ok=True)
         with open(os.path.join(directory, name), "wb") as handle:
             handle.write(data)
     here = os.getcwd()

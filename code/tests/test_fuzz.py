@@ -45,7 +45,7 @@ class FuzzTest(ScratchTest):
     def test_the_families_are_all_there(self):
         families = {case.family.split()[0] for case in fuzz_cases.generate(SEED, NUM_CASES, *reference_reports())}
         self.assertTrue({"server", "discovery", "flags", "trace", "gguf", "hf", "hardware", "step", "report",
-                         "scrape", "refused", "odd"} <= families, families)
+                         "scrape", "refused", "odd", "inference-perf"} <= families, families)
 
 
 if __name__ == "__main__":

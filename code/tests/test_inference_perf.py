@@ -219,6 +219,11 @@ class WorkloadTest(ScratchTest):
         self.assert_usage_error(("compare", self.folder), "data.shared_prefix.question_len.type must be one of normal",
                                 "got 'bimodal'")
 
+    def test_a_length_past_ten_million_tokens_exits_2_naming_it(self):
+        self.rewrite_config(("question_len: 300", "question_len: 1e9"))
+        self.assert_usage_error(("compare", self.folder), "data.shared_prefix.question_len must be a number >= 0 "
+                                "and at most 10,000,000, got 1000000000.0")
+
     def test_a_dataset_without_measured_lengths_exits_2_naming_it(self):
         self.rewrite_config(("type: shared_prefix", "type: shareGPT"))
         self.assert_usage_error(("compare", self.folder),
