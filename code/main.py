@@ -5729,18 +5729,33 @@ def _servesim_rows(lines: List[str], path: str) -> Iterator[TraceRow]:
 
 
 def _wall_clock(text: str, where: str, seconds: Dict[str, int], minutes: Dict[str, int]) -> Tuple[int, float]:
-    """Whole seconds since 1970 and the fraction of 'YYYY-MM-DD HH:MM:SS.fffffff'. seconds
+    """Whole seconds since 1970 (UTC) and the fraction of 'YYYY-MM-DD HH:MM:SS.fffffff',
+    the fraction optional, and a UTC offset after it where one is written (the 2024 traces:
+    '2024-05-10 00:00:00.009930+00:00', 'Z' too; a 'T' may stand for the space). seconds
     and minutes remember each 'YYYY-MM-DD HH:MM:SS' and 'YYYY-MM-DD HH:MM' parsed (a trace
     has thousands of rows a minute, and several a second)."""
-    whole, _, decimals = text.strip().partition(".")
+    stamp, offset_s = _utc_offset(text.strip())
+    whole, _, decimals = stamp.partition(".")
     try:
         if whole not in seconds:
-            seconds[whole] = _whole_seconds(whole, minutes)
+            seconds[whole] = _whole_seconds(whole.replace("T", " ", 1), minutes)
         if decimals and not (decimals.isascii() and decimals.isdigit()):
             raise ValueError(decimals)
-        return seconds[whole], float("0." + decimals) if decimals else 0.0
+        return seconds[whole] - offset_s, float("0." + decimals) if decimals else 0.0
     except ValueError:
-        raise UsageError(f"{where}: TIMESTAMP must look like 2023-11-16 18:15:46.6805900, got {text!r}") from None
+        raise UsageError(f"{where}: TIMESTAMP must look like 2023-11-16 18:15:46.6805900 or "
+                         f"2024-05-10 00:00:00.009930+00:00, got {text!r}") from None
+
+
+def _utc_offset(stamp: str) -> Tuple[str, int]:
+    """The timestamp without its UTC offset ('+HH:MM', '-HH:MM' or 'Z'), and the offset
+    in seconds (0 without one; a malformed one is left for the caller to refuse)."""
+    if stamp[-3:-2] != ":" or stamp[-6:-5] not in ("+", "-"):
+        return (stamp[:-1], 0) if stamp.endswith("Z") else (stamp, 0)
+    digits = stamp[-5:-3] + stamp[-2:]
+    if not (digits.isascii() and digits.isdigit()):
+        return stamp, 0
+    return stamp[:-6], (1 if stamp[-6] == "+" else -1) * (int(digits[:2]) * 3600 + int(digits[2:]) * 60)
 
 
 def _whole_seconds(whole: str, minutes: Dict[str, int]) -> int:

@@ -30,6 +30,15 @@ class TraceTest(ScratchTest):
         self.assertEqual([round(r.arrival_s, 7) for r in requests], [0.0, 4.314579, 4.541877, 9.31941])
         self.assertEqual([(r.prompt_tokens, r.max_tokens) for r in requests], [(374, 44), (396, 109), (879, 55), (91, 16)])
 
+    def test_the_2024_azure_traces_utc_offsets_and_whole_seconds_read_as_utc(self):
+        week = ("TIMESTAMP,ContextTokens,GeneratedTokens\n2024-05-10 00:00:00.009930+00:00,4808,10\n"
+                "2024-05-10 00:00:01+00:00,110,27\n2024-05-10 01:00:01.5+01:00,200,5\n"
+                "2024-05-09 23:00:02.25-01:00,300,9\n2024-05-10T00:00:03Z,40,2\n")
+        requests = main.read_trace(self.write("week.csv", week))
+        self.assertEqual([round(r.arrival_s, 6) for r in requests], [0.0, 0.99007, 1.49007, 2.24007, 2.99007])
+        bad = self.write("bad.csv", week + "2024-05-10 00:00:04+0x:00,1,1\n")
+        self.assert_usage_error(("simulate", "--trace", bad), f"--trace {bad}:7: TIMESTAMP must look like")
+
     def test_a_file_is_parsed_once_for_each_text_it_holds_and_each_read_gets_its_own_requests(self):
         path, parsed = self.write("azure.csv", AZURE), []
         reader = main.TRACE_READERS["azure"]
