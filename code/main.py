@@ -161,6 +161,7 @@ Trace formats (--trace, told apart by content or named by --trace-format):
              prefix and prefix_tokens are optional: requests whose prompts start with
              the same prefix name share its first prefix_tokens tokens.
   azure      the Azure LLM inference CSV: TIMESTAMP,ContextTokens,GeneratedTokens
+  burstgpt   the BurstGPT CSV: Timestamp (s),Model,Request tokens,Response tokens,...
   mooncake   Mooncake JSON Lines: timestamp (ms), input_length, output_length,
              hash_ids (one per 512-token block; equal ids from the start are shared)
 --time-scale X multiplies arrivals; --start S and --limit N take a slice.
@@ -5828,14 +5829,50 @@ def _mooncake_rows(lines: List[str], path: str) -> Iterator[TraceRow]:
         yield TraceRow(lineno, timestamp / 1000, prompt, output, None, covered, tuple(chain), MOONCAKE_BLOCK_TOKENS)
 
 
-TRACE_READERS = {"servesim": _servesim_rows, "azure": _azure_rows, "mooncake": _mooncake_rows}
+# BurstGPT's columns, found by name: BurstGPT_1 and _2 hold Timestamp,Model,Request tokens,
+# Response tokens,Total tokens,Log Type; BurstGPT_3 puts Session ID and Elapsed time after Timestamp.
+BURSTGPT_COLUMNS = ("Timestamp", "Request tokens", "Response tokens")
+
+
+def _burstgpt_rows(lines: List[str], path: str) -> Iterator[TraceRow]:
+    """BurstGPT CSV: Timestamp (seconds from the trace's start), Request tokens, Response
+    tokens. A row of 0 tokens is a request that failed in the service traced (BurstGPT's
+    *_without_fails files leave them out); it exits 2 naming its line, as any bad row."""
+    rows = _csv_rows(lines, path)
+    header = [column.strip() for column in next(rows, (1, []))[1]]
+    if not all(column in header for column in BURSTGPT_COLUMNS):
+        raise UsageError(f"--trace {path}:1: expected a header naming {', '.join(BURSTGPT_COLUMNS)}, got {header!r}")
+    at = [header.index(column) for column in BURSTGPT_COLUMNS]
+    for lineno, row in rows:
+        if not row:
+            continue
+        where = f"--trace {path}:{lineno}"
+        if len(row) <= max(at):
+            raise UsageError(f"{where}: expected {len(header)} columns ({','.join(header)}), got {row!r}")
+        stamp, *counts = (row[index].strip() for index in at)
+        try:
+            arrival_s = float(stamp)
+        except ValueError:
+            arrival_s = stamp
+        counts = [int(cell) if cell.isascii() and cell.isdigit() else cell for cell in counts]
+        if 0 in counts:
+            raise UsageError(f"{where}: {BURSTGPT_COLUMNS[1 + counts.index(0)]} is 0, a request that failed in the "
+                             f"service traced; give BurstGPT's *_without_fails file, or leave such rows out")
+        yield TraceRow(lineno, _check_number(where, "Timestamp", arrival_s, 0, "a number of seconds"),
+                       _check_int(where, "Request tokens", counts[0], 1), _check_int(where, "Response tokens", counts[1], 1))
+
+
+TRACE_READERS = {"servesim": _servesim_rows, "azure": _azure_rows, "mooncake": _mooncake_rows,
+                 "burstgpt": _burstgpt_rows}
 
 
 def detect_trace_format(lines: List[str], path: str) -> str:
-    """servesim, azure or mooncake, from the first line that is not empty."""
+    """servesim, azure, burstgpt or mooncake, from the first line that is not empty."""
     first = next((line for line in lines if line.strip()), "")
     if first.startswith("TIMESTAMP"):
         return "azure"
+    if first.startswith("Timestamp,"):
+        return "burstgpt"
     try:
         row = json.loads(first)
     except ValueError:
@@ -5845,7 +5882,8 @@ def detect_trace_format(lines: List[str], path: str) -> str:
     if isinstance(row, dict) or row is None and first.lstrip().startswith("{"):
         return "servesim"
     raise UsageError(f"--trace {path}:1: not a trace this reads; expected JSON Lines with arrival_s, the "
-                     f"Azure CSV ({','.join(AZURE_COLUMNS)}) or Mooncake JSON Lines (timestamp, input_length, ...)")
+                     f"Azure CSV ({','.join(AZURE_COLUMNS)}), the BurstGPT CSV (Timestamp,Model,Request tokens,...) "
+                     f"or Mooncake JSON Lines (timestamp, input_length, ...)")
 
 
 PARSED_TRACES: Dict[tuple, Tuple[TraceRow, ...]] = {}  # the last few traces parsed: (path, format, text's size, hash)

@@ -336,7 +336,7 @@ def trace_cases(rng, count):
     row = {"arrival_s": 0.1, "prompt_tokens": 40, "output_tokens": 8, "prefix": "s", "prefix_tokens": 16}
     moon = {"timestamp": 10, "input_length": 600, "output_length": 8, "hash_ids": [1, 2]}
     for _ in range(count):
-        kind = rng.choice(("servesim", "azure", "mooncake", "conversation"))
+        kind = rng.choice(("servesim", "azure", "mooncake", "conversation", "burstgpt"))
         if kind == "servesim":
             lines = [dumps(dict(row, arrival_s=0.1 * i)) for i in range(3)] + [dumps(mutate_json(rng, row))]
         elif kind == "conversation":
@@ -344,14 +344,20 @@ def trace_cases(rng, count):
             lines = [dumps(dict(turn, turn=i + 1)) for i in range(3)] + [dumps(mutate_json(rng, dict(turn, turn=4)))]
         elif kind == "mooncake":
             lines = [dumps(dict(moon, timestamp=10 * i)) for i in range(3)] + [dumps(mutate_json(rng, moon))]
+        elif kind == "burstgpt":
+            cells = ["45", "ChatGPT", "1087", "230", "1317", "Conversation log"]
+            cells[rng.randrange(6)] = rng.choice(ODD_VALUES)
+            header = rng.choice((b"Timestamp,Model,Request tokens,Response tokens,Total tokens,Log Type",
+                                 b"Timestamp,Model,Request tokens", b"Timestamp,Request tokens,Response tokens"))
+            lines = [header, b"5,GPT-4,472,18,490,API log", ",".join(cells).encode("utf-8")]
         else:
-            cells = ["2023-11-16 18:15:46.6805900", "374", "44"]
+            cells = ["2024-05-10 00:00:00.009930+00:00", "374", "44"]
             cells[rng.randrange(3)] = rng.choice(ODD_VALUES)
             lines = [b"TIMESTAMP,ContextTokens,GeneratedTokens", b"2023-11-16 18:15:46.1,10,4",
                      ",".join(cells).encode("utf-8")]
         if rng.random() < 0.2:
             lines.insert(rng.randrange(len(lines) + 1), bytes(rng.randrange(256) for _ in range(rng.randrange(1, 30))))
-        name, data = f"t.{'csv' if kind == 'azure' else 'jsonl'}", b"\n".join(lines)
+        name, data = f"t.{'csv' if kind in ('azure', 'burstgpt') else 'jsonl'}", b"\n".join(lines)
         if rng.random() < 0.2:  # compressed, and now and then cut short
             name, data = name + ".gz", gzip.compress(data)
             data = data[:rng.randrange(1, len(data))] if rng.random() < 0.3 else data

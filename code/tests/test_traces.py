@@ -1,4 +1,4 @@
-"""Trace formats: the project's JSON Lines, the Azure CSV and the Mooncake JSON Lines."""
+"""Trace formats: the project's JSON Lines, the Azure and BurstGPT CSVs and the Mooncake JSON Lines."""
 
 import gzip
 import importlib
@@ -38,6 +38,20 @@ class TraceTest(ScratchTest):
         self.assertEqual([round(r.arrival_s, 6) for r in requests], [0.0, 0.99007, 1.49007, 2.24007, 2.99007])
         bad = self.write("bad.csv", week + "2024-05-10 00:00:04+0x:00,1,1\n")
         self.assert_usage_error(("simulate", "--trace", bad), f"--trace {bad}:7: TIMESTAMP must look like")
+
+    def test_burstgpt_arrivals_are_its_seconds_and_its_columns_are_found_by_name(self):
+        first = ("Timestamp,Model,Request tokens,Response tokens,Total tokens,Log Type\n"
+                 "5,ChatGPT,472,18,490,Conversation log\n45,GPT-4,1087,230,1317,API log\n45.5,GPT-4,417,276,693,API log\n")
+        requests = main.read_trace(self.write("BurstGPT_1.csv", first))
+        self.assertEqual([(r.arrival_s, r.prompt_tokens, r.max_tokens) for r in requests],
+                         [(0.0, 472, 18), (40.0, 1087, 230), (40.5, 417, 276)])
+        third = ("Timestamp,Session ID,Elapsed time,Model,Request tokens,Response tokens,Total tokens,Log Type\n"
+                 "0,a1,1.5,ChatGPT,100,20,120,Conversation log\n")
+        self.assertEqual([(r.prompt_tokens, r.max_tokens) for r in main.read_trace(self.write("b3.csv", third))],
+                         [(100, 20)])
+        failed = self.write("fails.csv", first + "50,ChatGPT,300,0,300,Conversation log\n")
+        self.assert_usage_error(("simulate", "--trace", failed), f"--trace {failed}:5: Response tokens is 0, a request "
+                                "that failed in the service traced; give BurstGPT's *_without_fails file")
 
     def test_a_file_is_parsed_once_for_each_text_it_holds_and_each_read_gets_its_own_requests(self):
         path, parsed = self.write("azure.csv", AZURE), []
