@@ -939,6 +939,8 @@ HARDWARE: Dict[str, Hardware] = {
                  network_gbs=25, **FITTED_A100),
         # L40S 48GB: nvidia-smi 46,068 MiB; GDDR6 864 GB/s; 362.05 TFLOPS dense BF16, 733 FP8;
         # no NVLink, PCIe 4.0 x16. Price: Lambda on-demand as gpuadvisor.com listed it, May 2026.
+        # Not fitted: against two public vLLM runs (code/fixtures/gpu/l40s, see the README) its
+        # generic efficiencies put TPOT within 12% and E2E within 14%.
         Hardware("l40s-48gb", 45.0, 864, 362.05, fp8_tflops=733, interconnect_gbs=32, reserve_gib=1.5,
                  price_per_hour=1.40, host_link_gbs=32, devices_per_node=8, network_gbs=25, **DATASHEET_GPU),
         # L4 24GB: nvidia-smi 23,034 MiB; GDDR6 300 GB/s; 121 TFLOPS dense BF16, 242.5 FP8; no
