@@ -185,6 +185,14 @@ class ExplainTest(ScratchTest):
         self.assertEqual(result["binding"]["budget"], "KV cache blocks")
         self.assertIn("sglang:token_usage in one scrape = 99%", result["binding"]["evidence"])
 
+    def test_an_sglang_scrapes_inter_token_latency_is_read_as_vllms(self):
+        scrape = self.write("sglang.prom", "".join(
+            f'sglang:inter_token_latency_seconds_bucket{{m="x",le="{le}"}} {count}\n'
+            for le, count in (("0.02", 90), ("0.2", 100), ("+Inf", 100))) + 'sglang:num_running_reqs{m="x"} 10\n')
+        itl = self.explain(scrape)["evidence"]["itl_p99_ms"]
+        self.assertAlmostEqual(itl["value"], 182.0)  # 9 of the last 10 into the 0.02-0.2 s bucket
+        self.assertEqual(itl["source"], "sglang:inter_token_latency_seconds p99 in one scrape")
+
     def test_without_hardware_and_model_the_capacity_check_says_what_it_needs(self):
         _, after, _ = self.monday()
         result = self.explain(after)
