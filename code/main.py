@@ -7108,8 +7108,8 @@ SERVER_METRICS = (
     ServerMetric("kv_usage_peak", "gauge", ("vllm:kv_cache_usage_perc",
                                             "vllm:gpu_cache_usage_perc",  # the name before vLLM v0.10
                                             "sglang:token_usage")),
-    ServerMetric("preemptions", "counter", ("vllm:num_preemptions_total",
-                                            "sglang:num_retracted_requests_total")),  # SGLang: retractions
+    ServerMetric("preemptions", "counter", ("vllm:num_preemptions_total",  # SGLang: retractions, by either name
+                                            "sglang:num_retracted_requests_total", "sglang:num_retracted_reqs_total")),
     ServerMetric("prefix_cache_hits", "counter", ("vllm:prefix_cache_hits_total",)),
     ServerMetric("prefix_cache_queries", "counter", ("vllm:prefix_cache_queries_total",)),
     ServerMetric("prefix_hit_rate", "gauge", ("sglang:cache_hit_rate",)),

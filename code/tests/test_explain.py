@@ -193,6 +193,13 @@ class ExplainTest(ScratchTest):
         self.assertAlmostEqual(itl["value"], 182.0)  # 9 of the last 10 into the 0.02-0.2 s bucket
         self.assertEqual(itl["source"], "sglang:inter_token_latency_seconds p99 in one scrape")
 
+    def test_sglang_retractions_count_as_preemptions_by_either_of_their_names(self):
+        for name in ("sglang:num_retracted_requests_total", "sglang:num_retracted_reqs_total"):
+            scrapes = [self.write(f"s{count}.prom", f'sglang:num_running_reqs{{m="x"}} 10\n{name}{{m="x"}} {count}\n')
+                       for count in (5, 12)]
+            self.assertEqual(self.explain(*scrapes)["evidence"]["preemptions"],
+                             {"value": 7.0, "source": f"{name} rise over 2 scrapes"})
+
     def test_without_hardware_and_model_the_capacity_check_says_what_it_needs(self):
         _, after, _ = self.monday()
         result = self.explain(after)
