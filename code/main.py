@@ -7107,7 +7107,8 @@ SERVER_METRICS = (
                                           "sglang:num_queue_reqs")),
     ServerMetric("kv_usage_peak", "gauge", ("vllm:kv_cache_usage_perc",
                                             "vllm:gpu_cache_usage_perc",  # the name before vLLM v0.10
-                                            "sglang:token_usage")),
+                                            "sglang:token_usage",
+                                            "llamacpp:kv_cache_usage_ratio")),  # llama.cpp builds of 2024-25
     ServerMetric("preemptions", "counter", ("vllm:num_preemptions_total",  # SGLang: retractions, by either name
                                             "sglang:num_retracted_requests_total", "sglang:num_retracted_reqs_total")),
     ServerMetric("prefix_cache_hits", "counter", ("vllm:prefix_cache_hits_total",)),

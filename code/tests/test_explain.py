@@ -193,6 +193,14 @@ class ExplainTest(ScratchTest):
         self.assertAlmostEqual(itl["value"], 182.0)  # 9 of the last 10 into the 0.02-0.2 s bucket
         self.assertEqual(itl["source"], "sglang:inter_token_latency_seconds p99 in one scrape")
 
+    def test_an_older_llama_cpp_builds_kv_cache_usage_ratio_is_its_kv_use(self):
+        scrape = self.write("llama.prom", "llamacpp:requests_processing 4\nllamacpp:requests_deferred 6\n"
+                                          "llamacpp:kv_cache_usage_ratio 0.97\n")
+        result = self.explain(scrape)
+        self.assertEqual(result["evidence"]["kv_usage_peak"],
+                         {"value": 0.97, "source": "llamacpp:kv_cache_usage_ratio in one scrape"})
+        self.assertEqual(result["binding"]["budget"], "KV cache blocks")
+
     def test_sglang_retractions_count_as_preemptions_by_either_of_their_names(self):
         for name in ("sglang:num_retracted_requests_total", "sglang:num_retracted_reqs_total"):
             scrapes = [self.write(f"s{count}.prom", f'sglang:num_running_reqs{{m="x"}} 10\n{name}{{m="x"}} {count}\n')
