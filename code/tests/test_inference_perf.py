@@ -224,6 +224,10 @@ class WorkloadTest(ScratchTest):
         self.assert_usage_error(("compare", self.folder), "data.shared_prefix.question_len must be a number >= 0 "
                                 "and at most 10,000,000, got 1000000000.0")
 
+    def test_a_number_too_large_for_a_float_exits_2_naming_it(self):
+        self.rewrite_config(("  - rate: 2\n", "  - rate: " + "9" * 400 + "\n"))
+        self.assert_usage_error(("compare", self.folder), "load.stages[0].rate must be a positive number, got 999")
+
     def test_a_dataset_without_measured_lengths_exits_2_naming_it(self):
         self.rewrite_config(("type: shared_prefix", "type: shareGPT"))
         self.assert_usage_error(("compare", self.folder),
