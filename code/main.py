@@ -98,6 +98,7 @@ Scheduler options (simulate, sweep, search, compare, calibrate):
     --max-num-seqs N             sequences per step (256)
     --max-num-batched-tokens N   tokens per step, prefill chunks included (8192)
     --no-chunked-prefill         a prompt is admitted only if all of it fits the step
+                                 (vLLM's --no-enable-chunked-prefill)
     --prefix-caching             share full KV blocks of identical prompt prefixes
     --scheduler vllm|llamacpp    paged blocks and preemption (vllm, the default), or
                                  llama.cpp's slots (--parallel, --ctx-size, --batch-size)
@@ -5786,6 +5787,12 @@ def _csv_rows(lines: List[str], path: str) -> Iterator[Tuple[int, List[str]]]:
         yield reader.line_num, row
 
 
+def _csv_count(cell: str):
+    """A CSV cell's whole number, or the cell as it is for _check_int to refuse."""
+    text = cell.strip()
+    return int(text) if text.isascii() and text.isdigit() else cell
+
+
 def _azure_rows(lines: List[str], path: str) -> Iterator[TraceRow]:
     """Azure LLM inference trace CSV: TIMESTAMP (wall clock), ContextTokens, GeneratedTokens."""
     rows = _csv_rows(lines, path)
@@ -5803,7 +5810,7 @@ def _azure_rows(lines: List[str], path: str) -> Iterator[TraceRow]:
             raise UsageError(f"{where}: expected {len(AZURE_COLUMNS)} columns ({','.join(AZURE_COLUMNS)}), got {row!r}")
         whole_s, fraction_s = _wall_clock(row[0], where, seconds, minutes)
         origin = whole_s if origin is None else origin
-        counts = [int(cell) if cell.strip().isascii() and cell.strip().isdigit() else cell for cell in row[1:3]]
+        counts = [_csv_count(cell) for cell in row[1:3]]
         yield TraceRow(lineno, (whole_s - origin) + fraction_s, _check_int(where, "ContextTokens", counts[0], 1),
                        _check_int(where, "GeneratedTokens", counts[1], 1))
 
@@ -5856,7 +5863,7 @@ def _burstgpt_rows(lines: List[str], path: str) -> Iterator[TraceRow]:
             arrival_s = float(stamp)
         except ValueError:
             arrival_s = stamp
-        counts = [int(cell) if cell.isascii() and cell.isdigit() else cell for cell in counts]
+        counts = [_csv_count(cell) for cell in counts]
         if 0 in counts:
             raise UsageError(f"{where}: {BURSTGPT_COLUMNS[1 + counts.index(0)]} is 0, a request that failed in the "
                              f"service traced; give BurstGPT's *_without_fails file, or leave such rows out")
