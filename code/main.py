@@ -1824,55 +1824,142 @@ def decode_attention_seconds(hardware: Hardware, model: ModelSpec, num_context_t
     return full_s + window * model.sliding_attention_flops_per_token / attention_rate(hardware)
 
 
-def step_seconds(hardware: Hardware, model: ModelSpec, num_tokens: int, num_context_tokens: int,
-                 num_sampled: Optional[int] = None, num_passes: int = 1, num_seqs: int = 1,
-                 num_decodes: Optional[int] = None, num_decode_context_tokens: Optional[int] = None) -> float:
-    """Seconds for one forward pass: the slower of moving the bytes and doing the math,
-    plus what the step costs whatever its size (fixed_step_seconds), its collectives and
-    its decode attention's arithmetic.
+class StepShape(NamedTuple):
+    """What one step holds, as the engine counts it from the scheduled batch: the one
+    input of every step cost (StepCost). Counts over the sequences of the step:
 
-    num_tokens counts every token processed (one per decoding sequence plus prefill
-    chunks); num_context_tokens is the KV the attention reads, over num_seqs sequences;
-    num_sampled the tokens whose logits are needed (default: all), which is where a
-    model's head_params count. The bytes are the weights a pass reads (of a mixture of
-    experts, the experts its tokens were routed to) plus that KV. num_passes > 1 runs
-    the step as that many forward passes over equal shares of the tokens (llama.cpp's
-    micro-batches), each reading its weights again. With pipeline stages (model is one
-    stage's shard, each priced as the largest) the step's sequences go as micro-batches
-    (see micro_batches) kept in flight one per stage, as vLLM's pipeline keeps them: every
-    sequence has its token once its micro-batch has been through every stage in turn, so
-    the step is P passes of one micro-batch's share plus the hand-overs between stages. A
-    memory-bound pass reads the stage's weights whatever its size (decode gains little
-    from the pipeline); a compute-bound one costs its share. With fewer sequences than
-    stages, stages idle: the bubble (step_cost_terms' pipeline_bubble).
-    num_decodes sequences decode, over num_decode_context_tokens of context between
-    them (None: every sequence, over all the context): their attention arithmetic is
-    decode_attention_seconds. A prompt's attention FLOPs and other kernel details are
-    left out: a roofline for direction and order of magnitude, with what a real stack
-    adds fitted where a preset says so.
+    num_tokens: tokens computed, one per decoding sequence plus the prompt chunks.
+    num_context_tokens: KV the step's attention reads, the new tokens' own included.
+    num_sampled: tokens whose logits are needed (where the LM head runs).
+    num_decodes, decode_context_tokens: the sequences that decode (one token after the
+        one sampled last step) and their context between them; the rest prefill.
+    num_seqs: sequences in the step.
+    prefill_pairs: (query, key) pairs the prompt chunks' causal attention computes,
+        sum over chunks of c x (p + (c + 1) / 2) for a chunk of c tokens after p earlier
+        ones (a cached prefix, earlier chunks): what grows with the square of a prompt.
+        0 where the engine does not count it (a cost then leaves prefill attention out).
     """
-    if num_sampled is None:
-        num_sampled = num_tokens
-    if num_decode_context_tokens is None:
-        num_decodes, num_decode_context_tokens = num_seqs, num_context_tokens
+
+    num_tokens: float
+    num_context_tokens: float
+    num_sampled: float
+    num_decodes: float = 0
+    decode_context_tokens: float = 0
+    num_seqs: float = 0
+    prefill_pairs: float = 0.0
+
+    @classmethod
+    def decoding(cls, num_seqs: float, context_tokens: float) -> "StepShape":
+        """A step in which num_seqs sequences decode, over context_tokens of context."""
+        return cls(num_seqs, context_tokens, num_seqs, num_seqs, context_tokens, num_seqs)
+
+
+class DecodeTerms(NamedTuple):
+    """A decode-only step of a fixed batch, as a function of its context tokens c alone:
+    fixed_s + max(compute_s, (weight_bytes + c x kv_bytes_per_token) / bytes_per_s) +
+    collectives_s + c x attention_s_per_token (price_s), in that order. A StepCost whose
+    decode steps have that form says so (decode_terms), and the fast engine's runs of
+    decode steps do this arithmetic inline (FastEngine._decode_loop)."""
+
+    fixed_s: float
+    weight_bytes: float
+    compute_s: float
+    kv_bytes_per_token: float
+    bytes_per_s: float
+    collectives_s: float
+    attention_s_per_token: float
+
+    def price_s(self, context_tokens: float) -> float:
+        memory_s = (self.weight_bytes + context_tokens * self.kv_bytes_per_token) / self.bytes_per_s
+        return (self.fixed_s + (memory_s if memory_s > self.compute_s else self.compute_s) + self.collectives_s
+                + context_tokens * self.attention_s_per_token)
+
+
+class RooflineTerms(NamedTuple):
+    """The roofline's terms of one step (seconds, bytes), each from the function named:
+
+    fixed_s: fixed_step_seconds (the step's, the layers' and the sequences' overheads).
+    weight_bytes, kv_bytes: step_weight_bytes and kv_read_bytes of one pass of one stage.
+    bytes_per_s: memory_rate. compute_s: compute_seconds of one stage (every pass).
+    collectives_s: collective_seconds. attention_s: decode_attention_seconds of one stage.
+    num_passes: forward passes (llama.cpp's micro-batches); stages: pipeline stages.
+
+    Their combination (seconds): fixed_s + stages x num_passes x max(compute_s /
+    num_passes, memory_s) + collectives_s + stages x attention_s, memory_s being
+    (weight_bytes + kv_bytes / num_passes) / bytes_per_s: a pass reads its bytes and does
+    its math at once, the slower of the two bounds it; the rest is paid in turn."""
+
+    fixed_s: float
+    weight_bytes: float
+    kv_bytes: float
+    bytes_per_s: float
+    compute_s: float
+    collectives_s: float
+    attention_s: float
+    num_passes: int = 1
+    stages: int = 1
+
+    @property
+    def memory_s(self) -> float:
+        return (self.weight_bytes + self.kv_bytes / self.num_passes) / self.bytes_per_s
+
+    @property
+    def seconds(self) -> float:
+        passes_s = self.num_passes * max(self.compute_s / self.num_passes, self.memory_s)  # exact for one pass
+        attention_s = self.attention_s
+        if self.stages > 1:
+            passes_s, attention_s = passes_s * self.stages, attention_s * self.stages
+        return self.fixed_s + passes_s + self.collectives_s + attention_s
+
+
+def roofline_terms(hardware: Hardware, model: ModelSpec, shape: StepShape, num_passes: int = 1) -> RooflineTerms:
+    """The roofline's terms of a step of this shape: the one place its arithmetic lives
+    (step_seconds, step_cost_terms and RooflineCost read it).
+
+    The bytes are the weights a pass reads (of a mixture of experts, the experts its
+    tokens were routed to) plus the KV its attention reads; the math two FLOPs per active
+    parameter per token (the head only for tokens that sample); decode attention's
+    arithmetic is priced beside them where the hardware says (attention_efficiency).
+    num_passes > 1 runs the step as that many forward passes over equal shares of the
+    tokens (llama.cpp's micro-batches), each reading its weights again. With pipeline
+    stages (model is one stage's shard, each priced as the largest) the step's sequences
+    go as micro-batches (micro_batches) kept in flight one per stage, as vLLM's pipeline
+    keeps them: every sequence has its token once its micro-batch has been through every
+    stage in turn, so the step is P passes of one micro-batch's share plus the hand-overs
+    between stages (with fewer sequences than stages, stages idle: the bubble). A prompt's
+    attention FLOPs (prefill_pairs) and other kernel details are left out: a roofline for
+    direction and order of magnitude, with what a real stack adds fitted where a preset
+    says so."""
+    num_tokens, num_context_tokens, num_sampled, num_decodes, decode_context_tokens, num_seqs, _ = shape
+    num_seqs = max(num_seqs, 1)
     fixed_s, stages = fixed_step_seconds(hardware, model, num_seqs), model.pipeline_parallel_size
     if stages > 1:  # one micro-batch's share of everything, through every stage
         micro = micro_batches(model, num_seqs)
         num_tokens, num_context_tokens, num_sampled = num_tokens / micro, num_context_tokens / micro, num_sampled / micro
-        num_seqs, num_decodes = num_seqs / micro, (num_decodes or 0) / micro
-        num_decode_context_tokens = num_decode_context_tokens / micro
-    compute_s = compute_seconds(hardware, model, num_tokens, num_sampled)
+        num_seqs, num_decodes, decode_context_tokens = num_seqs / micro, num_decodes / micro, decode_context_tokens / micro
     # NOTE: a micro-batch's share of tokens may be a fraction (the mean of its micro-batches);
     # only llama.cpp's passes round up, to the tokens of the largest
     weight_bytes = model.step_weight_bytes(num_tokens if num_passes == 1 else -(-num_tokens // num_passes))
-    pass_bytes = weight_bytes + kv_read_bytes(model, num_context_tokens, num_seqs) / num_passes
-    memory_s = pass_bytes / memory_rate(hardware)
-    passes_s = num_passes * max(compute_s / num_passes, memory_s)  # exact for one pass: x / 1 * 1 == x
-    attention_s = (decode_attention_seconds(hardware, model, num_decode_context_tokens, num_decodes or 0)
+    attention_s = (decode_attention_seconds(hardware, model, decode_context_tokens, num_decodes)
                    if hardware.attention_efficiency else 0.0)
-    if stages > 1:
-        passes_s, attention_s = passes_s * stages, attention_s * stages
-    return fixed_s + passes_s + collective_seconds(hardware, model, num_tokens) + attention_s
+    return RooflineTerms(fixed_s, weight_bytes, kv_read_bytes(model, num_context_tokens, num_seqs),
+                         memory_rate(hardware), compute_seconds(hardware, model, num_tokens, num_sampled),
+                         collective_seconds(hardware, model, num_tokens), attention_s, num_passes, stages)
+
+
+def step_seconds(hardware: Hardware, model: ModelSpec, num_tokens: int, num_context_tokens: int,
+                 num_sampled: Optional[int] = None, num_passes: int = 1, num_seqs: int = 1,
+                 num_decodes: Optional[int] = None, num_decode_context_tokens: Optional[int] = None) -> float:
+    """Seconds for one step by the roofline (roofline_terms, combined as RooflineTerms
+    says). num_sampled defaults to every token; num_decodes and their context default to
+    every sequence decoding over all the context."""
+    if num_sampled is None:
+        num_sampled = num_tokens
+    if num_decode_context_tokens is None:
+        num_decodes, num_decode_context_tokens = num_seqs, num_context_tokens
+    shape = StepShape(num_tokens, num_context_tokens, num_sampled, num_decodes or 0, num_decode_context_tokens,
+                      num_seqs)
+    return roofline_terms(hardware, model, shape, num_passes).seconds
 
 
 def micro_batches(model: ModelSpec, num_seqs: int) -> int:
@@ -1894,32 +1981,33 @@ def slower_by(hardware: Hardware, factor: float) -> Hardware:
 def step_cost_terms(hardware: Hardware, model: ModelSpec, num_seqs: int, num_tokens: int,
                     num_context_tokens: int) -> dict:
     """What one step of num_seqs sequences, num_tokens tokens and num_context_tokens of KV
-    costs, term by term (ms): the weight read and the KV reads (together the memory time),
-    the arithmetic, decode attention's arithmetic (every sequence taken to decode), the
-    all-reduces, the fixed costs (the step's, the layers', the sequences'), the step as
-    step_seconds prices it and which side bounds it; and the request path a request pays
-    once, outside every step. Pipelined, the memory and compute terms are every stage's
-    pass of one micro-batch's share, and pipeline_bubble the share of the stages' time
-    idle for want of micro-batches."""
+    costs, term by term (ms), every sequence taken to decode and sample: roofline_terms
+    as a report. The weight read and the KV reads (together the memory time), the
+    arithmetic, decode attention's arithmetic, the all-reduces, the fixed costs (the
+    step's, the layers', the sequences'), the step and which side bounds it; and the
+    request path a request pays once, outside every step. Pipelined, the memory and
+    compute terms are every stage's pass of one micro-batch's share, and pipeline_bubble
+    the share of the stages' time idle for want of micro-batches."""
     num_seqs, num_tokens = max(1, num_seqs), max(1, num_tokens)
-    rate, stages, micro = memory_rate(hardware), model.pipeline_parallel_size, micro_batches(model, num_seqs)
-    tokens, context, seqs = (num_tokens / micro, num_context_tokens / micro, num_seqs / micro) if stages > 1 else (
-        num_tokens, num_context_tokens, num_seqs)
-    terms = {"weights_ms": model.step_weight_bytes(tokens) * stages / rate * 1000,
-             "kv_reads_ms": kv_read_bytes(model, context, seqs) * stages / rate * 1000,
-             "compute_ms": compute_seconds(hardware, model, tokens, seqs) * stages * 1000,
-             "attention_ms": decode_attention_seconds(hardware, model, context, seqs) * stages * 1000,
-             "collectives_ms": collective_seconds(hardware, model, tokens) * 1000,
-             "step_overhead_ms": hardware.step_overhead_ms,
-             "layer_overhead_ms": model.layers * stages * hardware.layer_overhead_us / 1000,
-             "seq_overhead_ms": num_seqs * hardware.seq_overhead_us / 1000}
-    memory_ms = terms["weights_ms"] + terms["kv_reads_ms"]
-    terms["bound"] = "memory" if memory_ms >= terms["compute_ms"] else "compute"
-    terms["step_ms"] = step_seconds(hardware, model, num_tokens, num_context_tokens, num_seqs, 1, num_seqs) * 1000
-    terms["request_path_ms"] = hardware.request_overhead_ms
+    terms = roofline_terms(hardware, model, StepShape(num_tokens, num_context_tokens, num_seqs, num_seqs,
+                                                      num_context_tokens, num_seqs))
+    stages, rate = terms.stages, terms.bytes_per_s
+    report = {"weights_ms": terms.weight_bytes * stages / rate * 1000,
+              "kv_reads_ms": terms.kv_bytes * stages / rate * 1000,
+              "compute_ms": terms.compute_s * stages * 1000,
+              "attention_ms": terms.attention_s * stages * 1000,
+              "collectives_ms": terms.collectives_s * 1000,
+              "step_overhead_ms": hardware.step_overhead_ms,
+              "layer_overhead_ms": model.layers * stages * hardware.layer_overhead_us / 1000,
+              "seq_overhead_ms": num_seqs * hardware.seq_overhead_us / 1000}
+    memory_ms = report["weights_ms"] + report["kv_reads_ms"]
+    report["bound"] = "memory" if memory_ms >= report["compute_ms"] else "compute"
+    report["step_ms"] = terms.seconds * 1000
+    report["request_path_ms"] = hardware.request_overhead_ms
     if stages > 1:
-        terms.update(micro_batches=micro, pipeline_bubble=1 - micro / stages)
-    return dict({"num_seqs": num_seqs, "num_tokens": num_tokens, "num_context_tokens": num_context_tokens}, **terms)
+        micro = micro_batches(model, num_seqs)
+        report.update(micro_batches=micro, pipeline_bubble=1 - micro / stages)
+    return dict({"num_seqs": num_seqs, "num_tokens": num_tokens, "num_context_tokens": num_context_tokens}, **report)
 
 
 def knee_text(tokens: float) -> str:
@@ -1949,69 +2037,101 @@ def critical_batch(hardware: Hardware, model: ModelSpec) -> float:
 # Step cost: the roofline, or a profile measured on the user's own server
 # =============================================================================
 
-class RooflineCost:
-    """Prices a step with the roofline of one device (step_seconds).
+class StepCost(abc.ABC):
+    """The contract of a step's price, whatever prices it (the roofline, a measured
+    profile, kernel tables): what the engines ask of a cost model.
+
+    step_s(*shape) -> seconds for one step of that StepShape. Pre: counts >= 0, num_tokens
+        >= 1. Post: > 0, and the same shape always costs the same (a cost may count the
+        steps it priced, never change its prices).
+    terms(shape) -> the named terms of that step's price (seconds or bytes), each from a
+        documented function; step_s is their documented combination (see each cost).
+    decode_pricer(num_seqs) -> f(context_tokens) = step_s(*StepShape.decoding(num_seqs,
+        context_tokens)): a decode-only step, priced as a function of its context alone,
+        for the fast engine's runs of decode steps.
+    decode_terms(num_seqs) -> DecodeTerms where a decode-only step of num_seqs sequences
+        has DecodeTerms' form (price_s(c) == step_s(...decoding(num_seqs, c)) to the bit),
+        else None: the fast engine then calls decode_pricer.
+    count_decode_steps(num_seqs, num_steps): the engine took num_steps steps at
+        decode_pricer's prices (for a cost that reports what it priced).
+    describe() -> {"kind", "text", ...}: what the prices rest on, for the report.
+    request_overhead_s: seconds a request spends outside the engine, once (HTTP, JSON,
+        tokenising, the hops to the engine and back, streaming).
+    """
+
+    request_overhead_s: float = 0.0
+
+    @abc.abstractmethod
+    def step_s(self, num_tokens: float, num_context_tokens: float, num_sampled: float, num_decodes: float = 0,
+               decode_context_tokens: float = 0, num_seqs: float = 0, prefill_pairs: float = 0.0) -> float:
+        """Seconds for one step of StepShape(num_tokens, ..., prefill_pairs)."""
+
+    @abc.abstractmethod
+    def describe(self) -> dict:
+        """What the prices rest on: {"kind": ..., "text": ...}."""
+
+    def terms(self, shape: StepShape) -> Optional[tuple]:
+        """The named terms of the step's price; None where the cost has none (a table)."""
+        return None
+
+    def decode_terms(self, num_seqs: int) -> Optional[DecodeTerms]:
+        return None
+
+    def decode_pricer(self, num_seqs: int) -> Callable[[float], float]:
+        terms = self.decode_terms(num_seqs)
+        if terms is not None:
+            return terms.price_s
+        return lambda context: self.step_s(*StepShape.decoding(num_seqs, context))
+
+    def count_decode_steps(self, num_seqs: int, num_steps: int) -> None:
+        """A cost that keeps no count ignores it."""
+
+
+class RooflineCost(StepCost):
+    """Prices a step with the roofline of one device: roofline_terms, combined as
+    RooflineTerms says.
 
     ubatch_tokens: a step runs as forward passes of at most this many tokens, each
     reading the weights again (llama.cpp's --ubatch-size); None is one pass.
-    request_overhead_s is the time a request spends outside the engine (the hardware's
-    request_overhead_ms: HTTP, tokenising, the hops to the engine and back, streaming).
+    request_overhead_s is the hardware's request_overhead_ms.
     """
 
     def __init__(self, hardware: Hardware, model: ModelSpec, ubatch_tokens: Optional[int] = None):
         self.hardware, self.model, self.ubatch_tokens = hardware, model, ubatch_tokens
         self.request_overhead_s = hardware.request_overhead_ms / 1000
-        self.pricers: Dict[int, Callable[[int], float]] = {}  # decode_pricer's, by batch size
-        self.terms: Dict[int, Optional[tuple]] = {}            # decode_terms's, by batch size
+        self.pricers: Dict[int, Callable[[float], float]] = {}  # decode_pricer's, by batch size
+        self.decode_memo: Dict[int, Optional[DecodeTerms]] = {}  # decode_terms's, by batch size
 
-    def step_s(self, num_tokens: int, num_context_tokens: int, num_sampled: int,
-               num_decodes: int = 0, decode_context_tokens: int = 0, num_seqs: int = 0) -> float:
-        passes = -(-num_tokens // self.ubatch_tokens) if self.ubatch_tokens else 1
-        return step_seconds(self.hardware, self.model, num_tokens, num_context_tokens, num_sampled, passes,
-                            max(num_seqs, 1), num_decodes, decode_context_tokens)
+    def terms(self, shape: StepShape) -> RooflineTerms:
+        passes = -(-shape.num_tokens // self.ubatch_tokens) if self.ubatch_tokens else 1
+        return roofline_terms(self.hardware, self.model, shape._replace(num_seqs=max(shape.num_seqs, 1)), passes)
 
-    def decode_pricer(self, num_seqs: int) -> Callable[[int], float]:
-        """step_s of a step in which num_seqs sequences decode, as a function of its context
-        tokens alone: the same arithmetic, with what does not change bound once."""
+    def step_s(self, num_tokens: float, num_context_tokens: float, num_sampled: float, num_decodes: float = 0,
+               decode_context_tokens: float = 0, num_seqs: float = 0, prefill_pairs: float = 0.0) -> float:
+        return self.terms(StepShape(num_tokens, num_context_tokens, num_sampled, num_decodes, decode_context_tokens,
+                                    num_seqs, prefill_pairs)).seconds
+
+    def decode_pricer(self, num_seqs: int) -> Callable[[float], float]:
         price = self.pricers.get(num_seqs)
         if price is None:
-            price = self.pricers[num_seqs] = self._decode_pricer(num_seqs)
+            price = self.pricers[num_seqs] = super().decode_pricer(num_seqs)
         return price
 
-    def decode_terms(self, num_seqs: int) -> Optional[Tuple[float, float, float, float, float, float, float]]:
-        """(overhead_s, weight_bytes, compute_s, kv_bytes, bytes_per_s, collective_s,
-        attention_s) of a decode step of num_seqs sequences (every pipeline stage's
-        together), whose price with context tokens is overhead_s + max(compute_s,
-        (weight_bytes + context * kv_bytes) / bytes_per_s) + collective_s + context *
-        attention_s, in that order; None where the price is not that (llama.cpp's passes,
-        sliding-window layers). The fast engine's runs of decode steps do this arithmetic
-        inline."""
-        if num_seqs not in self.terms:
+    def decode_terms(self, num_seqs: int) -> Optional[DecodeTerms]:
+        """The roofline's terms of a decode step of num_seqs sequences at no context, and what
+        a token of context adds: its KV bytes and its attention arithmetic (every pipeline
+        stage's together). None where the price is not DecodeTerms' form in the context
+        (llama.cpp's passes, sliding-window layers)."""
+        if num_seqs not in self.decode_memo:
             hardware, model, terms = self.hardware, self.model, None
             if not (self.ubatch_tokens and num_seqs > self.ubatch_tokens) and not model.sliding_kv_bytes_per_token:
-                stages, micro = model.pipeline_parallel_size, micro_batches(model, num_seqs)
-                share = num_seqs / micro if stages > 1 else num_seqs  # a micro-batch's sequences
-                terms = (fixed_step_seconds(hardware, model, num_seqs), model.step_weight_bytes(share) * stages,
-                         compute_seconds(hardware, model, share, share) * stages,
-                         model.kv_bytes_per_token * stages / micro, memory_rate(hardware),
-                         collective_seconds(hardware, model, share),
-                         attention_seconds_per_token(hardware, model) * stages / micro)
-            self.terms[num_seqs] = terms
-        return self.terms[num_seqs]
-
-    def count_decode_steps(self, num_seqs: int, num_steps: int) -> None:
-        """The engine took num_steps steps at decode_pricer's prices (a roofline keeps no count)."""
-
-    def _decode_pricer(self, num_seqs: int) -> Callable[[int], float]:
-        terms = self.decode_terms(num_seqs)
-        if terms is None:
-            return lambda context: self.step_s(num_seqs, context, num_seqs, num_seqs, context, num_seqs)
-        overhead_s, weight_bytes, compute_s, kv_bytes, bytes_per_s, allreduce_s, attention_s = terms
-
-        def price(context: int) -> float:
-            memory_s = (weight_bytes + context * kv_bytes) / bytes_per_s
-            return overhead_s + (memory_s if memory_s > compute_s else compute_s) + allreduce_s + context * attention_s
-        return price
+                at_zero = self.terms(StepShape.decoding(num_seqs, 0))
+                stages, micro = at_zero.stages, micro_batches(model, num_seqs)
+                terms = DecodeTerms(at_zero.fixed_s, at_zero.weight_bytes * stages, at_zero.compute_s * stages,
+                                    model.kv_bytes_per_token * stages / micro, at_zero.bytes_per_s,
+                                    at_zero.collectives_s, attention_seconds_per_token(hardware, model) * stages / micro)
+            self.decode_memo[num_seqs] = terms
+        return self.decode_memo[num_seqs]
 
     def describe(self) -> dict:
         return {"kind": "roofline", "hardware": self.hardware.name,
@@ -2154,7 +2274,7 @@ def _per_token_s(value_ms: Optional[float]) -> Optional[float]:
     return None if value_ms is None else value_ms / 1000
 
 
-class ProfileCost:
+class ProfileCost(StepCost):
     """Prices a step from a StepProfile: piecewise linear in the sequences that decode
     and in the prefill tokens, a step that carries both as their sum less the measured
     overlap; for context beyond what the profile measured, what it measured a token of
@@ -2170,8 +2290,8 @@ class ProfileCost:
         self.num_steps = self.num_outside = 0
         self.largest_outside = [0, 0]   # most sequences decoding, most prefill tokens, of steps outside
 
-    def step_s(self, num_tokens: int, num_context_tokens: int, num_sampled: int,
-               num_decodes: int = 0, decode_context_tokens: int = 0, num_seqs: int = 0) -> float:
+    def step_s(self, num_tokens: float, num_context_tokens: float, num_sampled: float, num_decodes: float = 0,
+               decode_context_tokens: float = 0, num_seqs: float = 0, prefill_pairs: float = 0.0) -> float:
         price_s, outside = self._price(num_tokens, num_context_tokens, num_sampled, num_decodes,
                                        decode_context_tokens, num_seqs)
         self._count(1, outside, num_decodes, num_tokens - num_decodes)
@@ -2246,10 +2366,6 @@ class ProfileCost:
         """step_s of a decode-only step of num_seqs sequences, as a function of its context
         (not counted: the engine counts the steps it took, count_decode_steps)."""
         return lambda context: self._price(num_seqs, context, num_seqs, num_seqs, context, num_seqs)[0]
-
-    def decode_terms(self, num_seqs: int) -> None:
-        """A profile's price is no roofline's (see RooflineCost.decode_terms)."""
-        return None
 
     def count_decode_steps(self, num_seqs: int, num_steps: int) -> None:
         """num_steps decode-only steps of num_seqs sequences were taken at decode_pricer's prices."""
@@ -3655,6 +3771,7 @@ class Engine:
         num_tokens = num_sampled = num_decodes = num_members
         num_context_tokens = decode_context_tokens = member_context_tokens
         num_drafting = drafting_context_tokens = 0
+        prefill_pairs = 0.0
         for request, tokens in batch:
             num_tokens += tokens
             context = request.computed + tokens
@@ -3664,15 +3781,18 @@ class Engine:
                 if tokens == 1:  # a decode: the token sampled last step
                     num_decodes += 1
                     decode_context_tokens += context
+                    continue
             elif context > request.prompt_tokens + request.generated:  # a decode with drafts, each sampled
                 num_sampled += tokens
                 num_decodes += 1
                 decode_context_tokens += context
                 num_drafting += 1
                 drafting_context_tokens += context
+                continue
+            prefill_pairs += tokens * (request.computed + (tokens + 1) / 2)  # a prompt chunk's causal attention
         num_seqs = len(batch) + num_members
         duration_s = self.cost.step_s(num_tokens, num_context_tokens, num_sampled, num_decodes,
-                                      decode_context_tokens, num_seqs)
+                                      decode_context_tokens, num_seqs, prefill_pairs)
         if num_drafting and self.drafter is not None:
             draft_s = draft_seconds(self.hardware, self.drafter, num_drafting, drafting_context_tokens,
                                     scheduler.config.num_speculative_tokens)
@@ -3898,7 +4018,8 @@ class FastEngine(Engine):
         """take_decode_steps's steps, one per number in steps, until one ends at or after
         horizon_s (steps holds at least one): the clock, busy time, block-seconds and gaps
         advanced; returns (steps taken, blocks in use after them). A roofline's price is
-        worked out inline; any other cost's is its decode_pricer's.
+        worked out inline where the cost gives DecodeTerms (DecodeTerms.price_s, written
+        out); any other cost's is its decode_pricer's.
 
         NOTE: the very arithmetic of take_step and TokenLog.begin_step, in their order, so
         that every clock, gap and sum is the step engine's to the last bit."""
