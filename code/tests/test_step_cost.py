@@ -75,7 +75,7 @@ class DecodeTermsTest(unittest.TestCase):
 class StepShapeTest(unittest.TestCase):
 
     def test_a_prompt_chunk_counts_its_causal_attention_pairs(self):
-                scheduler = main.Scheduler(main.SchedulerConfig(block_size=16, max_num_batched_tokens=4), 100)
+        scheduler = main.Scheduler(main.SchedulerConfig(block_size=16, max_num_batched_tokens=4), 100)
         seen = []
 
         class Recorder(main.RooflineCost):
