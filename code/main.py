@@ -3254,6 +3254,7 @@ class SchedulerConfig:
     acceptance_rate: float = 0.0         # --acceptance-rate: chance a drafted token is accepted after the one before
     speculative_seed: int = 0            # seed of the acceptance draws (--seed)
     kv_offloading_blocks: int = 0        # blocks of the host tier (--kv-offloading-size GiB; 0: none)
+    long_prefill_token_threshold: int = 0  # --long-prefill-token-threshold: most prompt tokens a request computes in one step (0: no cap)
 
 
 Batch = List[Tuple[Request, int]]
@@ -3367,13 +3368,15 @@ class Scheduler:
         index = 0
         running, pool, block_size = self.running if requests is None else list(requests), self.pool, \
             self.config.block_size
-        caching, drafts = self.config.prefix_caching, self.drafts
+        caching, drafts, threshold = self.config.prefix_caching, self.drafts, self.config.long_prefill_token_threshold
         while index < len(running) and budget > 0:
             request = running[index]
             # NOTE: remaining and blocks_for written out: this line runs for every sequence of every step
             remaining = request.prompt_tokens + request.generated - request.computed
             if drafts is not None and remaining == 1 and request.generated:  # a decode: drafts verified with it
                 remaining += drafts.num_to_draft(request)
+            if threshold and remaining > threshold:  # a long prompt's chunk, capped as vLLM caps it
+                remaining = threshold
             num_tokens = remaining if remaining < budget else budget
             num_new_blocks = -(-(request.computed + num_tokens) // block_size) - len(request.blocks)
             # NOTE: preempt from the tail (the newest); the requester itself may go.
@@ -3429,12 +3432,12 @@ class Scheduler:
         # new blocks; when not even that many are free, skip the lookup (a long prompt at
         # the head of a full cache is looked at every step). The decision is the same.
         best_cached = self._tokens_with_kv(request, len(keys) * self.config.block_size)
-        if self.blocks_for(min(request.length - best_cached, budget)) > self.pool.free_count():
+        if self.blocks_for(self._chunk(request.length - best_cached, budget)) > self.pool.free_count():
             return self._refuse(request, budget)
         hits = self._lookup(request, keys)
         num_host_hits = self.host.lookup(keys[len(hits):]) if self.host is not None and len(hits) < len(keys) else 0
         num_cached = self._tokens_with_kv(request, (len(hits) + num_host_hits) * self.config.block_size)
-        num_tokens = min(request.length - num_cached, budget)
+        num_tokens = self._chunk(request.length - num_cached, budget)
         if not self.config.chunked_prefill and num_tokens < request.length - num_cached:
             return None
         if not self._may_admit(request):
@@ -3447,6 +3450,15 @@ class Scheduler:
         if num_new_blocks > num_free - len(hits) and num_new_blocks > num_free - self.pool.free_among(hits):
             return self._refuse(request, budget)
         return hits, num_host_hits, num_cached, num_tokens, num_new_blocks
+
+    def _chunk(self, num_uncomputed: int, budget: int) -> int:
+        """Tokens a request with num_uncomputed tokens to compute takes of budget: all it
+        can, at most --long-prefill-token-threshold (vLLM caps a waiting and a running
+        request's new tokens alike; 0: no cap)."""
+        threshold = self.config.long_prefill_token_threshold
+        if threshold and num_uncomputed > threshold:
+            num_uncomputed = threshold
+        return min(num_uncomputed, budget)
 
     def _refuse(self, request: Request, budget: int) -> None:
         """Refuse request for want of blocks, remembering when (see _still_refused)."""
@@ -9130,7 +9142,8 @@ def build_engine_spec(args, hardware: Optional[Hardware] = None, server: Optiona
     speculative, drafter = speculative_settings(args, target)
     plan = build_plan(args, device, kv_tokens, config.max_num_seqs, config.block_size, drafter)
     config = dataclasses.replace(config, **speculative, **config_changes,
-                                 kv_offloading_blocks=offloading_blocks(args, plan, config.prefix_caching))
+                                 kv_offloading_blocks=offloading_blocks(args, plan, config.prefix_caching),
+                                 long_prefill_token_threshold=getattr(args, "long_prefill_token_threshold", 0) or 0)
     return EngineSpec(plan, config, profile, args.ubatch_size or defaults["ubatch_tokens"], args.engine == "fast")
 
 
@@ -14059,6 +14072,9 @@ def _add_scheduler_flags(parser: argparse.ArgumentParser, of_server: bool = Fals
                         type=positive_int, help="most tokens in one step, prefill chunks included (default 8192; "
                                                 "2048 on a CPU preset, as vLLM's CPU platform, and with --scheduler "
                                                 "llamacpp, as llama-server's --batch-size)")
+    parser.add_argument("--long-prefill-token-threshold", type=non_negative_int, default=0,
+                        help="most prompt tokens one request computes in a step, so that a long prompt is "
+                             "chunked beside others (vLLM's flag; default 0: no cap but the step's budget)")
     parser.add_argument("--ubatch-size", type=positive_int,
                         help="tokens per forward pass: the roofline reads the weights once per pass "
                              "(default: one pass; 512 with --scheduler llamacpp, as llama-server's)")

@@ -95,6 +95,8 @@ def workload(seed):
             argv.append(flag)
     if "--no-chunked-prefill" in argv:
         argv[argv.index("--max-num-batched-tokens") + 1] = "8192"
+    elif random.Random(-seed).random() < 0.2:  # NOTE: its own draw, so that the other workloads stay as they were
+        argv += ["--long-prefill-token-threshold", random.Random(-seed).choice(("32", "300"))]
     if rng.random() < 0.15:
         argv += ["--max-tokens-in-flight", str(rng.choice((500, 3000)))]
     elif rng.random() < 0.15:

@@ -39,6 +39,18 @@ class SchedulerTest(unittest.TestCase):
         self.assertEqual(step(scheduler, 3.0), [(0, 1)])
         self.assertTrue(request.finished)
 
+    def test_a_long_prefill_threshold_caps_each_prompts_chunk_and_lets_the_next_prompt_in(self):
+        # vLLM's --long-prefill-token-threshold 4: a 10-token prompt computes 4, 4, 2 tokens while a
+        # 3-token prompt behind it shares the first step's budget of 16
+        scheduler = make_scheduler(max_num_batched_tokens=16, long_prefill_token_threshold=4)
+        long, short = make_request(0, prompt_tokens=10, max_tokens=2), make_request(1, prompt_tokens=3, max_tokens=2)
+        scheduler.add(long)
+        scheduler.add(short)
+        self.assertEqual(step(scheduler, 0.0), [(0, 4), (1, 3)])
+        self.assertEqual(step(scheduler, 1.0), [(0, 4), (1, 1)])
+        self.assertEqual(step(scheduler, 2.0), [(0, 2)])
+        self.assertEqual(long.token_times, [3.0])
+
     def test_running_requests_go_first_in_admission_order_then_waiting_ones(self):
         scheduler = make_scheduler(num_blocks=11)
         for request_id in (0, 1):
