@@ -20,7 +20,7 @@ TINY = main.KernelTables(
                                 tuple(tuple(0.5 for _ in main.PREFILL_BATCH_HEADS) for _ in main.PREFILL_LENGTHS))},
     decode_attention={"bf16": (2.0, 16, {1: tuple(tuple(0.5 for _ in main.DECODE_CONTEXTS)
                                                   for _ in main.DECODE_BATCHES)})},
-    moe={"bf16": (3.0, tuple(2.0 for _ in main.MOE_TOKENS_PER_EXPERT), 100.0)},
+    moe={"bf16": (3.0, tuple(2.0 for _ in main.MOE_TOKENS_PER_EXPERT), 100.0, tuple(None for _ in main.MOE_SHAPES))},
     allreduce={2: tuple(float(1 + index) for index, _ in enumerate(main.ALLREDUCE_BYTES))})
 
 
