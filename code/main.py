@@ -684,6 +684,11 @@ class Hardware:
     host_link_gbs: float = 0.0  # GB/s each way between device and host memory (PCIe, datasheet): KV offloading's link
     devices_per_node: int = 1   # devices one server holds on interconnect_gbs (an HGX board: 8)
     network_gbs: float = 0.0    # GB/s each way from one device to another server (its NIC; 0: none)
+    # What its efficiencies and overheads rest on, said beside every prediction ("": the
+    # datasheet alone), and the runs' reach: (most sequences a step, most tokens a step, most
+    # tensor-parallel devices); a run beyond them is extrapolated, and its report says so.
+    fitted_to: str = ""
+    fitted_limits: Tuple[int, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -894,7 +899,9 @@ class ModelSpec:
 # L40S, L4); pinned copies reach about 80-90% of it, which --host-link-gbs can say.
 DATASHEET_GPU = dict(mfu=0.5, mbu=0.75, step_overhead_ms=1.0)
 FITTED_H100 = dict(mfu=0.556, mbu=0.835, step_overhead_ms=0.245, layer_overhead_us=23.0, allreduce_latency_us=7.3,
-                   link_efficiency=0.25, request_overhead_ms=6.56, moe_efficiency=0.7, attention_efficiency=0.0632)
+                   link_efficiency=0.25, request_overhead_ms=6.56, moe_efficiency=0.7, attention_efficiency=0.0632,
+                   fitted_to="nine public vLLM 0.15.1 runs on H100 SXM (inference-sim; BF16)",
+                   fitted_limits=(128, 2048, 4))
 # FITTED_A100: what `calibrate` fitted to three public vLLM v0.15.1 runs of the same campaign on
 # A100 SXM 80GB (code/fixtures/gpu/a100: Qwen3-14B TP 1, CodeLlama-34B TP 2, Llama-2-70B TP 4,
 # the short-context `general-lite` workload), starting from FITTED_H100 with the arithmetic
@@ -905,7 +912,9 @@ FITTED_H100 = dict(mfu=0.556, mbu=0.835, step_overhead_ms=0.245, layer_overhead_
 # nodes' 6.6 ms). Checked on two runs it was not fitted to, Llama-3.1-8B TP 1 and
 # Mixtral-8x7B TP 2; see the README's "Predicting a GPU server".
 FITTED_A100 = dict(FITTED_H100, mbu=0.762, step_overhead_ms=2.84, layer_overhead_us=5.74, link_efficiency=0.107,
-                   request_overhead_ms=13.0)
+                   request_overhead_ms=13.0, fitted_to="three public vLLM 0.15.1 runs on A100 SXM (inference-sim; BF16)")
+# The H200 and B200 carry the H100's fit: the same serving stack, no run on them.
+H100_FIT_ELSEWHERE = dict(FITTED_H100, fitted_to="the H100's fit (nine vLLM runs on H100 SXM; none on this GPU)")
 # Servers of eight GPUs: HGX H100/H200/B200 and MI300X platforms hold 8 devices on one
 # NVLink/Infinity Fabric; DGX H100, DGX B200 and MI300X nodes give each GPU a 400 Gb/s NIC
 # (ConnectX-7 or Pollara: 50 GB/s each way). A100 (DGX A100: 200 Gb/s HDR per GPU, 25 GB/s),
@@ -923,13 +932,13 @@ HARDWARE: Dict[str, Hardware] = {
         # H200 SXM 141GB: nvidia-smi 143,771 MiB; HBM3e 4.8 TB/s; the H100's die (989.4 TFLOPS
         # dense BF16, 1,978.9 FP8, NVLink 4). Price: Spheron on-demand, 2026-03-17.
         Hardware("h200-sxm-141gb", 140.4, 4800, 989.4, fp8_tflops=1978.9, interconnect_gbs=450,
-                 reserve_gib=2.0, price_per_hour=4.54, host_link_gbs=64, **HGX_NODE, **FITTED_H100),
+                 reserve_gib=2.0, price_per_hour=4.54, host_link_gbs=64, **HGX_NODE, **H100_FIT_ELSEWHERE),
         # B200 (HGX B200) 180GB: nvidia-smi 183,359 MiB; HBM3e 8 TB/s; 2,250 TFLOPS dense
         # BF16, 4,500 FP8 (half the datasheet's sparse figures); NVLink 5, 1.8 TB/s both ways.
         # Price: Spheron on-demand, 2026-03-17.
         Hardware("b200-180gb", memory_gib=179.1, bandwidth_gbs=8000, tflops=2250, reserve_gib=2.0,
                  fp8_tflops=4500, interconnect_gbs=900, price_per_hour=6.03, host_link_gbs=64, **HGX_NODE,
-                 **FITTED_H100),
+                 **H100_FIT_ELSEWHERE),
         # AMD MI300X 192GB: HBM3 5.3 TB/s; 1,307.4 TFLOPS dense BF16, 2,614.9 FP8; Infinity
         # Fabric, 7 links x 64 GB/s each way. Price: median listing, cliffcenter.com AMD
         # inference economics note, 2026-05-18.
@@ -962,7 +971,8 @@ HARDWARE: Dict[str, Hardware] = {
         # loadgen runs at concurrency 1, 4 and 8 (median of three fits, 2026-11-29). Other
         # quant types run other kernels; calibrate again for them.
         Hardware("cpu-2vcpu", memory_gib=23.5, bandwidth_gbs=43, tflops=0.087,
-                 mfu=1.0, mbu=1.0, step_overhead_ms=8.4, reserve_gib=0.5, interconnect_gbs=10, is_cpu=True),
+                 mfu=1.0, mbu=1.0, step_overhead_ms=8.4, reserve_gib=0.5, interconnect_gbs=10, is_cpu=True,
+                 fitted_to="llama.cpp b11434 runs on this 2-vCPU VM (Gemma 3 270M Q4_K_M)", fitted_limits=(8, 512, 1)),
     )
 }
 
@@ -1065,7 +1075,15 @@ def hardware_from_json(data: JsonObject, default_name: str) -> Hardware:
             raise data.fail(name, f"at least 1e-6{' (or 0: none)' if name in OPTIONAL_FIELDS else ''}",
                             figures[name])
     name = data.string("name", "") or default_name
-    return Hardware(name, **figures, is_cpu=data.boolean("is_cpu", name.startswith("cpu")))
+    if isinstance(data.value.get("fitted_limits"), tuple):  # asdict() of a Hardware, not read from a file
+        data = JsonObject(dict(data.value, fitted_limits=list(data.value["fitted_limits"])), data.where, data.path,
+                          data.error)
+    limits = tuple(data.items("fitted_limits", int, []))
+    if len(limits) not in (0, 3) or any(limit < 1 for limit in limits):
+        raise data.fail("fitted_limits", "[most sequences, most tokens a step, most tensor-parallel devices], each >= 1",
+                        list(limits))
+    return Hardware(name, **figures, is_cpu=data.boolean("is_cpu", name.startswith("cpu")),
+                    fitted_to=data.string("fitted_to", ""), fitted_limits=limits)
 
 
 def read_hardware_file(path: str) -> Hardware:
@@ -2068,6 +2086,22 @@ class StepCost(abc.ABC):
 
     request_overhead_s: float = 0.0
 
+    def __init__(self):
+        # the largest step priced: tokens, decoding sequences, their mean context, a prompt's mean length
+        self.largest = {"tokens": 0.0, "decodes": 0.0, "context": 0.0, "prompt": 0.0}
+
+    def note_step(self, num_tokens: float, num_decodes: float, decode_context_tokens: float, num_prompts: float,
+                  prompt_context_tokens: float) -> None:
+        """Keep the largest step priced (see largest), for describe()'s word on its evidence."""
+        largest = self.largest
+        if num_tokens > largest["tokens"]:
+            largest["tokens"] = num_tokens
+        if num_decodes:
+            largest["decodes"] = max(largest["decodes"], num_decodes)
+            largest["context"] = max(largest["context"], decode_context_tokens / num_decodes)
+        if num_prompts > 0:
+            largest["prompt"] = max(largest["prompt"], prompt_context_tokens / num_prompts)
+
     @abc.abstractmethod
     def step_s(self, num_tokens: float, num_context_tokens: float, num_sampled: float, num_decodes: float = 0,
                decode_context_tokens: float = 0, num_seqs: float = 0, prefill_pairs: float = 0.0) -> float:
@@ -2104,6 +2138,7 @@ class RooflineCost(StepCost):
     """
 
     def __init__(self, hardware: Hardware, model: ModelSpec, ubatch_tokens: Optional[int] = None):
+        super().__init__()
         self.hardware, self.model, self.ubatch_tokens = hardware, model, ubatch_tokens
         self.request_overhead_s = hardware.request_overhead_ms / 1000
         self.note = ""  # why a cost asked of kernels fell back to it (EngineSpec.cost)
@@ -2116,6 +2151,8 @@ class RooflineCost(StepCost):
 
     def step_s(self, num_tokens: float, num_context_tokens: float, num_sampled: float, num_decodes: float = 0,
                decode_context_tokens: float = 0, num_seqs: float = 0, prefill_pairs: float = 0.0) -> float:
+        self.note_step(num_tokens, num_decodes, decode_context_tokens, num_seqs - num_decodes,
+                       num_context_tokens - decode_context_tokens)
         return self.terms(StepShape(num_tokens, num_context_tokens, num_sampled, num_decodes, decode_context_tokens,
                                     num_seqs, prefill_pairs)).seconds
 
@@ -2141,11 +2178,40 @@ class RooflineCost(StepCost):
             self.decode_memo[num_seqs] = terms
         return self.decode_memo[num_seqs]
 
+    def count_decode_steps(self, num_seqs: int, num_steps: int) -> None:
+        self.note_step(num_seqs, num_seqs, 0, 0, 0)
+
     def describe(self) -> dict:
-        text = f"steps priced by the roofline of {self.hardware.name}"
+        hardware = self.hardware
+        basis = (f"at efficiencies fitted to {hardware.fitted_to}" if hardware.fitted_to
+                 else "at effective figures fitted to no run (calibrate them on your server)" if hardware.is_cpu
+                 else "at generic efficiencies, fitted to no run (the datasheet alone: expect tens of percent)")
+        text = f"steps priced by the roofline of {hardware.name} {basis}"
         if self.note:
-            text += f" (not by kernel tables: {self.note})"
-        return {"kind": "roofline", "hardware": self.hardware.name, "text": text}
+            text += f"; not by kernel tables: {self.note}"
+        outside = fit_outside(hardware, self.model, self.largest)
+        if outside:
+            text += "; beyond what it was fitted to: " + ", ".join(outside)
+        return {"kind": "roofline", "hardware": hardware.name, "basis": "fitted" if hardware.fitted_to else "datasheet",
+                "fitted_to": hardware.fitted_to, "outside": outside, "text": text}
+
+
+def fit_outside(hardware: Hardware, model: ModelSpec, largest: Dict[str, float]) -> List[str]:
+    """What the largest step priced (StepCost.largest) and the model hold beyond the runs
+    the hardware's figures were fitted to (fitted_limits; their format: 16-bit), in words."""
+    if not hardware.fitted_to:
+        return []
+    notes = []
+    if hardware.fitted_limits:
+        most_seqs, most_tokens, most_devices = hardware.fitted_limits
+        for what, value, most in (("sequences decoding in a step", largest["decodes"], most_seqs),
+                                  ("tokens in a step", largest["tokens"], most_tokens),
+                                  ("tensor-parallel devices", model.tensor_parallel_size, most_devices)):
+            if value > most:
+                notes.append(f"{value:,.0f} {what} (the runs: at most {most:,})")
+    if model.fp8_compute:
+        notes.append("FP8 arithmetic (the runs: 16-bit)")
+    return notes
 
 
 def _interpolate(points: Sequence[Tuple[float, float]], x: float) -> Optional[float]:
@@ -3565,20 +3631,24 @@ class KernelCost(StepCost):
     they held, so that describe() says whether they lay inside what the tables measured."""
 
     def __init__(self, hardware: Hardware, model: ModelSpec, tables: "KernelTables", weight_dtype: str,
-                 kv_dtype: str, fallback: RooflineCost):
+                 kv_dtype: str, fallback: RooflineCost, capture_sizes: Sequence[int] = (), slower_by: float = 1.0):
+        super().__init__()
         self.hardware, self.model, self.tables, self.fallback = hardware, model, tables, fallback
         self.weight_dtype, self.kv_dtype = weight_dtype, kv_dtype
+        self.capture_sizes = tuple(sorted(capture_sizes))  # CUDA graphs' token counts (): eager, no padding
+        self.kernel_us = slower_by / 1e6  # seconds per microsecond of the tables (a sensitivity band's: more)
         self.request_overhead_s = hardware.request_overhead_ms / 1000
         self.layer_gemms, self.head_gemm = kernel_gemm_shapes(model)
         self.expert_width = _full_expert_width(model) / (1 if model.expert_parallel_size > 1
                                                          else model.tensor_parallel_size)
         self.base_memo: Dict[int, float] = {}
-        self.num_steps, self.largest = 0, {"tokens": 0, "decodes": 0, "context": 0.0, "prompt": 0.0}
 
     def base_terms(self, num_tokens: float, num_sampled: float, num_seqs: float) -> Tuple[float, ...]:
         """KernelTerms' fixed_s, linear_s, moe_s, collectives_s and elementwise_s of a step:
         every term but attention, none of which depends on the context."""
-        model, tables, dtype = self.model, self.tables, self.weight_dtype
+        model, tables, dtype, sizes = self.model, self.tables, self.weight_dtype, self.capture_sizes
+        if sizes and num_tokens <= sizes[-1]:  # NOTE: a CUDA graph runs its captured size, the rows past ours idle
+            num_tokens = sizes[bisect.bisect_left(sizes, num_tokens)]
         linear_us = sum(count * gemm_us(tables, dtype, num_tokens, n, k) for n, k, count in self.layer_gemms)
         if num_sampled and self.head_gemm:
             linear_us += gemm_us(tables, dtype, num_sampled, *self.head_gemm)
@@ -3586,10 +3656,10 @@ class KernelCost(StepCost):
             tables, dtype, num_tokens * model.num_expert_batches, model.hidden_size, self.expert_width,
             model.num_experts_per_tok, model.num_experts,
             model.expert_parallel_size) if model.num_experts else 0.0
-        elementwise_s = (num_tokens * model.layers * elementwise_bytes(model)
-                         / (tables.bandwidth_gbs * GB * ELEMENTWISE_BANDWIDTH_SHARE))
-        return (fixed_step_seconds(self.hardware, model, max(num_seqs, 1)), linear_us / 1e6, experts_us / 1e6,
-                self._collectives_s(num_tokens), elementwise_s)
+        elementwise_us = (num_tokens * model.layers * elementwise_bytes(model)
+                          / (tables.bandwidth_gbs * 1e3 * ELEMENTWISE_BANDWIDTH_SHARE))
+        return (fixed_step_seconds(self.hardware, model, max(num_seqs, 1)), linear_us * self.kernel_us,
+                experts_us * self.kernel_us, self._collectives_s(num_tokens), elementwise_us * self.kernel_us)
 
     def base_s(self, num_tokens: float, num_sampled: float, num_seqs: float) -> float:
         fixed_s, linear_s, moe_s, collectives_s, elementwise_s = self.base_terms(num_tokens, num_sampled, num_seqs)
@@ -3600,7 +3670,7 @@ class KernelCost(StepCost):
         if model.expert_parallel_size > 1 or model.pipeline_parallel_size > 1:
             return collective_seconds(self.hardware, model, num_tokens)
         return 2 * model.layers * allreduce_us(self.tables, model.tensor_parallel_size,
-                                               num_tokens * model.hidden_size * 2) / 1e6
+                                               num_tokens * model.hidden_size * 2) * self.kernel_us
 
     def attention_s(self, prefill_pairs: float, num_prompts: float,
                     prompt_context_tokens: float, num_decodes: float, decode_context_tokens: float) -> float:
@@ -3620,7 +3690,7 @@ class KernelCost(StepCost):
                 decode_us += (model.layers - full_layers) * decode_attention_us(
                     tables, self.kv_dtype, num_decodes, min(decode_context_tokens, num_decodes * window),
                     model.kv_heads, model.head_dim)
-        return prefill_us / 1e6 + decode_us / 1e6
+        return prefill_us * self.kernel_us + decode_us * self.kernel_us
 
     def terms(self, shape: StepShape) -> KernelTerms:
         num_tokens, context, num_sampled, num_decodes, decode_context, num_seqs, pairs = shape
@@ -3630,8 +3700,8 @@ class KernelCost(StepCost):
 
     def step_s(self, num_tokens: float, num_context_tokens: float, num_sampled: float, num_decodes: float = 0,
                decode_context_tokens: float = 0, num_seqs: float = 0, prefill_pairs: float = 0.0) -> float:
-        self._count(1, num_tokens, num_decodes, decode_context_tokens, num_seqs - num_decodes,
-                    num_context_tokens - decode_context_tokens)
+        self.note_step(num_tokens, num_decodes, decode_context_tokens, num_seqs - num_decodes,
+                       num_context_tokens - decode_context_tokens)
         return self.base_s(num_tokens, num_sampled, num_seqs) + self.attention_s(
             prefill_pairs, num_seqs - num_decodes, num_context_tokens - decode_context_tokens, num_decodes,
             decode_context_tokens)
@@ -3644,18 +3714,7 @@ class KernelCost(StepCost):
         return lambda context: base + attention(0.0, 0, 0, num_seqs, context)
 
     def count_decode_steps(self, num_seqs: int, num_steps: int) -> None:
-        self._count(num_steps, num_seqs, num_seqs, 0, 0, 0)
-
-    def _count(self, num_steps: int, num_tokens: float, num_decodes: float, decode_context: float,
-               num_prompts: float, prompt_context: float) -> None:
-        self.num_steps += num_steps
-        largest = self.largest
-        largest["tokens"] = max(largest["tokens"], num_tokens)
-        largest["decodes"] = max(largest["decodes"], num_decodes)
-        if num_decodes:
-            largest["context"] = max(largest["context"], decode_context / num_decodes)
-        if num_prompts > 0:
-            largest["prompt"] = max(largest["prompt"], prompt_context / num_prompts)
+        self.note_step(num_seqs, num_seqs, 0, 0, 0)
 
     def outside(self) -> List[str]:
         """What the priced steps held beyond the tables' measured range, in words."""
@@ -3670,10 +3729,10 @@ class KernelCost(StepCost):
         return notes
 
     def describe(self) -> dict:
-        tables = self.tables
-        text = (f"steps priced from measured kernel times of {self.hardware.name} ({tables.source}; "
-                f"{self.weight_dtype} weights, {self.kv_dtype} KV cache), the server's own costs "
-                f"{self.hardware.name}'s fitted ones")
+        tables, hardware = self.tables, self.hardware
+        server = (f"fitted to {hardware.fitted_to}" if hardware.fitted_to else "generic, fitted to no run")
+        text = (f"steps priced from measured kernel times of {hardware.name} ({tables.source}; "
+                f"{self.weight_dtype} weights, {self.kv_dtype} KV cache); the server's own costs a step {server}")
         outside = self.outside()
         if outside:
             text += "; outside the tables: " + ", ".join(outside) + " (extrapolated)"
@@ -3681,9 +3740,20 @@ class KernelCost(StepCost):
                 "weight_dtype": self.weight_dtype, "kv_dtype": self.kv_dtype, "outside": outside, "text": text}
 
 
-def kernel_cost(hardware: Hardware, model: ModelSpec, fallback: RooflineCost) -> Tuple[Optional[KernelCost], str]:
-    """A KernelCost for this GPU and model, or (None, why not) where a table or a shape is
-    missing: the caller prices with the roofline then, and says so."""
+def cudagraph_capture_sizes(max_num_seqs: int, max_capture_size: Optional[int] = None) -> Tuple[int, ...]:
+    """The token counts vLLM (0.11 on) captures CUDA graphs for: 1, 2, 4, every 8 below 256,
+    every 16 from 256, up to max_capture_size (default min(2 x max_num_seqs, 512));
+    a step of at most the largest runs the next size up, padded (vllm/config/compilation.py)."""
+    most = max_capture_size or min(2 * max_num_seqs, 512)
+    sizes = [1, 2, 4, *range(8, 256, 8), *range(256, most + 1, 16)]
+    return tuple(size for size in sizes if size <= most)
+
+
+def kernel_cost(hardware: Hardware, model: ModelSpec, fallback: RooflineCost, capture_sizes: Sequence[int] = (),
+                slower_by: float = 1.0) -> Tuple[Optional[KernelCost], str]:
+    """A KernelCost for this GPU and model (its GEMMs padded to capture_sizes), or (None,
+    why not) where a table or a shape is missing: the caller prices with the roofline
+    then, and says so."""
     tables = KERNEL_TABLES.get(hardware.name)
     weights, kv = kernel_dtypes(model)
     why = (f"no kernel tables for {hardware.name} (there are for {', '.join(KERNEL_TABLES)})" if tables is None
@@ -3697,7 +3767,7 @@ def kernel_cost(hardware: Hardware, model: ModelSpec, fallback: RooflineCost) ->
            if kv not in tables.decode_attention else "")
     if why:
         return None, why
-    return KernelCost(hardware, model, tables, weights, kv, fallback), ""
+    return KernelCost(hardware, model, tables, weights, kv, fallback, capture_sizes, slower_by), ""
 
 
 STEP_COSTS = ("roofline", "kernels")  # --step-cost: how a step is priced where no step profile is given
@@ -4573,6 +4643,7 @@ class SchedulerConfig:
     speculative_seed: int = 0            # seed of the acceptance draws (--seed)
     kv_offloading_blocks: int = 0        # blocks of the host tier (--kv-offloading-size GiB; 0: none)
     long_prefill_token_threshold: int = 0  # --long-prefill-token-threshold: most prompt tokens a request computes in one step (0: no cap)
+    enforce_eager: bool = False          # --enforce-eager: no CUDA graphs (a kernel cost pads no step)
 
 
 Batch = List[Tuple[Request, int]]
@@ -5949,6 +6020,7 @@ class EngineSpec:
     ubatch_tokens: Optional[int] = None         # llama.cpp --ubatch-size: tokens per forward pass
     fast: bool = True                           # take runs of decode steps at once (--engine fast)
     step_cost: str = "roofline"                 # --step-cost: the roofline, or measured kernels (STEP_COSTS)
+    kernels_slower_by: float = 1.0              # the kernels' times this many times as long (a sensitivity band)
 
     def __post_init__(self):
         if self.plan.block_size != self.config.block_size:
@@ -5963,7 +6035,9 @@ class EngineSpec:
         if self.step_profile:
             return ProfileCost(self.step_profile, roofline)
         if self.step_cost == "kernels":
-            kernels, roofline.note = kernel_cost(self.plan.hardware, self.plan.model, roofline)
+            sizes = () if self.config.enforce_eager else cudagraph_capture_sizes(self.config.max_num_seqs)
+            kernels, roofline.note = kernel_cost(self.plan.hardware, self.plan.model, roofline, sizes,
+                                                 self.kernels_slower_by)
             return kernels or roofline
         return roofline
 
@@ -5987,7 +6061,7 @@ class EngineSpec:
                 prefill=tuple((x, cost * factor) for x, cost in profile.prefill),
                 mixed_overlap_s=profile.mixed_overlap_s * factor)
         return dataclasses.replace(self, plan=self.plan.on(slower_by(self.plan.hardware, factor)),
-                                   step_profile=profile, fast=True)
+                                   step_profile=profile, fast=True, kernels_slower_by=self.kernels_slower_by * factor)
 
 
 # =============================================================================
@@ -10469,7 +10543,8 @@ def build_engine_spec(args, hardware: Optional[Hardware] = None, server: Optiona
     plan = build_plan(args, device, kv_tokens, config.max_num_seqs, config.block_size, drafter)
     config = dataclasses.replace(config, **speculative, **config_changes,
                                  kv_offloading_blocks=offloading_blocks(args, plan, config.prefix_caching),
-                                 long_prefill_token_threshold=getattr(args, "long_prefill_token_threshold", 0) or 0)
+                                 long_prefill_token_threshold=getattr(args, "long_prefill_token_threshold", 0) or 0,
+                                 enforce_eager=bool(getattr(args, "enforce_eager", False)))
     return EngineSpec(plan, config, profile, args.ubatch_size or defaults["ubatch_tokens"], args.engine == "fast",
                       getattr(args, "step_cost", None) or "roofline")
 
@@ -12915,7 +12990,8 @@ def run_job(job: dict, where: str = "plan") -> dict:
     evidence.put("slo_tpot_ms", slo.tpot_ms, "--slo-tpot-ms")
     binding = diagnose(evidence, spec.plan)["binding"]
     return {"format": RESULT_FORMAT, "point": job["point"], "summary": report["summary"],
-            "engine": {key: engine[key] for key in ("mean_batch_seqs", "kv_peak", "num_preemptions", "prefix_hit_rate")},
+            "engine": {key: engine[key] for key in ("mean_batch_seqs", "kv_peak", "num_preemptions", "prefix_hit_rate",
+                                                    "cost_model")},
             "rejected": report["rejected"][:3], "num_rejected": len(report["rejected"]),
             "imbalance": (report.get("replicas") or {}).get("busy_imbalance"),
             "binding": {"budget": binding["budget"], "symptom": binding["symptom"]}}
@@ -13823,7 +13899,7 @@ def format_inference_perf_compare(spec: EngineSpec, runs: Sequence[dict], rows: 
 
 
 def _preset_value(value) -> str:
-    return repr(value) if isinstance(value, bool) else f"{value:.4g}"
+    return repr(value) if isinstance(value, (bool, str, tuple)) else f"{value:.4g}"
 
 
 def hardware_preset_line(hardware: Hardware) -> str:
@@ -13966,7 +14042,7 @@ def format_plan(report: dict) -> List[str]:
         lines.append(f"the next cheaper, {PlanPoint(**cheaper['point']).text()}, misses: "
                      f"{_plan_figures(cheaper['result'], slo)}")
     header = ["$/M out", "$/h", "hardware", "tp", "replicas", "seqs", "tokens", "prefix"]
-    header += [f"{name[:-3]} p{slo.percentile:g}" for name in slo.objectives()] + ["slo", "binding"]
+    header += [f"{name[:-3]} p{slo.percentile:g}" for name in slo.objectives()] + ["slo", "binding", "step cost"]
     rows = []
     for index in report["pareto_front"]:
         entry = points[index]
@@ -13974,11 +14050,34 @@ def format_plan(report: dict) -> List[str]:
         rows.append([_usd(cost.get("usd_per_million_output_tokens")), f"{cost.get('usd_per_hour', 0):.2f}"]
                     + PlanPoint(**entry["point"]).cells()
                     + [_ms(value if value != math.inf else None) for value in latencies_at_slo(result, slo)]
-                    + ["met" if entry["meets"] else "missed", result["binding"]["budget"]])
+                    + ["met" if entry["meets"] else "missed", result["binding"]["budget"],
+                       evidence_label(result["engine"].get("cost_model"))])
     if rows:
         lines.append(f"pareto front: cost per M output tokens against latency at p{slo.percentile:g}")
         lines += format_table(header, rows)
-    return lines + _plan_not_fitting(points)
+        lines.append("step cost: kernels (measured kernel times), fitted (a roofline fitted to public runs) or "
+                     "datasheet (fitted to none); * beyond what it rests on")
+    return lines + _plan_evidence(points, report) + _plan_not_fitting(points)
+
+
+def evidence_label(cost_model: Optional[dict]) -> str:
+    """A step cost's evidence in a word (plan's column): kernels, fitted, datasheet or profile,
+    with * where the run went beyond it."""
+    if not cost_model:
+        return "-"
+    kind = cost_model.get("kind")
+    label = cost_model.get("basis", "fitted") if kind == "roofline" else kind
+    return label + ("*" if cost_model.get("outside") else "")
+
+
+def _plan_evidence(points: Sequence[dict], report: dict) -> List[str]:
+    """A line when the answer's step cost rests on the datasheet alone or went beyond its evidence."""
+    if report["answer"] is None:
+        return []
+    cost_model = points[report["answer"]]["result"]["engine"].get("cost_model") or {}
+    if cost_model.get("basis") == "datasheet" or cost_model.get("outside"):
+        return [f"note: the answer's {cost_model['text']}"]
+    return []
 
 
 def format_emitted(directory: str, header: dict) -> List[str]:
@@ -14943,6 +15042,11 @@ def cmd_calibrate(args) -> int:
         hardware, residuals = fit_hardware(measured, base, name, workers, progress, args.hold)
     progress.close()
     models = list(dict.fromkeys(item.spec.plan.model.name for item in measured))
+    hardware = dataclasses.replace(  # NOTE: what it rests on now is these runs, not the base's
+        hardware, fitted_to=f"{len(measured)} runs of {', '.join(models)} (calibrate)",
+        fitted_limits=tuple(max(reach) for reach in zip(*((item.spec.config.max_num_seqs,
+                                                           item.spec.config.max_num_batched_tokens,
+                                                           item.spec.plan.tensor_parallel_size) for item in measured))))
     stand_ins = stand_in_model_notes(args, [report["settings"].get("model") for _, report in reports]
                                      + [run["served_model"] for _, run in runs], spec)
     if args.out:
@@ -15403,6 +15507,9 @@ def _add_scheduler_flags(parser: argparse.ArgumentParser, of_server: bool = Fals
                         type=positive_int, help="most tokens in one step, prefill chunks included (default 8192; "
                                                 "2048 on a CPU preset, as vLLM's CPU platform, and with --scheduler "
                                                 "llamacpp, as llama-server's --batch-size)")
+    parser.add_argument("--enforce-eager", action="store_true",
+                        help="no CUDA graphs, as vLLM's flag: with --step-cost kernels a step's GEMMs are not padded "
+                             "to the next captured size (the launches eager mode adds are not priced)")
     parser.add_argument("--long-prefill-token-threshold", type=non_negative_int, default=0,
                         help="most prompt tokens one request computes in a step, so that a long prompt is "
                              "chunked beside others (vLLM's flag; default 0: no cap but the step's budget)")

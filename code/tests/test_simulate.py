@@ -76,7 +76,7 @@ class SweepShapeTest(unittest.TestCase):
             "          1       92.6     109.6       9.2       9.2        0.0    1.0     2.7%        0",
             "          4      207.1     432.4      12.8      12.8        0.0    4.0    10.9%        0",
             "          8      207.1    1668.9      12.8      12.8     1236.4    4.0    10.9%        0",
-            "steps priced by the roofline of cpu-4vcpu",
+            "steps priced by the roofline of cpu-4vcpu at effective figures fitted to no run (calibrate them on your server)",
         ])
 
 
