@@ -3604,7 +3604,10 @@ class KernelTerms(NamedTuple):
         all-to-alls and pipeline stages: the roofline's collective_seconds).
     elementwise_s: the norms, rotary and activation, as bytes moved.
     prefill_attention_s, decode_attention_s: prefill_attention_us and decode_attention_us
-        per attention layer (sliding-window layers over at most their window)."""
+        per attention layer (sliding-window layers over at most their window); the decodes
+        also pay, per token of context, the hardware's fitted decode attention arithmetic
+        (attention_seconds_per_token): what a server's steps, whose decodes and prompt
+        chunks run in one varlen kernel, cost beyond the decode-only kernel timed."""
 
     fixed_s: float
     linear_s: float
@@ -3637,6 +3640,9 @@ class KernelCost(StepCost):
         self.weight_dtype, self.kv_dtype = weight_dtype, kv_dtype
         self.capture_sizes = tuple(sorted(capture_sizes))  # CUDA graphs' token counts (): eager, no padding
         self.kernel_us = slower_by / 1e6  # seconds per microsecond of the tables (a sensitivity band's: more)
+        # NOTE: fitted, not tabled: what a server's decode attention costs beyond the decode-only kernel
+        # timed (vLLM runs a step's decodes and prompt chunks in one varlen kernel)
+        self.mixed_s_per_context_token = attention_seconds_per_token(hardware, model) * slower_by
         self.request_overhead_s = hardware.request_overhead_ms / 1000
         self.layer_gemms, self.head_gemm = kernel_gemm_shapes(model)
         self.expert_width = _full_expert_width(model) / (1 if model.expert_parallel_size > 1
@@ -3690,7 +3696,8 @@ class KernelCost(StepCost):
                 decode_us += (model.layers - full_layers) * decode_attention_us(
                     tables, self.kv_dtype, num_decodes, min(decode_context_tokens, num_decodes * window),
                     model.kv_heads, model.head_dim)
-        return prefill_us * self.kernel_us + decode_us * self.kernel_us
+        return (prefill_us * self.kernel_us + decode_us * self.kernel_us
+                + decode_context_tokens * self.mixed_s_per_context_token)
 
     def terms(self, shape: StepShape) -> KernelTerms:
         num_tokens, context, num_sampled, num_decodes, decode_context, num_seqs, pairs = shape
@@ -6612,7 +6619,7 @@ def find_kv_link_crossover(ttft_p95_at: Callable[[float], Optional[float]], colo
 # Replicas: engines behind a router
 # =============================================================================
 
-ROUTERS = ("round-robin", "least-loaded", "prefix-affinity")
+ROUTERS = ("round-robin", "least-loaded", "prefix-affinity", "vllm-dp")
 
 
 class Router:
@@ -6621,8 +6628,10 @@ class Router:
     waiting. prefix-affinity: the replica whose prefix cache holds the longest run of
     the request's leading blocks, then the least loaded, as cache-aware routers
     (SGLang's, llm-d's) do; without prefix caching every replica holds nothing, and it
-    is least-loaded. Among equals, the one sent a request least recently (so an idle
-    fleet is used in turn, not replica 0 alone)."""
+    is least-loaded. vllm-dp: vLLM's own balancer over its data-parallel ranks (vLLM
+    0.10.1 to 0.26, vllm/v1/engine/core_client.py): the lowest 4 x waiting + running,
+    the first rank among equals. Among equals otherwise, the one sent a request least
+    recently (so an idle fleet is used in turn, not replica 0 alone)."""
 
     def __init__(self, policy: str):
         if policy not in ROUTERS:
@@ -6637,6 +6646,9 @@ class Router:
         names = range(len(schedulers)) if names is None else names
         if self.policy == "round-robin":
             index = self.num_routed % len(schedulers)
+        elif self.policy == "vllm-dp":
+            scores = [4 * len(scheduler.waiting) + len(scheduler.running) for scheduler in schedulers]
+            index = scores.index(min(scores))
         else:
             loads = [len(scheduler.waiting) + len(scheduler.running) for scheduler in schedulers]
             held = ([scheduler.num_cached_prefix_tokens(request) for scheduler in schedulers]
@@ -15567,8 +15579,9 @@ def _add_replica_flags(parser: argparse.ArgumentParser) -> None:
                         help="identical engines (each --tensor-parallel-size devices) behind a router; with "
                              "--max-replicas, how many are up at the start (default 1)")
     parser.add_argument("--router", choices=ROUTERS, default="round-robin",
-                        help="how requests are spread over --replicas: in turn, to the fewest in flight, or to "
-                             "the replica caching most of the prompt's prefix (default %(default)s)")
+                        help="how requests are spread over --replicas: in turn, to the fewest in flight, to "
+                             "the replica caching most of the prompt's prefix, or as vLLM's data-parallel balancer "
+                             "does (4 x waiting + running; default %(default)s)")
     parser.add_argument("--duration-s", type=positive_float,
                         help="seconds a --rate-schedule runs for")
     _add_fleet_flags(parser)

@@ -249,6 +249,15 @@ class ReplicasTest(unittest.TestCase):
         schedulers[0].add(main.Request(1, 8, 4))
         self.assertEqual(router.choose(request, schedulers), 1)  # 0 has one waiting; 1 was chosen before 2
 
+    def test_vllms_data_parallel_balancer_weighs_a_waiting_request_four_times_a_running_one(self):
+        router, schedulers = main.Router("vllm-dp"), [new_scheduler(main.SchedulerConfig(), 64) for _ in range(3)]
+        schedulers[0].running = [main.Request(1, 8, 4)] * 3   # 3 running: score 3
+        schedulers[1].add(main.Request(2, 8, 4))              # 1 waiting: score 4
+        schedulers[2].running = [main.Request(3, 8, 4)] * 3   # 3 running: score 3, a tie
+        self.assertEqual(router.choose(main.Request(0, 8, 4), schedulers), 0)  # the first rank of the lowest
+        schedulers[0].add(main.Request(4, 8, 4))              # 3 running + 1 waiting: score 7
+        self.assertEqual(router.choose(main.Request(0, 8, 4), schedulers), 2)
+
     def test_one_replica_is_the_single_engine_run(self):
         flags = ("--rate", "20", "--requests", "200", "--prefix-caching")
         single = run_json("simulate", *flags)
