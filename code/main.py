@@ -2147,14 +2147,19 @@ class RooflineCost(StepCost):
 
     def terms(self, shape: StepShape) -> RooflineTerms:
         passes = -(-shape.num_tokens // self.ubatch_tokens) if self.ubatch_tokens else 1
-        return roofline_terms(self.hardware, self.model, shape._replace(num_seqs=max(shape.num_seqs, 1)), passes)
+        return roofline_terms(self.hardware, self.model, shape, passes)
 
     def step_s(self, num_tokens: float, num_context_tokens: float, num_sampled: float, num_decodes: float = 0,
                decode_context_tokens: float = 0, num_seqs: float = 0, prefill_pairs: float = 0.0) -> float:
-        self.note_step(num_tokens, num_decodes, decode_context_tokens, num_seqs - num_decodes,
-                       num_context_tokens - decode_context_tokens)
-        return self.terms(StepShape(num_tokens, num_context_tokens, num_sampled, num_decodes, decode_context_tokens,
-                                    num_seqs, prefill_pairs)).seconds
+        largest = self.largest  # NOTE: note_step's bounds written out for the two a roofline reports: a hot line
+        if num_tokens > largest["tokens"]:
+            largest["tokens"] = num_tokens
+        if num_decodes > largest["decodes"]:
+            largest["decodes"] = num_decodes
+        passes = -(-num_tokens // self.ubatch_tokens) if self.ubatch_tokens else 1
+        return roofline_terms(self.hardware, self.model, StepShape(
+            num_tokens, num_context_tokens, num_sampled, num_decodes, decode_context_tokens, num_seqs, prefill_pairs),
+            passes).seconds
 
     def decode_pricer(self, num_seqs: int) -> Callable[[float], float]:
         price = self.pricers.get(num_seqs)
@@ -3382,6 +3387,52 @@ KERNEL_TABLES: Dict[str, KernelTables] = {
             4: (13.5, 14.1, 17.5, 36.9, 116.0, 361.0, 1650.0, 6680.0, 27200.0, 108000.0, 216000.0),
             8: (25.5, 26.7, 27.4, 72.9, 207.0, 583.0, 4010.0, 15800.0, 60100.0, 240000.0, 481000.0),
         }),
+    KernelTables(
+        "mi300x-192gb", peak_tflops=1307.4, bandwidth_gbs=5300,
+        source="ROCm/aiter@fbb52ddf,41fa6c4f (GEMM), @ca781d81 (MoE); vLLM #19744, aiter #801 (all-reduce)",
+        gemm={
+            "bf16": ((1, 16, 64, 256, 1024, 2048, 4096, 16384),
+                (1280, 2560, 8192, 16384, 57344),
+                (512, 1024, 4096, 8192, 14336),
+                (4.66, 5.76, 12.4, 21.2, 34.5, 4.98, 6.41, 17.0, 26.4, 43.6, 6.74, 9.74, 29.2, 49.4, 82.3, 8.5,
+                 12.6, 51.6, 82.8, 142, 18.9, 34.3, 145, 250, 434, 4.98, 5.96, 12.8, 19.6, 31.3, 5.3, 6.61, 13.8,
+                 24.8, 40.5, 6.69, 9.47, 25.9, 47.7, 82.2, 8.82, 12.7, 48.3, 81.0, 139, 19.2, 34.4, 126, 248, 430,
+                 5.01, 6.03, 12.9, 20.4, 32.6, 5.53, 7.0, 15.4, 27.6, 45.3, 7.65, 11.3, 32.0, 59.6, 99.4, 11.1,
+                 17.1, 62.2, 106, 182, 27.6, 48.4, 183, 338, 587, 5.89, 7.91, 18.2, 36.2, 60.4, 7.19, 10.1, 27.3,
+                 50.3, 84.7, 13.2, 19.8, 64.1, 112, 209, 21.2, 32.1, 105, 202, 348, 62.7, 102, 304, 654, 1130, 16.5,
+                 21.3, 49.6, 88.2, 146, 19.5, 27.0, 72.3, 131, 220, 32.8, 52.0, 166, 319, 547, 52.5, 88.4, 304, 592,
+                 1020, 150, 270, 975, 1960, 3400, 12.4, 21.0, 74.2, 141, 245, 20.9, 34.2, 114, 221, 382, 57.5, 91.5,
+                 293, 573, 950, 113, 180, 574, 1080, 1860, 385, 602, 1870, 3640, 6250, 44.8, 55.8, 122, 210, 342,
+                 56.7, 78.0, 206, 376, 631, 108, 175, 564, 1110, 1900, 185, 317, 1110, 2170, 3750, 565, 1030, 3700,
+                 7480, 13000, 99.4, 139, 380, 700, 1180, 153, 233, 735, 1350, 2310, 396, 647, 2100, 4230, 7630, 732,
+                 1240, 4350, 8420, 14600, 2450, 4240, 15000, 29400, 50900)),
+            "fp8": ((1, 16, 64, 256, 1024, 2048, 4096, 16384),
+                (1280, 2560, 8192, 16384, 57344),
+                (1024, 2048, 8192, 16384, 28672),
+                (4.66, 5.76, 12.4, 21.2, 34.5, 4.98, 6.41, 17.0, 26.4, 43.6, 6.74, 9.74, 29.2, 49.4, 82.3, 8.5,
+                 12.6, 51.6, 82.8, 142, 18.9, 34.3, 145, 250, 434, 4.98, 5.96, 12.8, 19.6, 31.3, 5.3, 6.61, 13.8,
+                 24.8, 40.5, 6.69, 9.47, 25.9, 47.7, 82.2, 8.82, 12.7, 48.3, 81.0, 139, 19.2, 34.4, 126, 248, 430,
+                 5.01, 6.03, 12.9, 20.4, 32.6, 5.53, 7.0, 15.4, 27.6, 45.3, 7.65, 11.3, 32.0, 59.6, 99.4, 11.1,
+                 17.1, 62.2, 106, 182, 27.6, 48.4, 183, 338, 587, 5.89, 7.91, 18.2, 36.2, 60.4, 7.19, 10.1, 27.3,
+                 50.3, 84.7, 13.2, 19.8, 64.1, 112, 209, 21.2, 32.1, 105, 202, 348, 62.7, 102, 304, 654, 1130, 16.5,
+                 21.3, 49.6, 88.2, 146, 19.5, 27.0, 72.3, 131, 220, 32.8, 52.0, 166, 319, 547, 52.5, 88.4, 304, 592,
+                 1020, 150, 270, 975, 1960, 3400, 12.4, 21.0, 74.2, 141, 245, 20.9, 34.2, 114, 221, 382, 57.5, 91.5,
+                 293, 573, 950, 113, 180, 574, 1080, 1860, 385, 602, 1870, 3640, 6250, 44.8, 55.8, 122, 210, 342,
+                 56.7, 78.0, 206, 376, 631, 108, 175, 564, 1110, 1900, 185, 317, 1110, 2170, 3750, 565, 1030, 3700,
+                 7480, 13000, 99.4, 139, 380, 700, 1180, 153, 233, 735, 1350, 2310, 396, 647, 2100, 4230, 7630, 732,
+                 1240, 4350, 8420, 14600, 2450, 4240, 15000, 29400, 50900)),
+        },
+        moe={
+            "bf16": (20.0, (1.73, 1.73, 1.13, 1.11, 1.33, 1.5, 2.46, 5.45, 5.91, 5.0), 1307.4, (
+                None, None, None, None, None, None, None, None, None, None, None, None, (1.0, 1.0, 1.06, 1.05),
+                None, None, (1.0, 1.01, 0.832, 0.754), None, None, None, None, None, None, None, None, None, None,
+                None, None, None, None, None, None, None, None, None, None, None, None, None, None, None, None,
+                None, None, None, None, None)),
+        },
+        allreduce={
+            2: (7.07, 7.07, 7.53, 7.66, 11.4, 28.1, 93.8, 356.0, 1400.0, 5570.0, 11100.0),
+            4: (7.18, 7.21, 7.26, 9.39, 14.4, 22.9, 63.9, 230.0, 922.0, 3690.0, 7380.0),
+        }),
     )
 }
 
@@ -3673,7 +3724,7 @@ class KernelCost(StepCost):
 
     def _collectives_s(self, num_tokens: float) -> float:
         model = self.model
-        if model.expert_parallel_size > 1 or model.pipeline_parallel_size > 1:
+        if model.expert_parallel_size > 1 or model.pipeline_parallel_size > 1 or not self.tables.allreduce:
             return collective_seconds(self.hardware, model, num_tokens)
         return 2 * model.layers * allreduce_us(self.tables, model.tensor_parallel_size,
                                                num_tokens * model.hidden_size * 2) * self.kernel_us
@@ -3686,18 +3737,27 @@ class KernelCost(StepCost):
         full_layers = model.layers - (model.num_sliding_layers if window else 0)
         prefill_us = decode_us = 0.0
         if prefill_pairs > 0:
-            prefill_us = model.layers * prefill_attention_us(
+            prefill_us = model.layers * (prefill_attention_us(
                 tables, self.kv_dtype, prefill_pairs, num_prompts, prompt_context_tokens / max(num_prompts, 1),
-                model.num_heads, model.kv_heads, model.head_dim)
+                model.num_heads, model.kv_heads, model.head_dim) if tables.prefill_attention
+                else 4 * model.num_heads * model.head_dim * prefill_pairs / (self.hardware.tflops * 1e6 * self.hardware.mfu))
         if num_decodes > 0:
-            decode_us = full_layers * decode_attention_us(tables, self.kv_dtype, num_decodes, decode_context_tokens,
-                                                          model.kv_heads, model.head_dim)
+            decode_us = full_layers * self._decode_us(num_decodes, decode_context_tokens)
             if window:
-                decode_us += (model.layers - full_layers) * decode_attention_us(
-                    tables, self.kv_dtype, num_decodes, min(decode_context_tokens, num_decodes * window),
-                    model.kv_heads, model.head_dim)
+                decode_us += (model.layers - full_layers) * self._decode_us(
+                    num_decodes, min(decode_context_tokens, num_decodes * window))
         return (prefill_us * self.kernel_us + decode_us * self.kernel_us
                 + decode_context_tokens * self.mixed_s_per_context_token)
+
+    def _decode_us(self, num_seqs: float, context_tokens: float) -> float:
+        """One layer's decode attention: the table's, or where it has none for this KV cache,
+        the roofline's read of the keys and values at mbu of the bandwidth."""
+        model = self.model
+        if self.kv_dtype in self.tables.decode_attention:
+            return decode_attention_us(self.tables, self.kv_dtype, num_seqs, context_tokens, model.kv_heads,
+                                       model.head_dim)
+        return context_tokens * model.layer_kv_elements * model.kv_dtype_bytes / (
+            self.hardware.bandwidth_gbs * 1e3 * self.hardware.mbu)
 
     def terms(self, shape: StepShape) -> KernelTerms:
         num_tokens, context, num_sampled, num_decodes, decode_context, num_seqs, pairs = shape
@@ -3740,6 +3800,12 @@ class KernelCost(StepCost):
         server = (f"fitted to {hardware.fitted_to}" if hardware.fitted_to else "generic, fitted to no run")
         text = (f"steps priced from measured kernel times of {hardware.name} ({tables.source}; "
                 f"{self.weight_dtype} weights, {self.kv_dtype} KV cache); the server's own costs a step {server}")
+        untabled = [name for name, missing in (
+            ("prefill attention", not tables.prefill_attention),
+            ("decode attention", self.kv_dtype not in tables.decode_attention),
+            ("all-reduce", not tables.allreduce and self.model.tensor_parallel_size > 1)) if missing]
+        if untabled:
+            text += f"; {', '.join(untabled)} by the roofline (no table)"
         outside = self.outside()
         if outside:
             text += "; outside the tables: " + ", ".join(outside) + " (extrapolated)"
@@ -3770,8 +3836,7 @@ def kernel_cost(hardware: Hardware, model: ModelSpec, fallback: RooflineCost, ca
                model.hidden_size and model.num_heads and (model.intermediate_size or model.num_moe_layers == model.layers))
            else f"no GEMM table for {model.name}'s weight format" if weights is None or weights not in tables.gemm
            else f"no MoE table for {weights} on {hardware.name}" if model.num_experts and weights not in tables.moe
-           else f"no decode attention table for a {kv} KV cache on {hardware.name}"
-           if kv not in tables.decode_attention else "")
+           else "")
     if why:
         return None, why
     return KernelCost(hardware, model, tables, weights, kv, fallback, capture_sizes, slower_by), ""
