@@ -10618,6 +10618,10 @@ def build_engine_spec(args, hardware: Optional[Hardware] = None, server: Optiona
     target = build_plan(args, device, kv_tokens, config.max_num_seqs, config.block_size).model
     speculative, drafter = speculative_settings(args, target)
     plan = build_plan(args, device, kv_tokens, config.max_num_seqs, config.block_size, drafter)
+    if getattr(args, "max_num_partial_prefills", 1) > 1:
+        raise UsageError(f"--max-num-partial-prefills {args.max_num_partial_prefills}: vLLM's V1 engine, the one "
+                         f"simulated, does not take it (0.11 to 0.26 refuse it, 0.27 removed it; 0.8 to 0.10 fell "
+                         f"back to V0 for it); cap a long prompt's chunk with --long-prefill-token-threshold")
     config = dataclasses.replace(config, **speculative, **config_changes,
                                  kv_offloading_blocks=offloading_blocks(args, plan, config.prefix_caching),
                                  long_prefill_token_threshold=getattr(args, "long_prefill_token_threshold", 0) or 0,
@@ -15587,6 +15591,9 @@ def _add_scheduler_flags(parser: argparse.ArgumentParser, of_server: bool = Fals
     parser.add_argument("--enforce-eager", action="store_true",
                         help="no CUDA graphs, as vLLM's flag: with --step-cost kernels a step's GEMMs are not padded "
                              "to the next captured size (the launches eager mode adds are not priced)")
+    parser.add_argument("--max-num-partial-prefills", type=positive_int, default=1,
+                        help="vLLM's V0 engine's cap on prompts prefilling at once: 1 (the default) only; V1 "
+                             "refuses more (0.11 to 0.26) or has no such flag (0.27 on)")
     parser.add_argument("--long-prefill-token-threshold", type=non_negative_int, default=0,
                         help="most prompt tokens one request computes in a step, so that a long prompt is "
                              "chunked beside others (vLLM's flag; default 0: no cap but the step's budget)")

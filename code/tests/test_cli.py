@@ -11,6 +11,10 @@ class BadInputTest(ScratchTest):
         self.assert_usage_error(("simulate", "--concurrency", "0"),
                                 "argument --concurrency: expected a positive integer, got '0'")
 
+    def test_more_than_one_partial_prefill_exits_2_as_vllms_v1_engine_refuses_it(self):
+        self.assert_usage_error(("simulate", "--rate", "1", "--requests", "4", "--max-num-partial-prefills", "2"),
+                                "--max-num-partial-prefills 2: vLLM's V1 engine")
+
     def test_non_numeric_flag_exits_2(self):
         self.assert_usage_error(("simulate", "--rate", "fast"), "--rate", "expected a positive number")
         self.assert_usage_error(("sweep", "--concurrency", "1,8", "--max-num-seqs", "many"), "--max-num-seqs")
