@@ -16,11 +16,13 @@ from support import FIXTURES_DIR, main
 TINY = main.KernelTables(
     "tiny-gpu", peak_tflops=100.0, bandwidth_gbs=1000.0, source="by hand",
     gemm={"bf16": ((1, 100), (10, 1000), (10, 1000), (10.0, 10.0, 10.0, 20.0, 10.0, 10.0, 10.0, 40.0))},
-    prefill_attention={"bf16": (5.0, {1: 1.0, 8: 0.5},
+    prefill_attention={"bf16": (5.0, {1: tuple(1.0 for _ in main.PREFILL_KV_BATCHES),
+                                       8: tuple(0.5 for _ in main.PREFILL_KV_BATCHES)},
+                                tuple(tuple(1.0 for _ in main.PREFILL_KV_BATCHES) for _ in main.PREFILL_GROUPS),
                                 tuple(tuple(0.5 for _ in main.PREFILL_BATCH_HEADS) for _ in main.PREFILL_LENGTHS))},
     decode_attention={"bf16": (2.0, 16, {1: tuple(tuple(0.5 for _ in main.DECODE_CONTEXTS)
                                                   for _ in main.DECODE_BATCHES)})},
-    moe={"bf16": (3.0, tuple(2.0 for _ in main.MOE_TOKENS_PER_EXPERT), 100.0, tuple(None for _ in main.MOE_SHAPES))},
+    moe={"bf16": (3.0, (tuple(2.0 for _ in main.MOE_TOKENS_PER_EXPERT),) * 2, 100.0, tuple(None for _ in main.MOE_SHAPES))},
     allreduce={2: tuple(float(1 + index) for index, _ in enumerate(main.ALLREDUCE_BYTES))})
 
 
@@ -124,17 +126,10 @@ class HeldOutTest(unittest.TestCase):
 
 
 # Tables whose held-out error is past 10%, each with the figure it reaches (README in code/fixtures/kernels)
-GEMM_BOUNDS = {("l40s-48gb", "bf16"): 0.11}  # its small kernels are noisy: 20 us and longer, 8%
+GEMM_BOUNDS = {}
 # NOTE: the MI300X's BF16 GEMMs are its FP8 table read at twice the k (the same bytes and tiles), a rule
 # and no measurement; 21.6% off 24 BF16 gpt-oss shapes aiter measured (code/fixtures/kernels/README.md)
 UNMEASURED_GEMMS = {("mi300x-192gb", "bf16")}
-# NOTE: these miss the 10% target today; each bound is the error the table reaches, so that none grows
-OPS_BOUNDS = {("allreduce", "a100-sxm-80gb", "bf16"): 0.14, ("decode", "a100-sxm-80gb", "bfloat16"): 0.17,
-              ("decode", "l40s-48gb", "bfloat16"): 0.17, ("moe", "a100-sxm-80gb", "bfloat16"): 0.19,
-              ("moe", "b200-180gb", "bfloat16"): 0.11, ("moe", "b200-180gb", "fp8"): 0.24,
-              ("moe", "b200-180gb", "fp8_block"): 0.24, ("moe", "h100-sxm-80gb", "bfloat16"): 0.12,
-              ("moe", "h100-sxm-80gb", "fp8"): 0.21, ("moe", "h100-sxm-80gb", "fp8_block"): 0.11,
-              ("moe", "h100-sxm-80gb", "int4_wo"): 0.18, ("moe", "h200-sxm-141gb", "bfloat16"): 0.17,
-              ("moe", "h200-sxm-141gb", "fp8"): 0.14, ("moe", "h200-sxm-141gb", "fp8_block"): 0.17,
-              ("moe", "l40s-48gb", "bfloat16"): 0.19, ("moe", "l40s-48gb", "fp8"): 0.16,
-              ("prefill", "h100-sxm-80gb", "bfloat16"): 0.16, ("prefill", "h200-sxm-141gb", "bfloat16"): 0.12}
+# NOTE: FlashInfer's FP4 MoE on B200 runs token counts that are no power of two erratically, up to 2-3x
+# slower than their neighbours, by shape: no smooth table follows it (15.0% held out)
+OPS_BOUNDS = {("moe", "b200-180gb", "nvfp4"): 0.15}
