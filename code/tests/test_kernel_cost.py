@@ -65,6 +65,44 @@ if __name__ == "__main__":
     unittest.main()
 
 
+HW = main.Hardware("tiny-gpu", memory_gib=16, bandwidth_gbs=1000, tflops=100.0, mfu=0.5, mbu=0.5,
+                   step_overhead_ms=1.0, reserve_gib=0.5)
+MODEL = main.ModelSpec("tiny", params=1e6, layers=2, kv_heads=1, head_dim=10, num_heads=2, bytes_per_param=2,
+                       kv_dtype_bytes=2, hidden_size=100, intermediate_size=200, vocab_size=1000)
+
+
+def tiny_cost(capture_sizes=()):
+    return main.KernelCost(HW, MODEL, TINY, "bf16", "bf16", main.RooflineCost(HW, MODEL), capture_sizes)
+
+
+class StepTermsTest(unittest.TestCase):
+
+    def test_a_layer_runs_qkv_output_gate_up_and_down_and_the_head_runs_once(self):
+        # QKV: (2 + 2 x 1) heads x 10 = 40 wide; output 100 from 20; gate/up 2 x 200; down 100 from 200
+        self.assertEqual(main.kernel_gemm_shapes(MODEL),
+                         ([(40, 100, 2), (100, 20, 2), (400, 100, 2), (100, 200, 2)], (1000, 100)))
+        self.assertEqual(main.kernel_gemm_shapes(MODEL.sharded(2))[0][2:], [(200.0, 100, 2), (100, 100.0, 2)])
+
+    def test_elementwise_work_is_norms_rotary_and_activation_bytes(self):
+        # 2 bytes x (8 x 100 + 2 x (2 + 1) x 10 + 3 x 200) = 2,920 bytes a token a layer
+        self.assertEqual(main.elementwise_bytes(MODEL), 2920)
+
+    def test_vllm_captures_graphs_at_1_2_4_then_every_8_then_every_16_up_to_twice_the_sequences(self):
+        self.assertEqual(main.cudagraph_capture_sizes(4), (1, 2, 4, 8))
+        sizes = main.cudagraph_capture_sizes(256)
+        self.assertEqual((sizes[:5], sizes[-3:], len(sizes)), ((1, 2, 4, 8, 16), (480, 496, 512), 51))
+
+    def test_a_step_under_the_largest_graph_prices_its_gemms_at_the_next_captured_size(self):
+        padded, eager = tiny_cost((1, 2, 4, 8)), tiny_cost()
+        self.assertEqual(padded.base_terms(3, 3, 3)[1], eager.base_terms(4, 3, 3)[1])
+        self.assertEqual(padded.base_terms(9, 9, 9)[1], eager.base_terms(9, 9, 9)[1])  # past it: eager
+
+    def test_the_step_is_the_sum_of_its_terms_and_a_decode_pricer_agrees(self):
+        cost = tiny_cost((1, 2, 4, 8))
+        shape = main.StepShape(20, 300, 3, 2, 100, 4, 18 * 109.5)
+        self.assertAlmostEqual(cost.step_s(*shape), cost.terms(shape).seconds, places=15)
+        self.assertEqual(cost.decode_pricer(5)(700), cost.step_s(*main.StepShape.decoding(5, 700)))
+
 def held_out(name):
     with open(os.path.join(FIXTURES_DIR, "kernels", name), encoding="utf-8") as handle:
         return json.load(handle)
