@@ -689,6 +689,9 @@ class Hardware:
     # tensor-parallel devices); a run beyond them is extrapolated, and its report says so.
     fitted_to: str = ""
     fitted_limits: Tuple[int, ...] = ()
+    # A user's own kernel tables (--hardware-file's "kernel_tables", as JSON text: KernelTables'
+    # fields), for --step-cost kernels on a GPU servesim has none of (read by kernel_tables_of)
+    kernel_tables_json: str = ""
 
 
 @dataclass(frozen=True)
@@ -1082,8 +1085,12 @@ def hardware_from_json(data: JsonObject, default_name: str) -> Hardware:
     if len(limits) not in (0, 3) or any(limit < 1 for limit in limits):
         raise data.fail("fitted_limits", "[most sequences, most tokens a step, most tensor-parallel devices], each >= 1",
                         list(limits))
+    tables = data.value.get("kernel_tables")
+    if tables is not None and not isinstance(tables, dict):
+        raise data.fail("kernel_tables", "a JSON object of KernelTables' fields", tables)
     return Hardware(name, **figures, is_cpu=data.boolean("is_cpu", name.startswith("cpu")),
-                    fitted_to=data.string("fitted_to", ""), fitted_limits=limits)
+                    fitted_to=data.string("fitted_to", ""), fitted_limits=limits,
+                    kernel_tables_json=json.dumps(tables) if tables else data.string("kernel_tables_json", ""))
 
 
 def read_hardware_file(path: str) -> Hardware:
@@ -4255,12 +4262,52 @@ def cudagraph_capture_sizes(max_num_seqs: int, max_capture_size: Optional[int] =
     return tuple(size for size in sizes if size <= most)
 
 
+KERNEL_TABLE_PROBES = {  # shapes each table is priced at when a user's file brings it, to find a broken one
+    "gemm": lambda tables, dtype: [gemm_us(tables, dtype, m, 4096, 4096) for m in (1, 64, 1024, 100_000)],
+    "prefill_attention": lambda tables, dtype: [prefill_attention_us(tables, dtype, 5e5, b, 1000, 32, 8, 128)
+                                                for b in (1, 64)],
+    "decode_attention": lambda tables, dtype: [decode_attention_us(tables, dtype, b, b * 2000, h, 128)
+                                               for b, h in ((1, 1), (256, 8), (4096, 3))],
+    "moe": lambda tables, dtype: [moe_us(tables, dtype, t, 4096, 1024, 2, 8) for t in (1, 512, 65536)],
+}
+
+
+def kernel_tables_of(hardware: Hardware) -> Optional["KernelTables"]:
+    """The hardware's kernel tables: its own (a --hardware-file's kernel_tables, each table
+    priced at a few shapes, UsageError naming the one that cannot be) or the built-in ones
+    of its name; None where there are neither."""
+    if not hardware.kernel_tables_json:
+        return KERNEL_TABLES.get(hardware.name)
+    where = f"--hardware-file {hardware.name}: kernel_tables"
+    data = json.loads(hardware.kernel_tables_json)
+
+    def frozen(value):
+        return tuple(frozen(item) for item in value) if isinstance(value, list) else (
+            {int(key) if key.isdigit() else key: frozen(item) for key, item in value.items()}
+            if isinstance(value, dict) else value)
+    try:
+        fields = {name: frozen(data.get(name, {})) for name in ("gemm", "prefill_attention", "decode_attention",
+                                                                  "moe", "allreduce")}
+        tables = KernelTables(hardware.name, float(data["peak_tflops"]), float(data["bandwidth_gbs"]),
+                              str(data.get("source", "the hardware file")), **fields)
+        prices = [price for name, probe in KERNEL_TABLE_PROBES.items() for dtype in getattr(tables, name)
+                  for price in probe(tables, dtype)]
+        prices += [allreduce_us(tables, devices, 1e6) for devices in tables.allreduce]
+    except (KeyError, TypeError, ValueError, IndexError, ZeroDivisionError, AttributeError, OverflowError) as error:
+        raise UsageError(f"{where}: not KernelTables' form ({type(error).__name__}: {error}); see KernelTables in "
+                         f"code/main.py") from None
+    if not all(isinstance(price, float) and math.isfinite(price) and price >= 0 for price in prices) or not (
+            tables.peak_tflops > 0 and tables.bandwidth_gbs > 0):
+        raise UsageError(f"{where}: a table gives a time that is not a finite number >= 0 (every figure must be > 0)")
+    return tables
+
+
 def kernel_cost(hardware: Hardware, model: ModelSpec, fallback: RooflineCost, capture_sizes: Sequence[int] = (),
                 slower_by: float = 1.0) -> Tuple[Optional[KernelCost], str]:
     """A KernelCost for this GPU and model (its GEMMs padded to capture_sizes), or (None,
     why not) where a table or a shape is missing: the caller prices with the roofline
     then, and says so."""
-    tables = KERNEL_TABLES.get(hardware.name)
+    tables = kernel_tables_of(hardware)
     weights, kv = kernel_dtypes(model)
     why = (f"no kernel tables for {hardware.name} (there are for {', '.join(KERNEL_TABLES)})" if tables is None
            else "pipeline parallelism is priced by the roofline only" if model.pipeline_parallel_size > 1

@@ -11,7 +11,7 @@ import math
 import os
 import unittest
 
-from support import FIXTURES_DIR, main
+from support import FIXTURES_DIR, ScratchTest, main, run_cli, run_json
 
 TINY = main.KernelTables(
     "tiny-gpu", peak_tflops=100.0, bandwidth_gbs=1000.0, source="by hand",
@@ -171,3 +171,35 @@ UNMEASURED_GEMMS = {("mi300x-192gb", "bf16")}
 # NOTE: FlashInfer's FP4 MoE on B200 runs token counts that are no power of two erratically, up to 2-3x
 # slower than their neighbours, by shape: no smooth table follows it (15.0% held out)
 OPS_BOUNDS = {("moe", "b200-180gb", "nvfp4"): 0.15}
+
+
+class OwnTablesTest(ScratchTest):
+    """A --hardware-file may bring its own kernel tables (KernelTables' fields as JSON)."""
+
+    def hardware_file(self, **changes):
+        h100 = main.KERNEL_TABLES["h100-sxm-80gb"]
+        tables = {"peak_tflops": 989.4, "bandwidth_gbs": 3350, "source": "my own runs, 2026-12-07",
+                  "gemm": {"bf16": h100.gemm["bf16"]}, "decode_attention": h100.decode_attention,
+                  "prefill_attention": h100.prefill_attention, "allreduce": h100.allreduce, **changes}
+        hardware = dict(dataclasses.asdict(main.HARDWARE["h100-sxm-80gb"]), name="my-gpu",
+                        kernel_tables=json.loads(json.dumps(tables)))
+        return self.write("my-gpu.json", hardware)
+
+    def test_a_gpu_of_ones_own_is_priced_by_its_own_tables_as_the_builtin_ones_price_it(self):
+        flags = ("simulate", "--rate", "5", "--requests", "40", "--step-cost", "kernels", "--no-sensitivity")
+        own = run_json(*flags, "--hardware-file", self.hardware_file())
+        builtin = run_json(*flags, "--hardware", "h100-sxm-80gb")
+        self.assertEqual(own["engine"]["cost_model"]["kind"], "kernels")
+        self.assertIn("my own runs, 2026-12-07", own["engine"]["cost_model"]["text"])
+        self.assertEqual(own["summary"]["tpot_ms"], builtin["summary"]["tpot_ms"])
+
+    def test_a_broken_table_exits_2_naming_kernel_tables(self):
+        h100 = main.KERNEL_TABLES["h100-sxm-80gb"].gemm["bf16"]
+        for changes in ({"gemm": {"bf16": [h100[0], h100[1], h100[2], h100[3][:10]]}}, {"peak_tflops": "fast"},
+                        {"allreduce": {"2": [1, 2]}}, {"decode_attention": {"bf16": [1.0, 16, {"1": [[0]]}]}}):
+            with self.subTest(changes=list(changes)):
+                code, out, err = run_cli("simulate", "--rate", "5", "--requests", "4", "--step-cost", "kernels",
+                                         "--hardware-file", self.hardware_file(**changes))
+                self.assertEqual((code, out), (2, ""))
+                self.assertIn("kernel_tables", err)
+                self.assertEqual(len(err.strip().splitlines()), 1)
