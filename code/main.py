@@ -11295,12 +11295,33 @@ def run_simulation(args, spec: EngineSpec, concurrency: Optional[int], rate: Opt
 
 
 def mean_step_cost(spec: EngineSpec, engine: dict) -> Optional[dict]:
-    """step_cost_terms at a run's mean step (sequences, tokens, context), for a roofline; a
-    step profile's prices have no terms (None)."""
+    """The terms of a run's mean step (sequences, tokens, context, every sequence taken to
+    decode) by the cost that priced the run: step_cost_terms for a roofline, kernel_step_terms
+    for kernels; a step profile's prices have no terms (None)."""
     if spec.step_profile is not None:
         return None
-    return step_cost_terms(spec.plan.hardware, spec.plan.model, round(engine["mean_batch_seqs"]),
-                           round(engine["mean_batch_tokens"]), round(engine["mean_context_tokens"]))
+    num_seqs, num_tokens, context = (round(engine[name]) for name in ("mean_batch_seqs", "mean_batch_tokens",
+                                                                      "mean_context_tokens"))
+    cost = spec.cost()
+    if isinstance(cost, KernelCost):
+        return kernel_step_terms(cost, max(1, num_seqs), max(1, num_tokens), context)
+    return step_cost_terms(spec.plan.hardware, spec.plan.model, num_seqs, num_tokens, context)
+
+
+def kernel_step_terms(cost: KernelCost, num_seqs: int, num_tokens: int, num_context_tokens: int) -> dict:
+    """A KernelCost's terms (ms) of a step of num_seqs sequences with num_context_tokens of
+    context and num_tokens computed: every sequence decoding, or where there are more tokens
+    than sequences, one of them a fresh prompt's chunk of the rest; a report: KernelTerms by name."""
+    num_decodes = num_seqs - 1 if num_tokens > num_seqs else num_seqs
+    chunk = num_tokens - num_decodes
+    decode_context = num_context_tokens - chunk if num_decodes < num_seqs else num_context_tokens
+    shape = StepShape(num_tokens, num_context_tokens, num_seqs, num_decodes, max(decode_context, num_decodes),
+                      num_seqs, chunk * (chunk + 1) / 2 if num_decodes < num_seqs else 0.0)
+    terms = cost.terms(shape)
+    return dict({"kind": "kernels", "num_seqs": num_seqs, "num_tokens": num_tokens,
+                 "num_context_tokens": num_context_tokens},
+                **{name.replace("_s", "_ms"): value * 1000 for name, value in terms._asdict().items()},
+                step_ms=terms.seconds * 1000, request_path_ms=cost.request_overhead_s * 1000)
 
 
 SENSITIVITY_STEP_FACTORS = (0.95, 1.05)  # the step cost 5% cheaper and 5% dearer
@@ -14112,7 +14133,14 @@ def offloading_line(figures: dict) -> str:
 
 
 def step_cost_line(terms: dict, what: str = "mean step") -> str:
-    """A step, term by term: what bounds it and what it adds up to (see step_cost_terms)."""
+    """A step, term by term: what bounds it and what it adds up to (see step_cost_terms and
+    kernel_step_terms)."""
+    if terms.get("kind") == "kernels":
+        parts = [f"{terms[name + '_ms']:.2f} {label}" for name, label in KERNEL_TERM_LABELS if terms[name + "_ms"]]
+        line = (f"{what} {terms['step_ms']:.2f} ms at {terms['num_seqs']} seqs, {terms['num_tokens']:,} tokens: "
+                + " + ".join(parts) + ", kernel by kernel")
+        return line + (f"; {terms['request_path_ms']:g} ms per request outside the engine"
+                       if terms["request_path_ms"] else "")
     fixed = terms["step_overhead_ms"] + terms["layer_overhead_ms"] + terms["seq_overhead_ms"]
     line = (f"{what} {terms['step_ms']:.2f} ms at {terms['num_seqs']} seqs, {terms['num_tokens']:,} tokens: "
             f"{fixed:.2f} fixed + max(weights {terms['weights_ms']:.2f} + kv {terms['kv_reads_ms']:.2f}, "
@@ -14125,6 +14153,11 @@ def step_cost_line(terms: dict, what: str = "mean step") -> str:
     if "pipeline_bubble" in terms:
         line += f", {terms['micro_batches']} micro-batches in flight ({terms['pipeline_bubble']:.0%} of stage time idle)"
     return line + (f"; {terms['request_path_ms']:g} ms per request outside the engine" if terms["request_path_ms"] else "")
+
+
+KERNEL_TERM_LABELS = (("fixed", "fixed"), ("linear", "GEMMs"), ("moe", "experts"), ("collectives", "collectives"),
+                      ("elementwise", "elementwise"), ("prefill_attention", "prefill attention"),
+                      ("decode_attention", "decode attention"))
 
 
 def sensitivity_lines(bands: dict) -> List[str]:

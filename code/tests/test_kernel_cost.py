@@ -203,3 +203,14 @@ class OwnTablesTest(ScratchTest):
                 self.assertEqual((code, out), (2, ""))
                 self.assertIn("kernel_tables", err)
                 self.assertEqual(len(err.strip().splitlines()), 1)
+
+
+class MeanStepTest(unittest.TestCase):
+
+    def test_a_run_priced_by_kernels_reports_its_mean_step_kernel_by_kernel(self):
+        report = run_json("simulate", "--rate", "5", "--requests", "40", "--step-cost", "kernels", "--no-sensitivity")
+        terms = report["step_cost"]
+        self.assertEqual(terms["kind"], "kernels")
+        parts = sum(terms[name + "_ms"] for name, _ in main.KERNEL_TERM_LABELS)
+        self.assertAlmostEqual(parts, terms["step_ms"], places=9)
+        self.assertGreater(terms["linear_ms"], terms["decode_attention_ms"])  # a short-context 8B step: its weights
