@@ -100,8 +100,9 @@ Scheduler options (simulate, sweep, search, compare, calibrate):
     --no-chunked-prefill         a prompt is admitted only if all of it fits the step
                                  (vLLM's --no-enable-chunked-prefill)
     --prefix-caching             share full KV blocks of identical prompt prefixes
-    --scheduler vllm|llamacpp    paged blocks and preemption (vllm, the default), or
-                                 llama.cpp's slots (--parallel, --ctx-size, --batch-size)
+    --scheduler vllm|llamacpp|sglang  paged blocks and preemption (vllm, the default),
+                                 llama.cpp's slots (--parallel, --ctx-size, --batch-size), or
+                                 SGLang's steps (a step prefills or decodes, never both)
     --engine fast|step           fast (default) moves the requests that decode on as one
                                  group and takes runs of decode steps at once; step
                                  advances one step at a time (the reference); every
@@ -5655,10 +5656,54 @@ class SlotScheduler(Scheduler):
         raise AssertionError("a llama.cpp slot never runs out of cache, so nothing is preempted")
 
 
+class SglangScheduler(Scheduler):
+    """SGLang's scheduler (python/sglang/srt/managers/scheduler.py, 0.4 to 0.5): a step
+    prefills or decodes, never both (unless --enable-mixed-chunk, which is vLLM's rule:
+    --scheduler vllm). When a prefill batch can be formed, the request being chunked and
+    then waiting ones while the step's budget (--chunked-prefill-size, here
+    --max-num-batched-tokens) lasts, the step prefills them and the running requests wait;
+    otherwise every running request decodes one token. A chunk that needs blocks the pool
+    does not have waits for a decode step, which may preempt (SGLang retracts) as vLLM's does.
+    """
+
+    def schedule(self, now_s: float) -> Batch:
+        budget, threshold = self.config.max_num_batched_tokens, self.config.long_prefill_token_threshold
+        prefilling = [request for request in self.running
+                      if request.prompt_tokens + request.generated - request.computed > 1]
+        chunks_fit = sum(self.blocks_for(request.computed + min(budget, threshold or budget,
+                                                                request.prompt_tokens + request.generated
+                                                                - request.computed)) - len(request.blocks)
+                         for request in prefilling) <= self.pool.free_count()
+        if chunks_fit and (prefilling or self.head_could_be_admitted(received_only=True)):
+            # First, the request being chunked; next, the WAITING requests.
+            batch, budget, _ = self.schedule_running(budget, prefilling)
+            admitted, budget = self.schedule_waiting(budget, now_s)
+            batch += admitted
+        else:  # a decode step: every RUNNING request, preempting from the tail as vLLM does
+            batch, budget, _ = self.schedule_running(budget)
+        assert budget >= 0
+        assert len(self.running) <= self.config.max_num_seqs
+        return batch
+
+    def head_could_be_admitted(self, received_only: bool = False) -> bool:
+        """Whether a prefill step could admit the head of the queue (it has the whole
+        budget); received_only: and the head has reached the engine for this step.
+
+        NOTE: a run of decode steps asks without received_only: a head that arrived during
+        the last step is admitted a step later (async scheduling), and the run must stop."""
+        if not self.waiting or len(self.running) >= self.config.max_num_seqs:
+            return False
+        head = self.waiting[0]
+        return ((not received_only or head.received_s <= self.received_by_s)
+                and self._admission(head, self.config.max_num_batched_tokens) is not None)
+
+
 def configured_scheduler(config: SchedulerConfig) -> Type[Scheduler]:
     """The scheduler a configuration asks for."""
     if config.scheduler == "llamacpp":
         return SlotScheduler
+    if config.scheduler == "sglang":
+        return SglangScheduler
     if config.max_tokens_in_flight is not None:
         return TokenCapScheduler
     return Scheduler
@@ -10988,13 +11033,20 @@ SCHEDULER_DEFAULTS = {  # what each server does when its flags are left out
                  "async_scheduling": False},
     # llama-server --batch-size and --ubatch-size; its slots come from the server measured
     "llamacpp": {"max_num_seqs": 256, "max_num_batched_tokens": 2048, "ubatch_tokens": 512, "async_scheduling": False},
+    # SGLang 0.5's --chunked-prefill-size on a GPU of 60 to 160 GB (server_args.py: 2,048 under 35
+    # GB, 4,096 under 60, 16,384 from 160) and its overlap scheduler, on by default
+    "sglang": {"max_num_seqs": 256, "max_num_batched_tokens": 8192, "ubatch_tokens": None, "async_scheduling": True},
 }
-SCHEDULERS = ("vllm", "llamacpp")  # --scheduler: whose admission rules a run follows
+SCHEDULERS = ("vllm", "llamacpp", "sglang")  # --scheduler: whose admission rules a run follows
 
 
 def scheduler_defaults(scheduler: str, hardware: Hardware) -> dict:
     """What the server the scheduler stands for does on this hardware when its flags are
     left out (SCHEDULER_DEFAULTS)."""
+    if scheduler == "sglang":  # its chunked-prefill size by the GPU's memory
+        tokens = next(tokens for most_gib, tokens in ((35, 2048), (60, 4096), (160, 8192), (math.inf, 16384))
+                      if hardware.memory_gib < most_gib)
+        return dict(SCHEDULER_DEFAULTS["sglang"], max_num_batched_tokens=tokens)
     return SCHEDULER_DEFAULTS["vllm-cpu" if scheduler == "vllm" and hardware.is_cpu else scheduler]
 
 
@@ -11087,7 +11139,8 @@ def build_engine_spec(args, hardware: Optional[Hardware] = None, server: Optiona
     scheduler, slots, kv_tokens, step_tokens = _server_defaults(args, server, device)
     defaults = scheduler_defaults(scheduler, device)
     cap = getattr(args, "max_tokens_in_flight", None)
-    prefix_caching = bool(server.get("prefix_caching")) if args.prefix_caching is None else args.prefix_caching
+    prefix_caching = (bool(server.get("prefix_caching")) or scheduler == "sglang"  # SGLang's radix cache: on
+                      if args.prefix_caching is None else args.prefix_caching)
     asynchronous = getattr(args, "async_scheduling", None)
     block_size = args.block_size or server.get("block_size") or 16
     config = SchedulerConfig(slots, args.max_num_batched_tokens or step_tokens or defaults["max_num_batched_tokens"],
@@ -16101,22 +16154,15 @@ def _add_scheduler_flags(parser: argparse.ArgumentParser, of_server: bool = Fals
                         type=positive_int, help="most tokens in one step, prefill chunks included (default 8192; "
                                                 "2048 on a CPU preset, as vLLM's CPU platform, and with --scheduler "
                                                 "llamacpp, as llama-server's --batch-size)")
-    parser.add_argument("--enforce-eager", action="store_true",
-                        help="no CUDA graphs, as vLLM's flag: with --step-cost kernels a step's GEMMs are not padded "
-                             "to the next captured size (the launches eager mode adds are not priced)")
-    parser.add_argument("--max-num-partial-prefills", type=positive_int, default=1,
-                        help="vLLM's V0 engine's cap on prompts prefilling at once: 1 (the default) only; V1 "
-                             "refuses more (0.11 to 0.26) or has no such flag (0.27 on)")
-    parser.add_argument("--long-prefill-token-threshold", type=non_negative_int, default=0,
-                        help="most prompt tokens one request computes in a step, so that a long prompt is "
-                             "chunked beside others (vLLM's flag; default 0: no cap but the step's budget)")
+    _add_chunk_flags(parser)
     parser.add_argument("--ubatch-size", type=positive_int,
                         help="tokens per forward pass: the roofline reads the weights once per pass "
                              "(default: one pass; 512 with --scheduler llamacpp, as llama-server's)")
     parser.add_argument("--scheduler", choices=SCHEDULERS,
-                        help="whose scheduling to replay: vllm (a paged KV cache, recompute preemption) or "
-                             "llamacpp (--parallel slots of --ctx-size / --parallel tokens each, no preemption); "
-                             "default vllm, or llamacpp when the report or --step-profile came from llama.cpp")
+                        help="whose scheduling to replay: vllm (a paged KV cache, recompute preemption), "
+                             "llamacpp (--parallel slots of --ctx-size / --parallel tokens each, no preemption) or "
+                             "sglang (a step prefills or decodes, never both; its radix cache on); default vllm, "
+                             "or llamacpp when the report or --step-profile came from llama.cpp")
     parser.add_argument("--engine", choices=("fast", "step"), default="fast",
                         help="fast (default) takes runs of decode steps at once; step, the reference, takes "
                              "every step one by one; every figure is the same")
@@ -16145,6 +16191,19 @@ def _add_scheduler_flags(parser: argparse.ArgumentParser, of_server: bool = Fals
                              "a request that arrives during a step waits for the step after the next (default: "
                              "on with --scheduler vllm, off on a CPU preset as vLLM's CPU platform; llama.cpp has no "
                              "such mode)")
+
+
+def _add_chunk_flags(parser: argparse.ArgumentParser) -> None:
+    """vLLM's flags for how a step's prompt chunks are cut and its kernels launched."""
+    parser.add_argument("--enforce-eager", action="store_true",
+                        help="no CUDA graphs, as vLLM's flag: with --step-cost kernels a step's GEMMs are not padded "
+                             "to the next captured size (the launches eager mode adds are not priced)")
+    parser.add_argument("--max-num-partial-prefills", type=positive_int, default=1,
+                        help="vLLM's V0 engine's cap on prompts prefilling at once: 1 (the default) only; V1 "
+                             "refuses more (0.11 to 0.26) or has no such flag (0.27 on)")
+    parser.add_argument("--long-prefill-token-threshold", type=non_negative_int, default=0,
+                        help="most prompt tokens one request computes in a step, so that a long prompt is "
+                             "chunked beside others (vLLM's flag; default 0: no cap but the step's budget)")
 
 
 def _add_speculative_flags(parser: argparse.ArgumentParser, of_server: bool = False) -> None:

@@ -97,6 +97,8 @@ def workload(seed):
         argv[argv.index("--max-num-batched-tokens") + 1] = "8192"
     elif random.Random(-seed).random() < 0.2:  # NOTE: its own draw, so that the other workloads stay as they were
         argv += ["--long-prefill-token-threshold", random.Random(-seed).choice(("32", "300"))]
+    if "--max-tokens-in-flight" not in argv and random.Random(seed + 2000).random() < 0.15:
+        argv += ["--scheduler", "sglang"]  # prefill steps or decode steps, never both
     if "cpu" not in argv[argv.index("--model") - 1] and random.Random(seed + 1000).random() < 0.3:
         argv += ["--step-cost", "kernels"]  # every kernel term: the GPUs' tables, CUDA graphs' padding
     if rng.random() < 0.15:

@@ -51,6 +51,19 @@ class SchedulerTest(unittest.TestCase):
         self.assertEqual(step(scheduler, 2.0), [(0, 2)])
         self.assertEqual(long.token_times, [3.0])
 
+    def test_sglang_prefills_or_decodes_a_step_never_both(self):
+        # a 10-token prompt in chunks of 8: its chunks have steps of their own, then the two decode
+        # together; a decoding request waits while a new prompt prefills
+        scheduler = make_scheduler(max_num_batched_tokens=8, scheduler="sglang")
+        first, second = make_request(0, prompt_tokens=4, max_tokens=3), make_request(1, prompt_tokens=10, max_tokens=2)
+        scheduler.add(first)
+        self.assertEqual(step(scheduler, 0.0), [(0, 4)])
+        scheduler.add(second)
+        self.assertEqual(step(scheduler, 1.0), [(1, 8)])   # a prefill step: request 0 does not decode
+        self.assertEqual(step(scheduler, 2.0), [(1, 2)])   # the chunked request goes on alone
+        self.assertEqual(step(scheduler, 3.0), [(0, 1), (1, 1)])  # nothing to prefill: every request decodes
+        self.assertEqual(first.token_times, [1.0, 4.0])
+
     def test_running_requests_go_first_in_admission_order_then_waiting_ones(self):
         scheduler = make_scheduler(num_blocks=11)
         for request_id in (0, 1):
