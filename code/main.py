@@ -11040,9 +11040,27 @@ SCHEDULER_DEFAULTS = {  # what each server does when its flags are left out
 SCHEDULERS = ("vllm", "llamacpp", "sglang")  # --scheduler: whose admission rules a run follows
 
 
-def scheduler_defaults(scheduler: str, hardware: Hardware) -> dict:
+def vllm_release_defaults(version: Tuple[int, int], hardware: Hardware) -> dict:
+    """What `vllm serve` of a release (V1, 0.8 on) does on this GPU when its flags are left
+    out (vllm/engine/arg_utils.py, read release by release): --max-num-seqs 1024 and
+    --max-num-batched-tokens 8192 on a GPU of 70 GiB or more (0.8.0-0.8.3: 1024 sequences on
+    any GPU and 8,192 tokens on H100 and H200 only; 0.8.4: both on H100 and H200 only; from
+    0.9 the A100 is left out), 16,384 tokens from 160 GiB (0.28 on), else 256 and 2,048; async
+    scheduling on from 0.14."""
+    big = hardware.memory_gib >= 70 and not (version >= (0, 9) and hardware.name.startswith("a100"))
+    if version <= (0, 8):  # 0.8.x: by name before 0.8.5 (the patch release is not told apart here)
+        big = hardware.name.startswith(("h100", "h200"))
+    huge = version >= (0, 28) and hardware.memory_gib >= 160
+    return {"max_num_seqs": 1024 if big or version == (0, 8) else 256,
+            "max_num_batched_tokens": 16384 if huge else 8192 if big else 2048,
+            "ubatch_tokens": None, "async_scheduling": version >= (0, 14)}
+
+
+def scheduler_defaults(scheduler: str, hardware: Hardware, vllm_version: Optional[Tuple[int, int]] = None) -> dict:
     """What the server the scheduler stands for does on this hardware when its flags are
-    left out (SCHEDULER_DEFAULTS)."""
+    left out (SCHEDULER_DEFAULTS; a vLLM release's when --vllm-version names one)."""
+    if scheduler == "vllm" and vllm_version is not None and not hardware.is_cpu:
+        return vllm_release_defaults(vllm_version, hardware)
     if scheduler == "sglang":  # its chunked-prefill size by the GPU's memory
         tokens = next(tokens for most_gib, tokens in ((35, 2048), (60, 4096), (160, 8192), (math.inf, 16384))
                       if hardware.memory_gib < most_gib)
@@ -11056,7 +11074,7 @@ def _server_defaults(args, server: dict, hardware: Hardware) -> Tuple[str, int, 
     under SERVER_FLAGS' names; None: the memory plan's, the scheduler's default)."""
     scheduler = args.scheduler or ("llamacpp" if server.get("kind") == "llama.cpp" else "vllm")
     slots = (args.max_num_seqs or server.get("slots") or server.get("max_num_seqs")
-             or scheduler_defaults(scheduler, hardware)["max_num_seqs"])
+             or scheduler_defaults(scheduler, hardware, getattr(args, "vllm_version", None))["max_num_seqs"])
     kv_tokens = server.get("kv_tokens")  # the cache the server allocated: truer than the memory arithmetic
     if scheduler == "llamacpp" and server.get("slot_context_tokens"):
         kv_tokens = slots * server["slot_context_tokens"]  # llama.cpp --ctx-size is split across the slots
@@ -11137,9 +11155,11 @@ def build_engine_spec(args, hardware: Optional[Hardware] = None, server: Optiona
     server = with_profiled_flags(server or {}, profile)
     device = _device_overrides(args, hardware or _resolve(args)[0])
     scheduler, slots, kv_tokens, step_tokens = _server_defaults(args, server, device)
-    defaults = scheduler_defaults(scheduler, device)
+    version = getattr(args, "vllm_version", None)
+    defaults = scheduler_defaults(scheduler, device, version)
     cap = getattr(args, "max_tokens_in_flight", None)
     prefix_caching = (bool(server.get("prefix_caching")) or scheduler == "sglang"  # SGLang's radix cache: on
+                      or (scheduler == "vllm" and version is not None)  # a V1 release's default: on
                       if args.prefix_caching is None else args.prefix_caching)
     asynchronous = getattr(args, "async_scheduling", None)
     block_size = args.block_size or server.get("block_size") or 16
@@ -16193,8 +16213,25 @@ def _add_scheduler_flags(parser: argparse.ArgumentParser, of_server: bool = Fals
                              "such mode)")
 
 
+def vllm_version(text: str) -> Tuple[int, int]:
+    """--vllm-version: a release as MAJOR.MINOR[.PATCH...], V1's (0.8 on)."""
+    match = re.fullmatch(r"(\d{1,3})\.(\d{1,3})(\.[0-9A-Za-z.+-]*)?", text.strip())
+    if not match:
+        raise argparse.ArgumentTypeError(f"expected a vLLM release such as 0.15.1, got {text!r}")
+    version = (int(match.group(1)), int(match.group(2)))
+    if version < (0, 8):
+        raise argparse.ArgumentTypeError(f"{text}: servesim replays vLLM's V1 engine (0.8 on); V0 and its multi-step "
+                                         f"scheduling (--num-scheduler-steps) are not simulated")
+    return version
+
+
 def _add_chunk_flags(parser: argparse.ArgumentParser) -> None:
-    """vLLM's flags for how a step's prompt chunks are cut and its kernels launched."""
+    """vLLM's flags for how a step's prompt chunks are cut and its kernels launched, and
+    the release whose defaults the flags left out take."""
+    parser.add_argument("--vllm-version", type=vllm_version, metavar="X.Y[.Z]",
+                        help="take the defaults of that vLLM release where flags are left out: --max-num-seqs and "
+                             "--max-num-batched-tokens by GPU memory, async scheduling (0.14 on), prefix caching "
+                             "(on); default: servesim's own (256, 8192, async on, prefix caching off)")
     parser.add_argument("--enforce-eager", action="store_true",
                         help="no CUDA graphs, as vLLM's flag: with --step-cost kernels a step's GEMMs are not padded "
                              "to the next captured size (the launches eager mode adds are not priced)")

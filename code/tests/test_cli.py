@@ -2,7 +2,7 @@
 
 import unittest
 
-from support import ScratchTest, main
+from support import ScratchTest, main, run_json
 
 
 class BadInputTest(ScratchTest):
@@ -14,6 +14,12 @@ class BadInputTest(ScratchTest):
     def test_more_than_one_partial_prefill_exits_2_as_vllms_v1_engine_refuses_it(self):
         self.assert_usage_error(("simulate", "--rate", "1", "--requests", "4", "--max-num-partial-prefills", "2"),
                                 "--max-num-partial-prefills 2: vLLM's V1 engine")
+
+    def test_a_vllm_release_before_v1_or_not_a_release_exits_2(self):
+        self.assert_usage_error(("simulate", "--rate", "1", "--vllm-version", "0.7.3"), "--vllm-version",
+                                "V0 and its multi-step scheduling")
+        self.assert_usage_error(("simulate", "--rate", "1", "--vllm-version", "latest"), "--vllm-version",
+                                "expected a vLLM release such as 0.15.1")
 
     def test_non_numeric_flag_exits_2(self):
         self.assert_usage_error(("simulate", "--rate", "fast"), "--rate", "expected a positive number")
@@ -87,3 +93,27 @@ class FlagSpellingTest(ScratchTest):
 
 if __name__ == "__main__":
     unittest.main()
+
+
+class VllmReleaseDefaultsTest(unittest.TestCase):
+    """--vllm-version: vllm serve's defaults of a release, by GPU memory (vllm/engine/arg_utils.py)."""
+
+    def defaults(self, version, hardware):
+        found = main.vllm_release_defaults(version, main.HARDWARE[hardware])
+        return found["max_num_seqs"], found["max_num_batched_tokens"], found["async_scheduling"]
+
+    def test_each_release_sizes_the_step_by_the_gpu(self):
+        self.assertEqual(self.defaults((0, 8), "l40s-48gb"), (1024, 2048, False))   # 0.8.0-0.8.3: seqs on any GPU
+        self.assertEqual(self.defaults((0, 8), "h100-sxm-80gb"), (1024, 8192, False))
+        self.assertEqual(self.defaults((0, 10), "a100-sxm-80gb"), (256, 2048, False))  # 0.9 on: not the A100
+        self.assertEqual(self.defaults((0, 15), "h100-sxm-80gb"), (1024, 8192, True))  # async from 0.14
+        self.assertEqual(self.defaults((0, 15), "b200-180gb"), (1024, 8192, True))
+        self.assertEqual(self.defaults((0, 28), "b200-180gb"), (1024, 16384, True))   # 160 GiB and more, 0.28 on
+
+    def test_a_release_turns_prefix_caching_on_and_a_flag_still_wins(self):
+        settings = run_json("simulate", "--rate", "2", "--requests", "8", "--vllm-version", "0.15.1",
+                            "--no-sensitivity")["settings"]["scheduler"]
+        self.assertEqual((settings["max_num_seqs"], settings["prefix_caching"]), (1024, True))
+        settings = run_json("simulate", "--rate", "2", "--requests", "8", "--vllm-version", "0.15.1", "--max-num-seqs",
+                            "64", "--no-prefix-caching", "--no-sensitivity")["settings"]["scheduler"]
+        self.assertEqual((settings["max_num_seqs"], settings["prefix_caching"]), (64, False))
