@@ -14205,6 +14205,18 @@ def offloading_line(figures: dict) -> str:
             f"{figures['load_s'] * 1000:,.0f} ms; {figures['blocks_evicted']:,} blocks evicted from host")
 
 
+def cost_model_lines(cost_models: Sequence[dict]) -> List[str]:
+    """What several runs' steps rest on, a line for each cost model: of runs priced alike that
+    went beyond their evidence by different amounts, the one that went furthest (the most
+    notes, the last among equals) speaks for them."""
+    chosen: Dict[tuple, dict] = {}
+    for model in cost_models:
+        key = tuple(sorted((name, str(value)) for name, value in model.items() if name not in ("text", "outside")))
+        if key not in chosen or len(model.get("outside") or ()) >= len(chosen[key].get("outside") or ()):
+            chosen[key] = model
+    return list(dict.fromkeys(model["text"] for model in chosen.values()))
+
+
 def step_cost_line(terms: dict, what: str = "mean step") -> str:
     """A step, term by term: what bounds it and what it adds up to (see step_cost_terms and
     kernel_step_terms)."""
@@ -14267,7 +14279,7 @@ def format_disaggregated(settings: dict, report: dict) -> List[str]:
         rows.append(["$/M out"] + [_usd(s["cost"]["usd_per_million_output_tokens"]) for s in (colocated, disaggregated)])
     lines.append(f"versus one colocated engine on {report['colocated']['hardware']}:")
     lines += format_table(("", "colocated", "disaggregated"), rows, label_column=True)
-    lines += list(dict.fromkeys(report[phase]["engine"]["cost_model"]["text"] for phase in ("prefill", "decode")))
+    lines += cost_model_lines([report[phase]["engine"]["cost_model"] for phase in ("prefill", "decode")])
     crossover = report.get("kv_link_crossover")
     if crossover is not None:
         lines.append(f"kv link crossover: {crossover['verdict']}")
@@ -14450,7 +14462,7 @@ def format_sweep(args, plan: CapacityPlan, runs: Sequence[Tuple[str, Optional[in
     lines += format_table(header + columns, rows)
     for _, _, run in runs:
         lines += _format_rejected(run["rejected"])
-    return lines + list(dict.fromkeys(run["engine"]["cost_model"]["text"] for _, _, run in runs))
+    return lines + cost_model_lines([run["engine"]["cost_model"] for _, _, run in runs])
 
 
 def scheduler_text(spec: EngineSpec) -> str:
@@ -14493,7 +14505,7 @@ def format_compare(spec: EngineSpec, reports: Sequence[dict], rows: Sequence[dic
                      + ", ".join(f"{'concurrency ' if row['concurrency'] else ''}{_load_label(row)} "
                                  f"{_usd(cost['measured'])} / {_usd(cost['predicted'])}"
                                  for row, cost in costs))
-    return lines + list(dict.fromkeys(row["cost_model"]["text"] for row in rows))
+    return lines + cost_model_lines([row["cost_model"] for row in rows])
 
 
 def _server_pair(row: dict, key: str) -> Optional[dict]:
@@ -14562,7 +14574,7 @@ def format_inference_perf_compare(spec: EngineSpec, runs: Sequence[dict], rows: 
             lines.append(f"{what}, server / simulated: " + ", ".join(
                 f"{row['run']} stage {row['stage']} {shown(pair['measured'])} / {shown(pair['predicted'])}"
                 for row, pair in pairs))
-    return lines + list(dict.fromkeys(row["cost_model"]["text"] for row in rows))
+    return lines + cost_model_lines([row["cost_model"] for row in rows])
 
 
 def _preset_value(value) -> str:
