@@ -91,3 +91,24 @@ class StepShapeTest(unittest.TestCase):
 
 if __name__ == "__main__":
     unittest.main()
+
+
+class EvidenceTest(unittest.TestCase):
+
+    def test_runs_priced_alike_say_once_what_they_rest_on_by_the_one_that_went_furthest(self):
+        base = {"kind": "roofline", "hardware": "h100-sxm-80gb", "basis": "fitted", "fitted_to": "nine runs"}
+        inside = dict(base, outside=[], text="the roofline")
+        beyond = dict(base, outside=["256 sequences", "8,192 tokens"], text="the roofline; beyond: both")
+        other = {"kind": "roofline", "hardware": "l4-24gb", "basis": "datasheet", "fitted_to": "", "outside": [],
+                 "text": "the L4's datasheet"}
+        self.assertEqual(main.cost_model_lines([inside, beyond, inside, other]),
+                         ["the roofline; beyond: both", "the L4's datasheet"])
+
+    def test_a_preset_fitted_to_runs_says_so_and_what_a_step_held_beyond_them(self):
+        cost = main.RooflineCost(main.HARDWARE["h100-sxm-80gb"], main.MODELS["llama-3.1-8b"])
+        cost.step_s(*main.StepShape.decoding(200, 200_000))
+        described = cost.describe()
+        self.assertEqual((described["basis"], described["outside"]),
+                         ("fitted", ["200 sequences decoding in a step (the runs: at most 128)"]))
+        datasheet = main.RooflineCost(main.HARDWARE["mi300x-192gb"], main.MODELS["llama-3.1-8b"]).describe()
+        self.assertEqual((datasheet["basis"], datasheet["outside"]), ("datasheet", []))
