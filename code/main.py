@@ -946,8 +946,14 @@ HARDWARE: Dict[str, Hardware] = {
         # AMD MI300X 192GB: HBM3 5.3 TB/s; 1,307.4 TFLOPS dense BF16, 2,614.9 FP8; Infinity
         # Fabric, 7 links x 64 GB/s each way. Price: median listing, cliffcenter.com AMD
         # inference economics note, 2026-05-18.
+        # Efficiencies from measured MI300X kernels, no serving run: ROCm/aiter's tuned GEMMs
+        # (aiter/configs/a8w8_tuned_gemm.csv at fbb52ddf, MI300X rows) reach 37-41% of the BF16 and FP8
+        # peaks at large batches, and large weight reads 60-70% of the bandwidth (Azure ND MI300X v5's
+        # and aiter's figures): mfu 0.4, mbu 0.6; the per-step cost the lesson's generic 1 ms.
         Hardware("mi300x-192gb", 191.5, 5300, 1307.4, reserve_gib=2.0, interconnect_gbs=448,
-                 fp8_tflops=2614.9, price_per_hour=1.99, host_link_gbs=64, **HGX_NODE, **DATASHEET_GPU),
+                 fp8_tflops=2614.9, price_per_hour=1.99, host_link_gbs=64, **HGX_NODE,
+                 **dict(DATASHEET_GPU, mfu=0.4, mbu=0.6, fitted_to="measured MI300X kernels, no serving run "
+                                                                 "(ROCm/aiter's tuned GEMMs, large reads)")),
         # A100 SXM4 80GB: nvidia-smi 81,920 MiB; HBM2e 2,039 GB/s; 312 TFLOPS dense BF16; no FP8;
         # NVLink 3, 600 GB/s both ways. Price: middle of the $1.49-2.49 typical on-demand range,
         # pricegpu.pages.dev, early 2026. Efficiencies: FITTED_A100.

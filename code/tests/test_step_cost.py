@@ -110,5 +110,5 @@ class EvidenceTest(unittest.TestCase):
         described = cost.describe()
         self.assertEqual((described["basis"], described["outside"]),
                          ("fitted", ["200 sequences decoding in a step (the runs: at most 128)"]))
-        datasheet = main.RooflineCost(main.HARDWARE["mi300x-192gb"], main.MODELS["llama-3.1-8b"]).describe()
+        datasheet = main.RooflineCost(main.HARDWARE["l4-24gb"], main.MODELS["llama-3.1-8b"]).describe()
         self.assertEqual((datasheet["basis"], datasheet["outside"]), ("datasheet", []))
