@@ -103,6 +103,11 @@ Scheduler options (simulate, sweep, search, compare, calibrate):
     --scheduler vllm|llamacpp|sglang  paged blocks and preemption (vllm, the default),
                                  llama.cpp's slots (--parallel, --ctx-size, --batch-size), or
                                  SGLang's steps (a step prefills or decodes, never both)
+    --long-prefill-token-threshold N   most prompt tokens one request computes in a step (0: no cap)
+    --vllm-version X.Y           a vLLM release's defaults for the flags left out (by GPU memory)
+    --step-cost roofline|kernels a GPU step from bytes and FLOPs (default) or from measured
+                                 kernel times (GEMMs, attention, experts, all-reduce); --enforce-eager:
+                                 no CUDA graphs, so no padding to the next captured size
     --engine fast|step           fast (default) moves the requests that decode on as one
                                  group and takes runs of decode steps at once; step
                                  advances one step at a time (the reference); every
@@ -129,7 +134,7 @@ Workload options (simulate, sweep, search):
                                  when A% of requests did (also on loadgen)
 
 simulate, sweep, search: --replicas N behind --router round-robin|least-loaded|
-prefix-affinity (N engines on one clock, a row per replica and the load imbalance).
+prefix-affinity|vllm-dp (N engines on one clock, a row per replica and the load imbalance).
 A fleet (simulate, sweep, search): --max-replicas N with --scale-target X autoscales as the
 Kubernetes HPA does (--min-replicas, --scale-metric running|waiting|kv-usage,
 --scale-up-delay-s, --scale-down-delay-s, --scale-period-s); --fail-replica AT_S[:REPLICA]
