@@ -4291,13 +4291,13 @@ def kernel_tables_of(hardware: Hardware) -> Optional["KernelTables"]:
     if not hardware.kernel_tables_json:
         return KERNEL_TABLES.get(hardware.name)
     where = f"--hardware-file {hardware.name}: kernel_tables"
-    data = json.loads(hardware.kernel_tables_json)
 
     def frozen(value):
         return tuple(frozen(item) for item in value) if isinstance(value, list) else (
             {int(key) if key.isdigit() else key: frozen(item) for key, item in value.items()}
             if isinstance(value, dict) else value)
     try:
+        data = json.loads(hardware.kernel_tables_json)
         fields = {name: frozen(data.get(name, {})) for name in ("gemm", "prefill_attention", "decode_attention",
                                                                   "moe", "allreduce")}
         tables = KernelTables(hardware.name, float(data["peak_tflops"]), float(data["bandwidth_gbs"]),
@@ -4308,8 +4308,8 @@ def kernel_tables_of(hardware: Hardware) -> Optional["KernelTables"]:
     except (KeyError, TypeError, ValueError, IndexError, ZeroDivisionError, AttributeError, OverflowError) as error:
         raise UsageError(f"{where}: not KernelTables' form ({type(error).__name__}: {error}); see KernelTables in "
                          f"code/main.py") from None
-    if not all(isinstance(price, float) and math.isfinite(price) and price >= 0 for price in prices) or not (
-            tables.peak_tflops > 0 and tables.bandwidth_gbs > 0):
+    if not all(isinstance(price, float) and math.isfinite(price) and price >= 0 for price in prices) or not all(
+            0 < figure < math.inf for figure in (tables.peak_tflops, tables.bandwidth_gbs)):
         raise UsageError(f"{where}: a table gives a time that is not a finite number >= 0 (every figure must be > 0)")
     return tables
 
