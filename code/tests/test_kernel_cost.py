@@ -204,6 +204,13 @@ class OwnTablesTest(ScratchTest):
                 self.assertIn("kernel_tables", err)
                 self.assertEqual(len(err.strip().splitlines()), 1)
 
+    def test_tables_kept_as_text_that_is_not_json_exit_2_naming_kernel_tables(self):
+        hardware = dict(dataclasses.asdict(main.HARDWARE["h100-sxm-80gb"]), name="my-gpu", kernel_tables_json="{not")
+        code, out, err = run_cli("simulate", "--rate", "5", "--requests", "4", "--step-cost", "kernels",
+                                 "--hardware-file", self.write("my-gpu.json", hardware))
+        self.assertEqual((code, out), (2, ""))
+        self.assertIn("kernel_tables: not KernelTables' form (JSONDecodeError", err)
+
 
 class MeanStepTest(unittest.TestCase):
 
