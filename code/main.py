@@ -4137,9 +4137,9 @@ class KernelCost(StepCost):
     they held, so that describe() says whether they lay inside what the tables measured."""
 
     def __init__(self, hardware: Hardware, model: ModelSpec, tables: "KernelTables", weight_dtype: str,
-                 kv_dtype: str, fallback: RooflineCost, capture_sizes: Sequence[int] = (), slower_by: float = 1.0):
+                 kv_dtype: str, capture_sizes: Sequence[int] = (), slower_by: float = 1.0):
         super().__init__()
-        self.hardware, self.model, self.tables, self.fallback = hardware, model, tables, fallback
+        self.hardware, self.model, self.tables = hardware, model, tables
         self.weight_dtype, self.kv_dtype = weight_dtype, kv_dtype
         self.capture_sizes = tuple(sorted(capture_sizes))  # CUDA graphs' token counts (): eager, no padding
         self.kernel_us = slower_by / 1e6  # seconds per microsecond of the tables (a sensitivity band's: more)
@@ -4314,7 +4314,7 @@ def kernel_tables_of(hardware: Hardware) -> Optional["KernelTables"]:
     return tables
 
 
-def kernel_cost(hardware: Hardware, model: ModelSpec, fallback: RooflineCost, capture_sizes: Sequence[int] = (),
+def kernel_cost(hardware: Hardware, model: ModelSpec, capture_sizes: Sequence[int] = (),
                 slower_by: float = 1.0) -> Tuple[Optional[KernelCost], str]:
     """A KernelCost for this GPU and model (its GEMMs padded to capture_sizes), or (None,
     why not) where a table or a shape is missing: the caller prices with the roofline
@@ -4331,7 +4331,7 @@ def kernel_cost(hardware: Hardware, model: ModelSpec, fallback: RooflineCost, ca
            else "")
     if why:
         return None, why
-    return KernelCost(hardware, model, tables, weights, kv, fallback, capture_sizes, slower_by), ""
+    return KernelCost(hardware, model, tables, weights, kv, capture_sizes, slower_by), ""
 
 
 STEP_COSTS = ("roofline", "kernels")  # --step-cost: how a step is priced where no step profile is given
@@ -6644,7 +6644,7 @@ class EngineSpec:
             return ProfileCost(self.step_profile, roofline)
         if self.step_cost == "kernels":
             sizes = () if self.config.enforce_eager else cudagraph_capture_sizes(self.config.max_num_seqs)
-            kernels, roofline.note = kernel_cost(self.plan.hardware, self.plan.model, roofline, sizes,
+            kernels, roofline.note = kernel_cost(self.plan.hardware, self.plan.model, sizes,
                                                  self.kernels_slower_by)
             return kernels or roofline
         return roofline
