@@ -10896,16 +10896,74 @@ class Workers:
         return self.pool.imap(_call, [(function, arguments) for arguments in argument_tuples])
 
 
-def _resolve(args) -> Tuple[Hardware, ModelSpec]:
-    if args.hardware_file is not None:
-        hardware = read_hardware_file(args.hardware_file)
+@dataclass(frozen=True)
+class EngineArgs:
+    """What the flags say of one engine, before any default is resolved (vLLM's
+    EngineArgs): the one input of build_plan and build_engine_spec. None is "left unsaid":
+    the measured server's figure, else the scheduler's or the preset's default, fills it.
+    A plan's point or a what-if is this with fields changed (dataclasses.replace), never
+    flags parsed again."""
+
+    hardware: Optional[str] = None                  # --hardware: a preset's name
+    hardware_file: Optional[str] = None             # --hardware-file: a JSON file of Hardware
+    model: Optional[str] = None                     # --model: a preset's name
+    model_file: Optional[str] = None                # --model-file: GGUF or config.json
+    dtype: str = "auto"                             # 16/32-bit weights
+    quantization: Optional[str] = None              # the weights' format
+    kv_cache_dtype: str = "auto"
+    gpu_memory_utilization: float = 0.9             # share of device memory for weights and KV
+    block_size: Optional[int] = None                # tokens per KV block
+    kv_tokens: Optional[int] = None                 # fixes the cache (llama.cpp's --ctx-size)
+    num_gpu_blocks_override: Optional[int] = None   # fixes the cache in blocks (vLLM's flag)
+    max_model_len: Optional[int] = None             # tokens
+    tensor_parallel_size: int = 1
+    pipeline_parallel_size: int = 1
+    data_parallel_size: int = 1
+    enable_expert_parallel: bool = False
+    interconnect_gbs: Optional[float] = None        # restated figures of the hardware
+    price_per_hour: Optional[float] = None          # USD per device-hour
+    host_link_gbs: Optional[float] = None
+    network_gbs: Optional[float] = None
+    attention_efficiency: Optional[float] = None
+    scheduler: Optional[str] = None                 # SCHEDULERS; None: vllm, or the measured server's
+    max_num_seqs: Optional[int] = None
+    max_num_batched_tokens: Optional[int] = None
+    vllm_version: Optional[Tuple[int, int]] = None  # a release's defaults
+    chunked_prefill: bool = True
+    prefix_caching: Optional[bool] = None
+    async_scheduling: Optional[bool] = None
+    max_tokens_in_flight: Any = None                # tokens; a sweep's list of caps is set per run
+    max_num_partial_prefills: int = 1
+    long_prefill_token_threshold: int = 0           # tokens
+    enforce_eager: bool = False
+    ubatch_size: Optional[int] = None               # llama.cpp's tokens per forward pass
+    engine: str = "fast"                            # fast or step
+    step_cost: Optional[str] = None                 # STEP_COSTS; None: the roofline
+    step_profile: Optional[str] = None              # FILE[,FILE...] of profile
+    speculative_config: Optional[str] = None        # JSON, as vLLM takes it
+    acceptance_rate: Optional[float] = None
+    kv_offloading_size: Optional[float] = None      # GiB of host memory
+    seed: int = 0                                   # the drafts' acceptance draws
+    disaggregate: bool = False                      # prefill and decode on engines of their own
+
+
+def engine_args(args, **changes) -> EngineArgs:
+    """The EngineArgs of parsed flags (a subcommand that lacks a flag: its default), with
+    changes made (a run's own model, a point of a plan)."""
+    values = {field.name: getattr(args, field.name, field.default) for field in dataclasses.fields(EngineArgs)}
+    return EngineArgs(**dict(values, **changes))
+
+
+def _resolve(flags: EngineArgs) -> Tuple[Hardware, ModelSpec]:
+    if flags.hardware_file is not None:
+        hardware = read_hardware_file(flags.hardware_file)
     else:
-        hardware = get_preset(HARDWARE, args.hardware or DEFAULT_HARDWARE, "--hardware")
-    if args.model_file is not None:
-        if args.model is not None:
+        hardware = get_preset(HARDWARE, flags.hardware or DEFAULT_HARDWARE, "--hardware")
+    if flags.model_file is not None:
+        if flags.model is not None:
             raise UsageError("--model and --model-file: give one or the other")
-        return hardware, model_from_file(args.model_file, getattr(args, "quantization", None) is not None)
-    return hardware, get_preset(MODELS, args.model or DEFAULT_MODEL, "--model")
+        return hardware, model_from_file(flags.model_file, flags.quantization is not None)
+    return hardware, get_preset(MODELS, flags.model or DEFAULT_MODEL, "--model")
 
 
 def lacks_link(hardware: Hardware, tensor_parallel_size: int) -> bool:
@@ -10913,22 +10971,19 @@ def lacks_link(hardware: Hardware, tensor_parallel_size: int) -> bool:
     return tensor_parallel_size > 1 and not hardware.interconnect_gbs
 
 
-def _device_overrides(args, hardware: Hardware) -> Hardware:
+def _device_overrides(flags: EngineArgs, hardware: Hardware) -> Hardware:
     """The hardware with the flags that restate its figures (links, price, attention) applied."""
-    changes = {field: getattr(args, flag) for field, flag in (("interconnect_gbs", "interconnect_gbs"),
-                                                             ("price_per_hour", "price_per_hour"),
-                                                             ("host_link_gbs", "host_link_gbs"),
-                                                             ("network_gbs", "network_gbs"),
-                                                             ("attention_efficiency", "attention_efficiency"))
-               if getattr(args, flag, None) is not None}
+    changes = {name: getattr(flags, name) for name in ("interconnect_gbs", "price_per_hour", "host_link_gbs",
+                                                       "network_gbs", "attention_efficiency")
+               if getattr(flags, name) is not None}
     return dataclasses.replace(hardware, **changes) if changes else hardware
 
 
-def speculative_settings(args, model: ModelSpec) -> Tuple[dict, Optional[ModelSpec]]:
+def speculative_settings(flags: EngineArgs, model: ModelSpec) -> Tuple[dict, Optional[ModelSpec]]:
     """The SchedulerConfig fields --speculative-config and --acceptance-rate ask for, and
     the drafter (of model, one device's shard), or ({}, None) without them; UsageError
     naming the field that is wrong."""
-    text, rate = getattr(args, "speculative_config", None), getattr(args, "acceptance_rate", None)
+    text, rate = flags.speculative_config, flags.acceptance_rate
     if text is None:
         if rate is not None:
             raise UsageError("--acceptance-rate: give --speculative-config too (what drafts the tokens)")
@@ -10954,7 +11009,7 @@ def speculative_settings(args, model: ModelSpec) -> Tuple[dict, Optional[ModelSp
     if method == "draft_model":
         name = data.string("model")
         draft = model_from_file(name) if os.path.exists(name) else get_preset(MODELS, name, "--speculative-config model")
-    settings = {"speculative_method": method, "num_speculative_tokens": k, "speculative_seed": args.seed,
+    settings = {"speculative_method": method, "num_speculative_tokens": k, "speculative_seed": flags.seed,
                 "acceptance_rate": SPECULATIVE_METHODS[method][0] if rate is None else rate}
     return settings, drafter_model(model, method, draft)
 
@@ -10963,12 +11018,12 @@ SPECULATIVE_CONFIG_KEYS = {"method", "num_speculative_tokens", "model", "prompt_
 MAX_SPECULATIVE_TOKENS = 32
 
 
-def offloading_blocks(args, plan: CapacityPlan, prefix_caching: bool) -> int:
+def offloading_blocks(flags: EngineArgs, plan: CapacityPlan, prefix_caching: bool) -> int:
     """Host-tier blocks --kv-offloading-size holds (GiB over all devices, each keeping its
     shard of every block), 0 without it; UsageError when it cannot be modelled."""
-    size_gib = getattr(args, "kv_offloading_size", None)
+    size_gib = flags.kv_offloading_size
     if size_gib is None:
-        if getattr(args, "host_link_gbs", None) is not None:
+        if flags.host_link_gbs is not None:
             raise UsageError("--host-link-gbs: give --kv-offloading-size too (nothing else uses the host link)")
         return 0
     if not prefix_caching:
@@ -10984,7 +11039,7 @@ def offloading_blocks(args, plan: CapacityPlan, prefix_caching: bool) -> int:
     return num_blocks
 
 
-def build_plan(args, hardware: Optional[Hardware] = None, kv_tokens: Optional[int] = None,
+def build_plan(flags: EngineArgs, hardware: Optional[Hardware] = None, kv_tokens: Optional[int] = None,
                max_num_seqs: Optional[int] = None, block_size: Optional[int] = None,
                drafter: Optional[ModelSpec] = None) -> CapacityPlan:
     """The memory plan the flags ask for; hardware stands in for --hardware (a
@@ -10992,41 +11047,41 @@ def build_plan(args, hardware: Optional[Hardware] = None, kv_tokens: Optional[in
     kv_tokens is the cache size when --kv-tokens leaves it unsaid; max_num_seqs the
     sequences whose sliding windows are reserved when --max-num-seqs leaves it unsaid;
     block_size the block when --block-size leaves it unsaid (16 without either)."""
-    default_hardware, model = _resolve(args)
-    hardware = _device_overrides(args, hardware or default_hardware)
-    model = with_precision(model, getattr(args, "dtype", None) or "auto", getattr(args, "quantization", None),
-                           getattr(args, "kv_cache_dtype", None) or "auto")
-    tp, stages = getattr(args, "tensor_parallel_size", 1), getattr(args, "pipeline_parallel_size", 1)
+    default_hardware, model = _resolve(flags)
+    hardware = _device_overrides(flags, hardware or default_hardware)
+    model = with_precision(model, flags.dtype or "auto", flags.quantization,
+                           flags.kv_cache_dtype or "auto")
+    tp, stages = flags.tensor_parallel_size, flags.pipeline_parallel_size
     if stages > model.layers:
         raise UsageError(f"--pipeline-parallel-size {stages}: {model.name} has {model.layers} layers to split")
     if lacks_link(hardware, tp * stages):
         flag = f"--tensor-parallel-size {tp}" if stages == 1 else f"--pipeline-parallel-size {stages}"
         raise UsageError(f"{flag}: {hardware.name} names no link between devices; give --interconnect-gbs")
-    block_size = getattr(args, "block_size", None) or block_size or 16
-    return plan_capacity(hardware, model, args.gpu_memory_utilization, block_size,
-                         fixed_kv_tokens(args, block_size) or kv_tokens,
-                         getattr(args, "max_model_len", None) or 4096, tp,
-                         max_num_seqs or getattr(args, "max_num_seqs", None) or 256, drafter, stages,
-                         expert_devices(args, model))
+    block_size = flags.block_size or block_size or 16
+    return plan_capacity(hardware, model, flags.gpu_memory_utilization, block_size,
+                         fixed_kv_tokens(flags, block_size) or kv_tokens,
+                         flags.max_model_len or 4096, tp,
+                         max_num_seqs or flags.max_num_seqs or 256, drafter, stages,
+                         expert_devices(flags, model))
 
 
-def fixed_kv_tokens(args, block_size: int) -> Optional[int]:
+def fixed_kv_tokens(flags: EngineArgs, block_size: int) -> Optional[int]:
     """The KV cache size a flag fixes, in tokens: --kv-tokens, or vLLM's
     --num-gpu-blocks-override blocks of block_size tokens (every device holds its shard
     of each block); None where neither is given."""
-    num_blocks = getattr(args, "num_gpu_blocks_override", None)
-    if num_blocks and args.kv_tokens:
+    num_blocks = flags.num_gpu_blocks_override
+    if num_blocks and flags.kv_tokens:
         raise UsageError("--num-gpu-blocks-override and --kv-tokens both size the KV cache; give one of them")
-    return num_blocks * block_size if num_blocks else args.kv_tokens
+    return num_blocks * block_size if num_blocks else flags.kv_tokens
 
 
-def expert_devices(args, model: ModelSpec) -> int:
+def expert_devices(flags: EngineArgs, model: ModelSpec) -> int:
     """Devices --enable-expert-parallel spreads the routed experts over (TP x DP), 1 without it."""
-    if not getattr(args, "enable_expert_parallel", False):
+    if not flags.enable_expert_parallel:
         return 1
     if not model.num_experts:
         raise UsageError(f"--enable-expert-parallel: {model.name} has no routed experts to spread")
-    devices = getattr(args, "tensor_parallel_size", 1) * getattr(args, "data_parallel_size", 1)
+    devices = flags.tensor_parallel_size * flags.data_parallel_size
     if devices == 1:
         raise UsageError("--enable-expert-parallel: expected experts spread over several devices; give "
                          "--tensor-parallel-size or --data-parallel-size above 1")
@@ -11079,23 +11134,23 @@ def scheduler_defaults(scheduler: str, hardware: Hardware, vllm_version: Optiona
     return SCHEDULER_DEFAULTS["vllm-cpu" if scheduler == "vllm" and hardware.is_cpu else scheduler]
 
 
-def _server_defaults(args, server: dict, hardware: Hardware) -> Tuple[str, int, Optional[int], Optional[int]]:
+def _server_defaults(flags: EngineArgs, server: dict, hardware: Hardware) -> Tuple[str, int, Optional[int], Optional[int]]:
     """(scheduler, sequences, KV tokens, tokens per step) the flags ask for, or the
     measured server has (server: what a loadgen report or a step profile recorded of it,
     under SERVER_FLAGS' names; None: the memory plan's, the scheduler's default)."""
-    scheduler = args.scheduler or ("llamacpp" if server.get("kind") == "llama.cpp" else "vllm")
-    slots = (args.max_num_seqs or server.get("slots") or server.get("max_num_seqs")
-             or scheduler_defaults(scheduler, hardware, getattr(args, "vllm_version", None))["max_num_seqs"])
+    scheduler = flags.scheduler or ("llamacpp" if server.get("kind") == "llama.cpp" else "vllm")
+    slots = (flags.max_num_seqs or server.get("slots") or server.get("max_num_seqs")
+             or scheduler_defaults(scheduler, hardware, flags.vllm_version)["max_num_seqs"])
     kv_tokens = server.get("kv_tokens")  # the cache the server allocated: truer than the memory arithmetic
     if scheduler == "llamacpp" and server.get("slot_context_tokens"):
         kv_tokens = slots * server["slot_context_tokens"]  # llama.cpp --ctx-size is split across the slots
     if scheduler == "llamacpp":
-        for flag, on in (("--prefix-caching", args.prefix_caching),
-                         ("--async-scheduling", getattr(args, "async_scheduling", None)),
-                         ("--max-tokens-in-flight", getattr(args, "max_tokens_in_flight", None)),
-                         ("--disaggregate", getattr(args, "disaggregate", False)),
-                         ("--speculative-config", getattr(args, "speculative_config", None)),
-                         ("--kv-offloading-size", getattr(args, "kv_offloading_size", None))):
+        for flag, on in (("--prefix-caching", flags.prefix_caching),
+                         ("--async-scheduling", flags.async_scheduling),
+                         ("--max-tokens-in-flight", flags.max_tokens_in_flight),
+                         ("--disaggregate", flags.disaggregate),
+                         ("--speculative-config", flags.speculative_config),
+                         ("--kv-offloading-size", flags.kv_offloading_size)):
             if on:
                 raise UsageError(f"{flag} with --scheduler llamacpp: llama.cpp has no such mode (its slots "
                                  f"reuse only the prompt each held last)")
@@ -11156,56 +11211,146 @@ def with_profiled_flags(server: dict, profile: Optional[StepProfile]) -> dict:
     return dict(found, **{name: value for name, value in server.items() if value is not None})
 
 
-def build_engine_spec(args, hardware: Optional[Hardware] = None, server: Optional[dict] = None,
+def build_engine_spec(flags: EngineArgs, hardware: Optional[Hardware] = None, server: Optional[dict] = None,
                       **config_changes) -> EngineSpec:
     """The one way from flags to an engine: the plan, the scheduler's knobs (from one
     --block-size) and the cost model. server: what a report or the step profile says of
     the server measured, the default for what the flags leave unsaid (its scheduler,
     slots, context per slot). config_changes override knobs (a sweep's cap, a phase's limits)."""
-    profile = read_step_profiles(args.step_profile) if getattr(args, "step_profile", None) else None
+    profile = read_step_profiles(flags.step_profile) if flags.step_profile else None
     server = with_profiled_flags(server or {}, profile)
-    device = _device_overrides(args, hardware or _resolve(args)[0])
-    scheduler, slots, kv_tokens, step_tokens = _server_defaults(args, server, device)
-    version = getattr(args, "vllm_version", None)
+    device = _device_overrides(flags, hardware or _resolve(flags)[0])
+    scheduler, slots, kv_tokens, step_tokens = _server_defaults(flags, server, device)
+    version = flags.vllm_version
     defaults = scheduler_defaults(scheduler, device, version)
-    cap = getattr(args, "max_tokens_in_flight", None)
+    cap = flags.max_tokens_in_flight
     prefix_caching = (bool(server.get("prefix_caching")) or scheduler == "sglang"  # SGLang's radix cache: on
                       or (scheduler == "vllm" and version is not None)  # a V1 release's default: on
-                      if args.prefix_caching is None else args.prefix_caching)
-    asynchronous = getattr(args, "async_scheduling", None)
-    block_size = args.block_size or server.get("block_size") or 16
-    config = SchedulerConfig(slots, args.max_num_batched_tokens or step_tokens or defaults["max_num_batched_tokens"],
-                             block_size, args.chunked_prefill, prefix_caching,
-                             args.max_model_len or server.get("max_model_len"),
+                      if flags.prefix_caching is None else flags.prefix_caching)
+    asynchronous = flags.async_scheduling
+    block_size = flags.block_size or server.get("block_size") or 16
+    config = SchedulerConfig(slots, flags.max_num_batched_tokens or step_tokens or defaults["max_num_batched_tokens"],
+                             block_size, flags.chunked_prefill, prefix_caching,
+                             flags.max_model_len or server.get("max_model_len"),
                              None if isinstance(cap, list) else cap, scheduler,  # sweep: one run per cap
                              defaults["async_scheduling"] if asynchronous is None else asynchronous)
-    target = build_plan(args, device, kv_tokens, config.max_num_seqs, config.block_size).model
-    speculative, drafter = speculative_settings(args, target)
-    plan = build_plan(args, device, kv_tokens, config.max_num_seqs, config.block_size, drafter)
-    if getattr(args, "max_num_partial_prefills", 1) > 1:
-        raise UsageError(f"--max-num-partial-prefills {args.max_num_partial_prefills}: vLLM's V1 engine, the one "
+    target = build_plan(flags, device, kv_tokens, config.max_num_seqs, config.block_size).model
+    speculative, drafter = speculative_settings(flags, target)
+    plan = build_plan(flags, device, kv_tokens, config.max_num_seqs, config.block_size, drafter)
+    if flags.max_num_partial_prefills > 1:
+        raise UsageError(f"--max-num-partial-prefills {flags.max_num_partial_prefills}: vLLM's V1 engine, the one "
                          f"simulated, does not take it (0.11 to 0.26 refuse it, 0.27 removed it; 0.8 to 0.10 fell "
                          f"back to V0 for it); cap a long prompt's chunk with --long-prefill-token-threshold")
     config = dataclasses.replace(config, **speculative, **config_changes,
-                                 kv_offloading_blocks=offloading_blocks(args, plan, config.prefix_caching),
-                                 long_prefill_token_threshold=getattr(args, "long_prefill_token_threshold", 0) or 0,
-                                 enforce_eager=bool(getattr(args, "enforce_eager", False)))
-    return EngineSpec(plan, config, profile, args.ubatch_size or defaults["ubatch_tokens"], args.engine == "fast",
-                      getattr(args, "step_cost", None) or "roofline")
+                                 kv_offloading_blocks=offloading_blocks(flags, plan, config.prefix_caching),
+                                 long_prefill_token_threshold=flags.long_prefill_token_threshold or 0,
+                                 enforce_eager=bool(flags.enforce_eager))
+    return EngineSpec(plan, config, profile, flags.ubatch_size or defaults["ubatch_tokens"], flags.engine == "fast",
+                      flags.step_cost or "roofline")
 
 
-def _workload(args, rate: Optional[float] = None, streamed: bool = False) -> Sequence[Request]:
-    """The requests the flags ask for, as a list; streamed: a synthetic workload may be a
-    SyntheticWorkload instead, for a run that reads each request only while it runs."""
-    if getattr(args, "trace", None):
-        return read_trace(args.trace, args.trace_format, args.time_scale, args.start, args.limit)
-    schedule = getattr(args, "rate_schedule", None)
-    if schedule is not None and rate is not None:  # a search's load: the schedule times rate
-        schedule = tuple((start_s, each * rate) for start_s, each in schedule)
-    workload = SyntheticWorkload(args.requests, args.prompt_tokens, args.output_tokens, args.seed,
-                                 None if schedule is not None else rate, getattr(args, "burstiness", 1.0),
-                                 getattr(args, "shared_prefix_tokens", 0), schedule, schedule_duration_s(args))
-    return workload if streamed else list(workload)
+@dataclass(frozen=True)
+class WorkloadSpec:
+    """The requests of a run: a trace file's (from start_s, at most limit of them, every
+    arrival times time_scale), or num_requests seeded synthetic ones of uniform lengths
+    (SyntheticWorkload; their arrivals are the LoadSpec's)."""
+
+    trace: Optional[str] = None
+    trace_format: Optional[str] = None              # TRACE_FORMATS; None: told by the file
+    time_scale: float = 1.0
+    start_s: float = 0.0                            # s into the trace
+    limit: Optional[int] = None
+    num_requests: int = 256
+    prompt_tokens: Tuple[int, int] = (256, 1024)    # tokens, uniform between
+    output_tokens: Tuple[int, int] = (64, 256)      # tokens, uniform between
+    seed: int = 0
+    burstiness: float = 1.0                         # gamma arrivals' shape (1: Poisson)
+    shared_prefix_tokens: int = 0                   # tokens every prompt opens with
+
+
+@dataclass(frozen=True)
+class LoadSpec:
+    """How a run's requests arrive: closed loop (concurrency clients), open loop (Poisson
+    at rate; or a rate schedule over duration_s, its rates times rate where rate is given:
+    a search's load), or at a trace's own times (the trace's workload, whatever this says)."""
+
+    concurrency: Optional[int] = None
+    rate: Optional[float] = None                              # req/s, or the schedule's multiple
+    schedule: Optional[Tuple[Tuple[float, float], ...]] = None  # (start s, req/s) pairs
+    duration_s: float = 0.0                                   # s the schedule runs for
+
+    def to_dict(self, workload: WorkloadSpec) -> dict:
+        """The report's settings.arrivals."""
+        if workload.trace:
+            return {"mode": "trace", "trace": workload.trace}
+        if self.concurrency is not None:
+            return {"mode": "closed", "concurrency": self.concurrency}
+        if self.schedule is not None:
+            return {"mode": "schedule", "schedule": [list(pair) for pair in self.schedule],
+                    "duration_s": self.duration_s, "rate_scale": self.rate}
+        return {"mode": "poisson", "rate": self.rate}
+
+
+def workload_requests(workload: WorkloadSpec, load: LoadSpec, streamed: bool = False) -> Sequence[Request]:
+    """The requests of a workload under a load, as a list; streamed: a synthetic workload may
+    be a SyntheticWorkload instead, for a run that reads each request only while it runs."""
+    if workload.trace:
+        return read_trace(workload.trace, workload.trace_format, workload.time_scale, workload.start_s, workload.limit)
+    schedule = load.schedule
+    if schedule is not None and load.rate is not None:  # a search's load: the schedule times rate
+        schedule = tuple((start_s, each * load.rate) for start_s, each in schedule)
+    synthetic = SyntheticWorkload(workload.num_requests, workload.prompt_tokens, workload.output_tokens, workload.seed,
+                                  None if schedule is not None else load.rate, workload.burstiness,
+                                  workload.shared_prefix_tokens, schedule, load.duration_s)
+    return synthetic if streamed else list(synthetic)
+
+
+@dataclass(frozen=True)
+class RunOutputs:
+    """What a run writes beside its report."""
+
+    csv: Optional[str] = None           # a row per request
+    prometheus: Optional[str] = None    # the run as vLLM's /metrics would show it
+    charts: bool = False                # keep what --html or --svg draws
+    show_progress: bool = False         # a progress line on stderr
+
+
+@dataclass(frozen=True)
+class DisaggregatedSpec:
+    """A prefill engine and a decode engine joined by a KV link (see Disaggregated
+    prefill and decode): prompts of at least min_prompt_tokens go through both."""
+
+    prefill: EngineSpec
+    decode: EngineSpec
+    kv_link_gbs: float = 50.0           # GB/s
+    min_prompt_tokens: int = 0
+
+
+@dataclass(frozen=True)
+class RunSpec:
+    """One simulated run, whole: the engine, the requests and how they arrive, the SLO
+    they are judged by, how many engines serve them behind which router (or a fleet that
+    scales and fails), the clients' timeout and what the run writes. run_simulation runs
+    it; plan, search, sweep, sensitivity and explain make variants of it with
+    dataclasses.replace. A disaggregated run also names its two engines (run_disaggregated)."""
+
+    engine: EngineSpec
+    workload: WorkloadSpec = WorkloadSpec()
+    load: LoadSpec = LoadSpec()
+    slo: Optional[Slo] = None
+    num_replicas: int = 1               # --replicas
+    data_parallel_size: int = 1         # engines per replica (vLLM's --data-parallel-size)
+    router: str = "round-robin"         # ROUTERS
+    fleet: Optional[FleetPolicy] = None  # replicas that scale and fail (num_replicas aside)
+    timeout_s: Optional[float] = None   # s a client waits for its answer
+    outputs: RunOutputs = RunOutputs()
+    sensitivity: bool = False           # run again at SENSITIVITY_STEP_FACTORS
+    disaggregated: Optional[DisaggregatedSpec] = None
+
+    @property
+    def num_engines(self) -> int:
+        """Engines the run starts with: its fleet's, or each replica's data-parallel ranks."""
+        return self.fleet.initial_replicas if self.fleet else self.num_replicas * self.data_parallel_size
 
 
 def schedule_duration_s(args) -> float:
@@ -11235,47 +11380,35 @@ def slo_from_args(args) -> Optional[Slo]:
     return Slo(args.slo_ttft_ms, args.slo_tpot_ms, args.slo_percentile, args.slo_attainment)
 
 
-def run_replicas(spec: EngineSpec, requests: List[Request], concurrency: Optional[int], slo: Optional[Slo],
-                 num_replicas: int = 1, router: str = "round-robin", prometheus_path: Optional[str] = None,
-                 progress: Optional[RunProgress] = None, charts: Optional[dict] = None,
-                 timeout_s: Optional[float] = None, policy: Optional[FleetPolicy] = None) -> dict:
-    """The report of num_replicas engines of spec behind router (one: run_engine), with
-    its cost at the hardware's price for every device (replicas x tensor-parallel size);
-    prometheus_path: where to write the run as vLLM's /metrics would show it; charts: a
-    dict to fill with what a chart of the run needs (a timeline, per-request latencies);
-    policy: a fleet that scales or fails (see Fleet), num_replicas ignored."""
-    if policy is not None:
-        return run_fleet(spec, requests, concurrency, slo, policy, router, charts, timeout_s, progress)
-    engines = [spec.engine() for _ in range(num_replicas)]
+def run_replicas(run: RunSpec, requests: List[Request], progress: Optional[RunProgress] = None,
+                 charts: Optional[dict] = None) -> dict:
+    """The report of the run's engines behind its router (one: run_engine; a fleet:
+    run_fleet), with its cost at the hardware's price for every device (engines x
+    tensor-parallel size), the run's Prometheus file written; charts: a dict to fill with
+    what a chart of the run needs (a timeline, per-request latencies)."""
+    spec, concurrency = run.engine, run.load.concurrency
+    if run.fleet is not None:
+        return run_fleet(spec, requests, concurrency, run.slo, run.fleet, run.router, charts, run.timeout_s, progress)
+    engines = [spec.engine() for _ in range(run.num_engines)]
     for engine in engines if charts is not None else ():
         engine.timeline = []
-    if num_replicas == 1:
-        report = run_and_report(engines[0], requests, concurrency, slo, progress, timeout_s)
+    if len(engines) == 1:
+        report = run_and_report(engines[0], requests, concurrency, run.slo, progress, run.timeout_s)
         token_log = engines[0].token_log
     else:
-        run = ReplicaRun(engines, Router(router))
-        run.run(requests, concurrency, timeout_s, progress)
-        report = replicas_report(run, requests, slo)
-        token_log = TokenLogs([engine.token_log for engine in run.engines]) if spec.fast else None
+        replicas = ReplicaRun(engines, Router(run.router))
+        replicas.run(requests, concurrency, run.timeout_s, progress)
+        report = replicas_report(replicas, requests, run.slo)
+        token_log = TokenLogs([engine.token_log for engine in replicas.engines]) if spec.fast else None
     if charts is not None:
         charts.update(run_latencies_ms(requests, token_log))
-    if prometheus_path:
-        write_text_file(prometheus_path, prometheus_export(report["engine"], requests, token_log,
-                                                           spec.plan.model.name, spec.config.prefix_caching),
+    if run.outputs.prometheus:
+        write_text_file(run.outputs.prometheus, prometheus_export(report["engine"], requests, token_log,
+                                                                  spec.plan.model.name, spec.config.prefix_caching),
                         "--prometheus")
-    devices = num_replicas * spec.plan.num_devices
+    devices = len(engines) * spec.plan.num_devices
     add_cost(report["summary"], spec.plan.hardware.price_per_hour * devices, devices)
     return report
-
-
-def num_engines(args) -> int:
-    """Engines a simulated fleet starts with: --replicas, each of --data-parallel-size engines;
-    UsageError past MAX_REPLICAS."""
-    replicas, ranks = getattr(args, "replicas", 1), getattr(args, "data_parallel_size", 1)
-    if replicas * ranks > MAX_REPLICAS:
-        raise UsageError(f"--replicas {replicas} x --data-parallel-size {ranks}: expected at most {MAX_REPLICAS} "
-                         f"engines")
-    return replicas * ranks
 
 
 def run_fleet(spec: EngineSpec, requests: List[Request], concurrency: Optional[int], slo: Optional[Slo],
@@ -11330,51 +11463,75 @@ def fleet_policy(args, plan: CapacityPlan) -> Optional[FleetPolicy]:
                        restart_s=start_s if args.restart_s is None else args.restart_s, retry=args.retry)
 
 
-def run_simulation(args, spec: EngineSpec, concurrency: Optional[int], rate: Optional[float] = None) -> dict:
-    """One simulated run from parsed flags, as the report that text and --json print."""
-    charts = {} if getattr(args, "html", None) or getattr(args, "svg", None) else None
+def workload_spec(args) -> WorkloadSpec:
+    """The WorkloadSpec of parsed flags (a subcommand that lacks one: its default)."""
+    flag = lambda name, default=None: getattr(args, name, default)
+    return WorkloadSpec(flag("trace"), flag("trace_format"), flag("time_scale", 1.0), flag("start", 0.0), flag("limit"),
+                        flag("requests", 256), tuple(flag("prompt_tokens", (256, 1024))),
+                        tuple(flag("output_tokens", (64, 256))), flag("seed", 0), flag("burstiness", 1.0),
+                        flag("shared_prefix_tokens", 0) or 0)
+
+
+def build_run_spec(args, spec: EngineSpec, concurrency: Optional[int] = None, rate: Optional[float] = None) -> RunSpec:
+    """The one way from flags to a run (beside build_engine_spec, the one to its engine):
+    spec's engine under concurrency clients or at rate (a sweep's or a search's point
+    given here: the flags' own may be lists); UsageError naming a flag that cannot hold."""
+    flag = lambda name, default=None: getattr(args, name, default)
+    load = LoadSpec(concurrency, rate, flag("rate_schedule"), schedule_duration_s(args))
+    run = RunSpec(spec, workload_spec(args), load, slo_from_args(args), flag("replicas", 1), flag("data_parallel_size", 1),
+                  flag("router", "round-robin"), fleet_policy(args, spec.plan), flag("request_timeout"),
+                  RunOutputs(flag("csv"), flag("prometheus"), bool(flag("html") or flag("svg")), _shows_progress(args)),
+                  bool(flag("sensitivity", False)))
+    if run.num_replicas * run.data_parallel_size > MAX_REPLICAS:
+        raise UsageError(f"--replicas {run.num_replicas} x --data-parallel-size {run.data_parallel_size}: expected at "
+                         f"most {MAX_REPLICAS} engines")
+    if flag("disaggregate") or flag("find_kv_link_crossover"):
+        flags = engine_args(args)
+        run = dataclasses.replace(run, disaggregated=DisaggregatedSpec(
+            _phase_spec(args, flags, "prefill"), _phase_spec(args, flags, "decode"), args.kv_link_gbs,
+            args.disaggregate_min_prompt_tokens))
+    return run
+
+
+def _shows_progress(args) -> bool:
+    return sys.stderr.isatty() and not getattr(args, "quiet", False)
+
+
+def run_simulation(run: RunSpec) -> dict:
+    """One simulated run, as the report that text and --json print."""
+    spec, plan, outputs = run.engine, run.engine.plan, run.outputs
+    charts = {} if outputs.charts else None
     # NOTE: only a run that reads no request after it has ended may stream its workload:
     # a second pass over a SyntheticWorkload makes new requests, not the simulated ones.
-    policy = fleet_policy(args, spec.plan)
-    streamed = (num_engines(args) == 1 and policy is None and charts is None and not getattr(args, "csv", None)
-                and not getattr(args, "prometheus", None))
-    plan, requests = spec.plan, _workload(args, rate, streamed)
-    timeout_s = getattr(args, "request_timeout", None)
-    progress = RunProgress(len(requests), "requests", getattr(args, "show_progress", False))
-    report = run_replicas(spec, requests, concurrency, slo_from_args(args), num_engines(args),
-                          getattr(args, "router", "round-robin"), getattr(args, "prometheus", None), progress, charts,
-                          timeout_s, policy)
+    streamed = (run.num_engines == 1 and run.fleet is None and charts is None and not outputs.csv
+                and not outputs.prometheus)
+    requests = workload_requests(run.workload, run.load, streamed)
+    progress = RunProgress(len(requests), "requests", outputs.show_progress)
+    report = run_replicas(run, requests, progress, charts)
     progress.close()
     if charts is not None:
         report["chart_latencies"] = charts  # NOTE: taken out again before the report is printed
-    if getattr(args, "csv", None):
-        write_csv_file(args.csv, REQUEST_CSV_HEADER, request_csv_rows(requests), "--csv")
-    if getattr(args, "trace", None):
-        arrivals = {"mode": "trace", "trace": args.trace}
-    elif concurrency is not None:
-        arrivals = {"mode": "closed", "concurrency": concurrency}
-    elif getattr(args, "rate_schedule", None) is not None:
-        arrivals = {"mode": "schedule", "schedule": [list(pair) for pair in args.rate_schedule],
-                    "duration_s": args.duration_s, "rate_scale": rate}
-    else:
-        arrivals = {"mode": "poisson", "rate": rate}
+    if outputs.csv:
+        write_csv_file(outputs.csv, REQUEST_CSV_HEADER, request_csv_rows(requests), "--csv")
+    arrivals = run.load.to_dict(run.workload)
     settings = {"hardware": plan.hardware.name, "tensor_parallel_size": plan.tensor_parallel_size,
-                "replicas": policy.initial_replicas if policy else getattr(args, "replicas", 1),
-                "router": getattr(args, "router", None),
+                "replicas": run.fleet.initial_replicas if run.fleet else run.num_replicas, "router": run.router,
                 "pipeline_parallel_size": plan.pipeline_parallel_size, "devices": plan.devices,
-                "data_parallel_size": getattr(args, "data_parallel_size", 1), "num_engines": policy.initial_replicas if policy else num_engines(args),
+                "data_parallel_size": run.data_parallel_size, "num_engines": run.num_engines,
                 "model": plan.model.name, "arrivals": arrivals, "num_requests": len(requests),
-                "scheduler": asdict(spec.config), "request_timeout_s": timeout_s}
+                "scheduler": asdict(spec.config), "request_timeout_s": run.timeout_s}
     if arrivals["mode"] != "trace":
-        settings.update(prompt_tokens=list(args.prompt_tokens), output_tokens=list(args.output_tokens),
-                        seed=args.seed, shared_prefix_tokens=args.shared_prefix_tokens)
+        workload = run.workload
+        settings.update(prompt_tokens=list(workload.prompt_tokens), output_tokens=list(workload.output_tokens),
+                        seed=workload.seed, shared_prefix_tokens=workload.shared_prefix_tokens)
     report = dict(settings=settings, capacity=plan.to_dict(), **report)
     report["step_cost"] = mean_step_cost(spec, report["engine"])
-    if getattr(args, "sensitivity", False):
+    if run.sensitivity:
         report["sensitivity"] = sensitivity(run_figures(report["summary"]), *(
-            run_figures(run_replicas(spec.slower_by(factor), _workload(args, rate), concurrency, None,
-                                     num_engines(args), getattr(args, "router", "round-robin"),
-                                     timeout_s=timeout_s, policy=policy)["summary"]) for factor in SENSITIVITY_STEP_FACTORS))
+            run_figures(run_replicas(dataclasses.replace(run, engine=spec.slower_by(factor), slo=None,
+                                                         outputs=RunOutputs()),
+                                     workload_requests(run.workload, run.load))["summary"])
+            for factor in SENSITIVITY_STEP_FACTORS))
     return report
 
 
@@ -11458,14 +11615,14 @@ def sensitivity(figures: dict, cheaper: dict, dearer: dict) -> dict:
     return dict(bands, note=note)
 
 
-def _phase_spec(args, phase: str) -> EngineSpec:
+def _phase_spec(args, flags: EngineArgs, phase: str) -> EngineSpec:
     """The engine of one side of a disaggregated pair: --PHASE-hardware and --PHASE-max-num-*
     where given, the colocated flags otherwise."""
     name = getattr(args, f"{phase}_hardware")
     hardware = get_preset(HARDWARE, name, f"--{phase}-hardware") if name is not None else None
     changes = {knob: getattr(args, f"{phase}_{knob}") for knob in ("max_num_seqs", "max_num_batched_tokens")
                if getattr(args, f"{phase}_{knob}")}
-    return build_engine_spec(args, hardware, **changes)
+    return build_engine_spec(flags, hardware, **changes)
 
 
 def run_disaggregated_specs(prefill_spec: EngineSpec, decode_spec: EngineSpec, requests: List[Request],
@@ -11486,11 +11643,11 @@ def run_disaggregated_specs(prefill_spec: EngineSpec, decode_spec: EngineSpec, r
                 summary=summary, rejected=rejections(requests))
 
 
-def run_disaggregated(args, kv_link_gbs: float) -> dict:
-    """One disaggregated run from parsed flags."""
-    return run_disaggregated_specs(_phase_spec(args, "prefill"), _phase_spec(args, "decode"), _workload(args, args.rate),
-                                   kv_link_gbs, args.disaggregate_min_prompt_tokens, args.concurrency,
-                                   slo_from_args(args))
+def run_disaggregated(run: RunSpec) -> dict:
+    """One disaggregated run: the run's requests through its pair of engines."""
+    pair = run.disaggregated
+    return run_disaggregated_specs(pair.prefill, pair.decode, workload_requests(run.workload, run.load),
+                                   pair.kv_link_gbs, pair.min_prompt_tokens, run.load.concurrency, run.slo)
 
 
 # =============================================================================
@@ -13250,23 +13407,24 @@ def observed_step_cost(evidence: Evidence, plan: Optional[CapacityPlan]) -> Opti
 
 @dataclass(frozen=True)
 class Trial:
-    """A change explain names, as simulate flags: changes are (flag, value) pairs, a value
-    "" for a flag that takes none and None to drop the flag; unsupported says why the
-    simulation cannot try it (then it is reported so, never given as a result)."""
+    """A change explain names, as field changes of the simulated run: (name, value) pairs,
+    each name an EngineArgs field or one of WHAT_IF_RUN_NAMES, the value None to drop it
+    (back to its default); unsupported says why the simulation cannot try it (then it is
+    reported so, never given as a result). flags_text shows a change as simulate's flags."""
 
     knob: str
-    changes: Tuple[Tuple[str, Optional[str]], ...] = ()
+    changes: Tuple[Tuple[str, Any], ...] = ()
     unsupported: Optional[str] = None
 
 
-MORE_MEMORY = Trial("raise --gpu-memory-utilization to 0.95", (("--gpu-memory-utilization", "0.95"),))
-FP8_KV = Trial("store the KV cache in FP8", (("--kv-cache-dtype", "fp8"),))
-TP2 = Trial("shard over two devices", (("--tensor-parallel-size", "2"),))
+MORE_MEMORY = Trial("raise --gpu-memory-utilization to 0.95", (("gpu_memory_utilization", 0.95),))
+FP8_KV = Trial("store the KV cache in FP8", (("kv_cache_dtype", "fp8"),))
+TP2 = Trial("shard over two devices", (("tensor_parallel_size", 2),))
 
 
 def _doubled(evidence: Evidence, name: str, flag: str, verb: str = "raise") -> Trial:
     value = int(evidence.value(name) or 0)
-    return Trial(f"{verb} {flag} to {2 * value:,}", ((flag, str(2 * value)),))
+    return Trial(f"{verb} {flag} to {2 * value:,}", ((name, 2 * value),))
 
 
 def rule_trials(budget: str, evidence: Evidence) -> List[Trial]:
@@ -13275,38 +13433,43 @@ def rule_trials(budget: str, evidence: Evidence) -> List[Trial]:
     seqs = lambda: _doubled(evidence, "max_num_seqs", "--max-num-seqs")
     tokens = lambda: _doubled(evidence, "max_num_batched_tokens", "--max-num-batched-tokens")
     if budget.startswith("KV cache"):
-        first = ([Trial("turn on prefix caching", (("--prefix-caching", ""),))]
+        first = ([Trial("turn on prefix caching", (("prefix_caching", True),))]
                  if (evidence.value("shared_prefix_tokens") or 0) >= 16 and not evidence.value("prefix_caching") else [])
-        return first + [MORE_MEMORY, FP8_KV, Trial("raise --max-num-seqs to 512", (("--max-num-seqs", "512"),)),
+        return first + [MORE_MEMORY, FP8_KV, Trial("raise --max-num-seqs to 512", (("max_num_seqs", 512),)),
                         tokens(), Trial("a second GPU because utilisation reads 100%",
                                         unsupported="a reading of utilisation, not a change to the server")]
     if budget.startswith("sequences"):
         fits = int(evidence.value("kv_fits_requests") or 2 * (evidence.value("max_num_seqs") or 1))
-        return [Trial(f"raise --max-num-seqs to {fits:,}", (("--max-num-seqs", str(max(fits, 1))),)), MORE_MEMORY,
+        return [Trial(f"raise --max-num-seqs to {fits:,}", (("max_num_seqs", max(fits, 1)),)), MORE_MEMORY,
                 tokens()]
     if budget.startswith("tokens"):
         return [tokens(), seqs(), MORE_MEMORY]
     if budget == "compute":
-        return [Trial("add a replica", (("--replicas", "2"),)), TP2, seqs(), MORE_MEMORY]
+        return [Trial("add a replica", (("replicas", 2),)), TP2, seqs(), MORE_MEMORY]
     if budget.startswith("memory bandwidth"):
-        return [TP2, Trial("store the weights in FP8", (("--quantization", "fp8"),)),
-                Trial("lower --max-num-seqs to 1", (("--max-num-seqs", "1"),))]
+        return [TP2, Trial("store the weights in FP8", (("quantization", "fp8"),)),
+                Trial("lower --max-num-seqs to 1", (("max_num_seqs", 1),))]
     if budget.startswith("prefill chunks"):
         half = max(1, int(evidence.value("max_num_batched_tokens") or 2) // 2)
-        return [Trial(f"lower --max-num-batched-tokens to {half:,}", (("--max-num-batched-tokens", str(half)),)),
+        return [Trial(f"lower --max-num-batched-tokens to {half:,}", (("max_num_batched_tokens", half),)),
                 Trial("move prefill to its own engine", unsupported="simulate --disaggregate compares the two itself"),
                 tokens()]
     return []
 
 
 WHAT_IF_MAX_REQUESTS = 480  # requests a what-if run simulates: a few times the load, to reach its steady state
+# what a what-if sets beside the engine's fields: its workload, its load, its replicas, no sensitivity band
+WHAT_IF_RUN_NAMES = ("prompt_tokens", "output_tokens", "concurrency", "rate", "requests", "sensitivity",
+                     "shared_prefix_tokens", "replicas")
 
 
-def what_if_base(evidence: Evidence, args, load: Optional[Tuple[str, float]]) -> Tuple[Optional[List[str]], str]:
-    """The simulate flags of the server as the input shows it, and what its workload is;
-    (None, why) when no workload can be built from the input (no request lengths, no load).
-    The load is the report's own, else as many clients as the server held at its busiest
-    (running + waiting)."""
+def what_if_base(evidence: Evidence, flags: EngineArgs,
+                 load: Optional[Tuple[str, float]]) -> Tuple[Optional[Tuple[Tuple[str, Any], ...]], str]:
+    """The simulated run of the server as the input shows it, as (name, value) pairs in the
+    order simulate's flags show them (flags_text), and what its workload is; (None, why)
+    when no workload can be built from the input (no request lengths, no load). The load
+    is the report's own, else as many clients as the server held at its busiest (running
+    + waiting)."""
     prompt, output = evidence.value("mean_prompt_tokens"), evidence.value("mean_output_tokens")
     if prompt is None or output is None:
         return None, "no request lengths (give --prompt-tokens and --output-tokens)"
@@ -13317,89 +13480,101 @@ def what_if_base(evidence: Evidence, args, load: Optional[Tuple[str, float]]) ->
         load = ("--concurrency", int(round(clients)))
     flag, amount = load
     num_requests = int(min(WHAT_IF_MAX_REQUESTS, max(64, 4 * amount if flag == "--concurrency" else 60 * amount)))
-    flags = [*(["--hardware-file", args.hardware_file] if args.hardware_file else ["--hardware", args.hardware]),
-             *(["--model-file", args.model_file] if args.model_file else ["--model", args.model]),
-             "--gpu-memory-utilization", str(args.gpu_memory_utilization), "--dtype", args.dtype,
-             "--kv-cache-dtype", args.kv_cache_dtype, "--prompt-tokens", str(max(1, round(prompt))),
-             "--output-tokens", str(max(1, round(output))), flag, f"{amount:g}", "--requests", str(num_requests),
-             "--no-sensitivity"]
+    pairs = [("hardware_file", flags.hardware_file) if flags.hardware_file else ("hardware", flags.hardware),
+             ("model_file", flags.model_file) if flags.model_file else ("model", flags.model),
+             ("gpu_memory_utilization", flags.gpu_memory_utilization), ("dtype", flags.dtype),
+             ("kv_cache_dtype", flags.kv_cache_dtype), ("prompt_tokens", max(1, round(prompt))),
+             ("output_tokens", max(1, round(output))), (flag[2:], amount), ("requests", num_requests),
+             ("sensitivity", False)]
     if evidence.value("shared_prefix_tokens"):
-        flags += ["--shared-prefix-tokens", str(int(evidence.value("shared_prefix_tokens")))]
-    for name, option in (("max_num_seqs", "--max-num-seqs"), ("max_num_batched_tokens", "--max-num-batched-tokens")):
-        if name in evidence:
-            flags += [option, str(int(evidence.value(name)))]
-    for option, value in (("--block-size", args.block_size), ("--kv-tokens", args.kv_tokens),
-                          ("--num-gpu-blocks-override", args.num_gpu_blocks_override),
-                          ("--quantization", args.quantization), ("--speculative-config", args.speculative_config),
-                          ("--acceptance-rate", args.acceptance_rate)):
-        if value is not None:
-            flags += [option, str(value)]
+        pairs.append(("shared_prefix_tokens", int(evidence.value("shared_prefix_tokens"))))
+    pairs += [(name, int(evidence.value(name))) for name in ("max_num_seqs", "max_num_batched_tokens")
+              if name in evidence]
+    pairs += [(name, getattr(flags, name)) for name in ("block_size", "kv_tokens", "num_gpu_blocks_override",
+                                                         "quantization", "speculative_config", "acceptance_rate")
+              if getattr(flags, name) is not None]
     if evidence.value("prefix_caching"):
-        flags.append("--prefix-caching")
+        pairs.append(("prefix_caching", True))
     what = (f"{flag[2:]} {amount:g}, {num_requests} requests of {prompt:,.0f} + {output:,.0f} tokens"
             + (f", {evidence.value('shared_prefix_tokens'):,.0f} of them shared" if evidence.value("shared_prefix_tokens")
                else ""))
-    return flags, what
+    return tuple(pairs), what
 
 
-def with_changes(flags: Sequence[str], changes: Sequence[Tuple[str, Optional[str]]]) -> List[str]:
-    """flags with each change made: the flag (and its value) dropped, then given anew."""
-    result = list(flags)
-    for flag, value in changes:
-        if flag in result:
-            index = result.index(flag)
-            takes_value = index + 1 < len(result) and not result[index + 1].startswith("--")
-            del result[index:index + (2 if takes_value else 1)]
+def with_changes(pairs: Sequence[Tuple[str, Any]], changes: Sequence[Tuple[str, Any]]) -> Tuple[Tuple[str, Any], ...]:
+    """pairs with each change made: the name (and its value) dropped, then given anew
+    unless the change drops it (its value None)."""
+    result = list(pairs)
+    for name, value in changes:
+        result = [pair for pair in result if pair[0] != name]
         if value is not None:
-            result += [flag] + ([value] if value else [])
-    return result
+            result.append((name, value))
+    return tuple(result)
 
 
-def shown_changes(changes: Sequence[Tuple[str, Optional[str]]]) -> List[str]:
-    """A trial's changes as the flags a user adds to simulate (a drop as "no FLAG")."""
-    return [part for flag, value in changes
-            for part in (["no " + flag] if value is None else [flag] + ([value] if value else []))]
+def flags_text(pairs: Sequence[Tuple[str, Any]]) -> List[str]:
+    """(name, value) pairs as simulate's flags: --NAME VALUE, --NAME alone for True,
+    --no-NAME for False, "no --NAME" for a change that drops it (None)."""
+    parts: List[str] = []
+    for name, value in pairs:
+        flag = "--" + name.replace("_", "-")
+        if value is None:
+            parts.append("no " + flag)
+        elif isinstance(value, bool):
+            parts.append(flag if value else "--no-" + flag[2:])
+        else:
+            parts += [flag, f"{value:g}" if name in ("rate", "concurrency") else str(value)]
+    return parts
 
 
-def what_if(evidence: Evidence, args, load: Optional[Tuple[str, float]], verdict: dict, plan: Optional[CapacityPlan],
-            simulate_args: Callable[[List[str]], argparse.Namespace]) -> dict:
-    """The server as it is, simulated, beside each change the advice names (simulate_args
-    parses simulate flags: every run comes from the one builder from flags to an engine).
-    Each entry: the knob, its flags, the before and after summaries (simulate's) and the
-    preemptions of both; a change the simulation cannot make is listed as unsupported."""
+def what_if_run(pairs: Sequence[Tuple[str, Any]]) -> RunSpec:
+    """The run of a what-if's pairs (what_if_base's, changed): its engine from the one
+    builder, its workload, load and replicas."""
+    values = dict(pairs)
+    flags = EngineArgs(**{name: value for name, value in values.items() if name not in WHAT_IF_RUN_NAMES})
+    workload = WorkloadSpec(num_requests=values["requests"], prompt_tokens=(values["prompt_tokens"],) * 2,
+                            output_tokens=(values["output_tokens"],) * 2,
+                            shared_prefix_tokens=values.get("shared_prefix_tokens", 0))
+    load = LoadSpec(values.get("concurrency"), values.get("rate"))
+    return RunSpec(build_engine_spec(flags), workload, load, num_replicas=values.get("replicas", 1),
+                   sensitivity=values.get("sensitivity", True))
+
+
+def what_if(evidence: Evidence, flags: EngineArgs, load: Optional[Tuple[str, float]], verdict: dict,
+            plan: Optional[CapacityPlan]) -> dict:
+    """The server as it is, simulated, beside each change the advice names (each a variant
+    of one run: what_if_run). Each entry: the knob, its flags, the before and after
+    summaries (simulate's) and the preemptions of both; a change the simulation cannot
+    make is listed as unsupported."""
     if plan is not None:  # the knobs the input leaves unsaid are the simulation's defaults: vLLM's
         for name, value in scheduler_defaults("vllm", plan.hardware).items():
             if name in ("max_num_seqs", "max_num_batched_tokens") and name not in evidence:
                 evidence.put(name, value, f"vLLM's default {name}")
     trials = rule_trials(verdict["budget"], evidence)
     if "spec_drafts" in evidence:
-        trials.append(Trial("turn speculative decoding off", (("--speculative-config", None), ("--acceptance-rate", None)))
-                      if args.speculative_config else
+        trials.append(Trial("turn speculative decoding off", (("speculative_config", None), ("acceptance_rate", None)))
+                      if flags.speculative_config else
                       Trial("turn speculative decoding off", unsupported="give explain the server's --speculative-config"))
-    base, what = what_if_base(evidence, args, load) if plan is not None else (
+    base, what = what_if_base(evidence, flags, load) if plan is not None else (
         None, "no --hardware and --model that fit to simulate")
     unsupported = [{"knob": trial.knob, "why": trial.unsupported} for trial in trials if trial.unsupported]
+    shown = flags_text(base) if base is not None else None
     if base is None or not trials:
-        return {"workload": what, "base_flags": base, "entries": [], "unsupported": unsupported,
+        return {"workload": what, "base_flags": shown, "entries": [], "unsupported": unsupported,
                 "not_simulated": what if base is None else None}
-    before = _what_if_run(simulate_args(base))
+    before = run_simulation(what_if_run(base))
     entries = []
     for trial in (trial for trial in trials if not trial.unsupported):
         try:
-            after = _what_if_run(simulate_args(with_changes(base, trial.changes)))
+            after = run_simulation(what_if_run(with_changes(base, trial.changes)))
         except CapacityError as error:
             unsupported.append({"knob": trial.knob, "why": f"does not fit: {error}"})
             continue
-        entries.append({"knob": trial.knob, "flags": shown_changes(trial.changes), "before": before["summary"],
+        entries.append({"knob": trial.knob, "flags": flags_text(trial.changes), "before": before["summary"],
                         "after": after["summary"], "preemptions": {"before": before["engine"]["num_preemptions"],
                                                                    "after": after["engine"]["num_preemptions"]}})
-    return {"workload": what, "base_flags": base, "entries": entries, "unsupported": unsupported,
+    return {"workload": what, "base_flags": shown, "entries": entries, "unsupported": unsupported,
             "not_simulated": None}
-
-
-def _what_if_run(args: argparse.Namespace) -> dict:
-    """One simulate run of a what-if, its report."""
-    return run_simulation(args, build_engine_spec(args), args.concurrency, args.rate)
 
 
 # =============================================================================
@@ -13598,37 +13773,77 @@ def spec_from_dict(data: JsonObject) -> EngineSpec:
     return EngineSpec(plan, config, None, data.integer("ubatch_tokens", 1, None), data.boolean("fast"), step_cost)
 
 
-def _point_args(args, point: PlanPoint) -> argparse.Namespace:
-    """The flags of one point, as simulate would have parsed them."""
-    values = dict(vars(args), hardware=point.hardware, tensor_parallel_size=point.tensor_parallel_size,
-                  replicas=point.replicas, max_num_seqs=point.max_num_seqs,
-                  max_num_batched_tokens=point.max_num_batched_tokens, prefix_caching=point.prefix_caching,
-                  disaggregate=point.disaggregate)
-    values.update(hardware_file=None, kv_tokens=None, scheduler="vllm", ubatch_size=None, step_profile=None,
-                  max_tokens_in_flight=None)
-    return argparse.Namespace(**values)
+@dataclass(frozen=True)
+class PlanSpec:
+    """What every point of a plan shares: the engine's flags (each point sets its hardware,
+    tensor parallelism, scheduler knobs and prefix caching: point_run), the workload at its
+    load, the SLO, the router and the KV link of disaggregated points; for the day question,
+    how its fleets scale (the HPA's metric, targets to try, delays and period; None: the
+    defaults of FleetPolicy, a replica's cold start for the delay up)."""
+
+    flags: EngineArgs
+    workload: WorkloadSpec
+    load: LoadSpec
+    slo: Slo
+    router: str = "round-robin"
+    kv_link_gbs: float = 50.0
+    scale_metric: str = "running"
+    scale_targets: Optional[Tuple[float, ...]] = None
+    max_replicas: Optional[int] = None
+    scale_up_delay_s: Optional[float] = None
+    scale_down_delay_s: Optional[float] = None
+    scale_period_s: float = 15.0
 
 
-def plan_job(args, point: PlanPoint, rows: List[list], longest: int) -> dict:
-    """The self-contained job of one point (engine, workload, SLO: no file beside it);
-    CapacityError saying why the point does not fit."""
-    hardware = _device_overrides(args, get_preset(HARDWARE, point.hardware, "--hardware"))
+def build_plan_spec(args) -> PlanSpec:
+    """The PlanSpec of plan's flags: the engine flags with the grid's axes left to the points
+    and what a plan does not take (a hardware file, a fixed cache, llama.cpp's scheduler, a
+    step profile, a cap on tokens in flight) at their defaults."""
+    flags = engine_args(args, hardware=None, tensor_parallel_size=1, max_num_seqs=None, max_num_batched_tokens=None,
+                        prefix_caching=None, hardware_file=None, kv_tokens=None, scheduler="vllm", ubatch_size=None,
+                        step_profile=None, max_tokens_in_flight=None)
+    load = LoadSpec(None, args.rate, args.rate_schedule, schedule_duration_s(args))
+    targets = tuple(args.scale_target) if args.scale_target else None
+    return PlanSpec(flags, workload_spec(args), load, slo_from_args(args), args.router, args.kv_link_gbs,
+                    args.scale_metric, targets, args.max_replicas, args.scale_up_delay_s, args.scale_down_delay_s,
+                    args.scale_period_s)
+
+
+def point_engine_args(plan: PlanSpec, point: PlanPoint) -> EngineArgs:
+    """The engine flags of one point of the plan."""
+    return dataclasses.replace(plan.flags, hardware=point.hardware, tensor_parallel_size=point.tensor_parallel_size,
+                               max_num_seqs=point.max_num_seqs, max_num_batched_tokens=point.max_num_batched_tokens,
+                               prefix_caching=point.prefix_caching, disaggregate=point.disaggregate)
+
+
+def point_run(plan: PlanSpec, point: PlanPoint) -> RunSpec:
+    """One point's run: its engine (built here: CapacityError where it does not fit), the
+    plan's workload, load, SLO and router, the point's replicas."""
+    return RunSpec(build_engine_spec(point_engine_args(plan, point)), plan.workload, plan.load, plan.slo,
+                   point.replicas, router=plan.router)
+
+
+def plan_job(plan: PlanSpec, point: PlanPoint, rows: List[list], longest: int) -> dict:
+    """The self-contained job of one point (its run serialised: engine, replicas, router,
+    SLO, workload; no file beside it); CapacityError saying why the point does not fit."""
+    hardware = _device_overrides(plan.flags, get_preset(HARDWARE, point.hardware, "--hardware"))
     if lacks_link(hardware, point.tensor_parallel_size):  # NOTE: here a point that does not fit, not bad input
         raise CapacityError(f"{hardware.name} names no link between devices for tensor parallelism")
-    spec = build_engine_spec(_point_args(args, point))
-    needed = -(-longest // spec.plan.block_size)
-    if needed > spec.plan.num_blocks:
+    run = point_run(plan, point)
+    needed = -(-longest // run.engine.plan.block_size)
+    if needed > run.engine.plan.num_blocks:
         raise CapacityError(f"the longest request ({longest:,} tokens) needs {needed:,} KV blocks, the cache "
-                            f"has {spec.plan.num_blocks:,}")
-    return {"format": JOB_FORMAT, "point": asdict(point), "spec": spec_to_dict(spec), "router": args.router,
-            "slo": asdict(slo_from_args(args)), "kv_link_gbs": args.kv_link_gbs, "workload": rows}
+                            f"has {run.engine.plan.num_blocks:,}")
+    return {"format": JOB_FORMAT, "point": asdict(point), "spec": spec_to_dict(run.engine), "router": run.router,
+            "slo": asdict(run.slo), "kv_link_gbs": plan.kv_link_gbs, "workload": rows}
 
 
 POINT_LEAST = {"tensor_parallel_size": 1, "replicas": 1, "max_num_seqs": 1, "max_num_batched_tokens": 1}
 
 
-def _job_parts(job: dict, where: str) -> Tuple[PlanPoint, EngineSpec, Slo, List[Request]]:
-    """A job's point, engine, SLO and requests, every field checked (a job may come from a file)."""
+def run_from_job(job: dict, where: str) -> Tuple[PlanPoint, RunSpec, List[Request]]:
+    """A job's point, run and requests (plan_job's job read back), every field checked (a job
+    may come from a file)."""
     data = JsonObject(job, where)
     point = dataclass_from_json(PlanPoint, data.object("point"), POINT_LEAST, MAX_COUNT)
     if point.replicas > MAX_REPLICAS or data.string("router") not in ROUTERS:
@@ -13639,17 +13854,19 @@ def _job_parts(job: dict, where: str) -> Tuple[PlanPoint, EngineSpec, Slo, List[
     if slo.percentile > 100 or (slo.attainment or 0) > 100 or not slo.objectives():
         raise data.fail("slo", "an objective at a percentile or attainment within 100", job["slo"])
     data.number("kv_link_gbs", above=0)
-    return point, spec_from_dict(data.object("spec")), slo, requests_from_rows(job.get("workload"), where)
+    run = RunSpec(spec_from_dict(data.object("spec")), slo=slo, num_replicas=point.replicas, router=job["router"])
+    return point, run, requests_from_rows(job.get("workload"), where)
 
 
 def run_job(job: dict, where: str = "plan") -> dict:
     """Simulate one point: its summary (with cost), engine figures and binding budget."""
-    point, spec, slo, requests = _job_parts(job, where)
+    point, run, requests = run_from_job(job, where)
+    spec, slo = run.engine, run.slo
     if point.disaggregate:
         report = run_disaggregated_specs(spec, spec, requests, job["kv_link_gbs"], 0, None, slo)
         engine = report["decode"]["engine"]  # the engine whose steps the user's tokens come from
     else:
-        report = run_replicas(spec, requests, None, slo, point.replicas, job["router"])
+        report = run_replicas(run, requests)
         engine = report["engine"]
     settings = {"hardware": spec.plan.hardware.name, "model": spec.plan.model.name, "scheduler": asdict(spec.config)}
     evidence, _ = evidence_from_report({"settings": settings, "engine": engine, "summary": report["summary"]}, "plan")
@@ -13663,23 +13880,23 @@ def run_job(job: dict, where: str = "plan") -> dict:
             "binding": {"budget": binding["budget"], "symptom": binding["symptom"]}}
 
 
-def plan_grid(args) -> Tuple[dict, List[dict]]:
+def plan_grid(plan: PlanSpec, points: Sequence[PlanPoint]) -> Tuple[dict, List[dict]]:
     """The plan's header (settings, every point, why each skipped one does not fit) and the
     jobs of the points that fit, in grid order."""
-    slo = slo_from_args(args)
-    requests = _workload(args, args.rate)
+    requests = workload_requests(plan.workload, plan.load)
     rows, longest = request_rows(requests), max(r.prompt_tokens + r.max_tokens for r in requests)
-    points, jobs, skipped = plan_points(args), [], {}
+    jobs, skipped = [], {}
     for index, point in enumerate(points):
         try:
-            jobs.append(plan_job(args, point, rows, longest))
+            jobs.append(plan_job(plan, point, rows, longest))
         except CapacityError as error:
             skipped[index] = str(error)
     span_s = requests[-1].arrival_s - requests[0].arrival_s if len(requests) > 1 else 0.0
-    workload = (f"trace {os.path.basename(args.trace)}" if args.trace else f"poisson {args.rate:g} req/s") + (
+    trace = plan.workload.trace
+    workload = (f"trace {os.path.basename(trace)}" if trace else f"poisson {plan.load.rate:g} req/s") + (
         f", {len(requests):,} requests" + (f" at {(len(requests) - 1) / span_s:.2f} req/s" if span_s else ""))
-    header = {"format": PLAN_FORMAT, "model": _resolve(_point_args(args, points[0]))[1].name,
-              "workload": workload, "slo": asdict(slo), "points": [asdict(point) for point in points],
+    header = {"format": PLAN_FORMAT, "model": _resolve(point_engine_args(plan, points[0]))[1].name,
+              "workload": workload, "slo": asdict(plan.slo), "points": [asdict(point) for point in points],
               "skipped": {str(index): reason for index, reason in skipped.items()},
               "jobs": [index for index in range(len(points)) if index not in skipped]}
     return header, jobs
@@ -13805,22 +14022,29 @@ SCALE_TARGETS = {"running": (8.0, 16.0, 32.0, 64.0, 128.0), "waiting": (1.0, 4.0
 PEAK_WINDOW_S = 1800.0  # s: the most of the peak rate a fixed fleet is sized on
 
 
-def _day_args(args, point: PlanPoint, **changes) -> argparse.Namespace:
-    """simulate's flags for one fleet of a day plan: the point's engine, the schedule, no
-    fleet until changes give one."""
-    values = dict(vars(_point_args(args, point)), replicas=1, min_replicas=None, max_replicas=None, scale_target=None,
-                  fail_replica=None, restart_s=None, retry=True, request_timeout=None, sensitivity=False,
-                  prometheus=None, csv=None, html=None, svg=None, show_progress=False)
-    values.update(changes)
-    return argparse.Namespace(**values)
+def day_policy(plan: PlanSpec, engine: EngineSpec, low: int, high: int, initial: int,
+               target: Optional[float] = None) -> FleetPolicy:
+    """A fleet of one day plan's candidates: low to high replicas, initial of them up, scaled
+    on the plan's metric towards target (none: a fixed fleet), no failures."""
+    start_s = cold_start_s(engine.plan)
+    return FleetPolicy(low, high, initial, plan.scale_metric, target or 1.0,
+                       start_s if plan.scale_up_delay_s is None else plan.scale_up_delay_s,
+                       300.0 if plan.scale_down_delay_s is None else plan.scale_down_delay_s, plan.scale_period_s,
+                       restart_s=start_s)
 
 
-def day_figures(args: argparse.Namespace) -> dict:
+def day_run(plan: PlanSpec, engine: EngineSpec, fleet: FleetPolicy, load: Optional[LoadSpec] = None) -> RunSpec:
+    """The run of one fleet of a day plan: the schedule (or load), the fleet, nothing written."""
+    return RunSpec(engine, plan.workload, load or dataclasses.replace(plan.load, rate=None), plan.slo,
+                   router=plan.router, fleet=fleet)
+
+
+def day_figures(run: RunSpec) -> dict:
     """One fleet's day: whether it met the SLO, its attainment and what it cost."""
-    report = run_simulation(args, build_engine_spec(args), None, None)
+    report = run_simulation(run)
     fleet, goodput = report["fleet"], report["summary"]["goodput"]
     return {"meets": goodput["meets"] and not report["rejected"], "attainment": goodput["attainment"],
-            "observed_ms": goodput[f"p{args.slo_percentile:g}_ms"], "replica_hours": fleet["replica_hours"],
+            "observed_ms": goodput[f"p{run.slo.percentile:g}_ms"], "replica_hours": fleet["replica_hours"],
             "max_replicas": fleet["max_replicas"], "usd_per_day": fleet["cost"]["usd_per_day"],
             "hourly": fleet["hourly"]}
 
@@ -13831,17 +14055,16 @@ def peak_stretch_s(schedule: Sequence[Tuple[float, float]], duration_s: float) -
     return max(end_s - start_s for start_s, end_s, rate in schedule_stretches(schedule, duration_s) if rate == peak)
 
 
-def peak_fleet_size(args, point: PlanPoint, peak_rate: float) -> int:
+def peak_fleet_size(plan: PlanSpec, engine: EngineSpec, peak_rate: float) -> int:
     """The fewest fixed replicas that meet the SLO at the schedule's peak rate (for as long
     as the schedule holds it, at most PEAK_WINDOW_S), by doubling then bisection;
     CapacityError past MAX_REPLICAS, or once doubling the fleet no longer moves the
     figures the SLO judges (no queue left to shorten: one request alone misses it)."""
-    window = ((0.0, peak_rate),)
-    window_s = min(peak_stretch_s(args.rate_schedule, args.duration_s), PEAK_WINDOW_S)
+    window = LoadSpec(schedule=((0.0, peak_rate),),
+                      duration_s=min(peak_stretch_s(plan.load.schedule, plan.load.duration_s), PEAK_WINDOW_S))
 
     def run(count: int) -> dict:
-        return day_figures(_day_args(args, point, rate_schedule=window, duration_s=window_s,
-                                     min_replicas=count, max_replicas=count, replicas=count))
+        return day_figures(day_run(plan, engine, day_policy(plan, engine, count, count, count), window))
     low, high, last = 0, 1, run(1)
     while not last["meets"]:
         low, high, before = high, high * 2, last
@@ -13851,7 +14074,7 @@ def peak_fleet_size(args, point: PlanPoint, peak_rate: float) -> int:
         last = run(high)
         if not last["meets"] and _no_better(before, last):
             raise CapacityError(f"{low} and {high} replicas miss the SLO alike at the peak, {peak_rate:g} req/s "
-                                f"(p{args.slo_percentile:g} {_observed_text(last)}): more replicas do not help")
+                                f"(p{plan.slo.percentile:g} {_observed_text(last)}): more replicas do not help")
     while high - low > 1:
         middle = (low + high) // 2
         low, high = (low, middle) if run(middle)["meets"] else (middle, high)
@@ -13870,46 +14093,44 @@ def _observed_text(figures: dict) -> str:
                      if value is not None)
 
 
-def day_of_configuration(args, point: PlanPoint, workers: Workers) -> dict:
+def day_of_configuration(plan: PlanSpec, point: PlanPoint, workers: Workers) -> dict:
     """One configuration's day: the fixed fleet sized for the peak beside an autoscaling
     policy per scale target (min 1, max the peak fleet or --max-replicas), each simulated
     over the whole schedule; CapacityError where no fleet of it meets the SLO at the peak."""
-    peak_rate = max(rate for _, rate in args.rate_schedule)
-    build_engine_spec(_day_args(args, point))  # NOTE: a point that does not fit raises here, before any run
-    size = peak_fleet_size(args, point, peak_rate)
-    targets = args.scale_target or SCALE_TARGETS[args.scale_metric]
-    high = args.max_replicas or size
-    candidates = [("fixed", None, _day_args(args, point, min_replicas=size, max_replicas=size, replicas=size))]
-    candidates += [("autoscaling", target, _day_args(args, point, min_replicas=1, max_replicas=high,
-                                                     scale_target=target)) for target in targets if high > 1]
-    figures = workers.map(day_figures, [(candidate,) for _, _, candidate in candidates])
+    peak_rate = max(rate for _, rate in plan.load.schedule)
+    engine = build_engine_spec(point_engine_args(plan, point))  # NOTE: a point that does not fit raises here
+    size = peak_fleet_size(plan, engine, peak_rate)
+    targets = plan.scale_targets or SCALE_TARGETS[plan.scale_metric]
+    high = plan.max_replicas or size
+    candidates = [("fixed", None, day_policy(plan, engine, size, size, size))]
+    candidates += [("autoscaling", target, day_policy(plan, engine, 1, high, 1, target))
+                   for target in targets if high > 1]
+    figures = workers.map(day_figures, [(day_run(plan, engine, fleet),) for _, _, fleet in candidates])
     rows = [dict(kind=kind, scale_target=target, **found) for (kind, target, _), found in zip(candidates, figures)]
     return {"point": asdict(point), "point_text": point.engine_text(), "fixed_peak_replicas": size,
             "candidates": rows}
 
 
-def plan_day(args) -> dict:
-    """The day question, for every configuration of the grid (its --replicas aside: the
+def plan_day(plan: PlanSpec, points: Sequence[PlanPoint], jobs: int) -> dict:
+    """The day question, for every configuration of the grid (points of one --replicas: the
     fleets are sized here): each configuration's day (see day_of_configuration), and the
     answer, the cheapest fleet of any that met the SLO, beside that configuration's
     fixed fleet sized for the peak."""
-    if args.disaggregate:
-        raise UsageError("--disaggregate with --rate-schedule: the day question sizes fleets of colocated engines")
-    points = [point for point in plan_points(args) if point.replicas == args.replicas[0]]
     days, skipped = [], {}
-    with Workers(args.jobs) as workers:
+    with Workers(jobs) as workers:
         for point in points:
             try:
-                days.append(day_of_configuration(args, point, workers))
+                days.append(day_of_configuration(plan, point, workers))
             except CapacityError as error:
                 skipped[point.engine_text()] = str(error)
     met = [(day, row) for day in days for row in day["candidates"] if row["meets"]]
     best = min(met, key=lambda pair: (pair[1]["usd_per_day"] or 0, pair[1]["kind"] != "fixed")) if met else None
     answer = dict(best[1], point_text=best[0]["point_text"], fixed=best[0]["candidates"][0],
                   fixed_peak_replicas=best[0]["fixed_peak_replicas"]) if best else None
-    return {"schedule": [list(pair) for pair in args.rate_schedule], "duration_s": args.duration_s,
-            "peak_rate": max(rate for _, rate in args.rate_schedule), "scale_metric": args.scale_metric,
-            "slo": asdict(slo_from_args(args)), "configurations": days, "skipped": skipped, "answer": answer}
+    schedule = plan.load.schedule
+    return {"schedule": [list(pair) for pair in schedule], "duration_s": plan.load.duration_s,
+            "peak_rate": max(rate for _, rate in schedule), "scale_metric": plan.scale_metric,
+            "slo": asdict(plan.slo), "configurations": days, "skipped": skipped, "answer": answer}
 
 
 # =============================================================================
@@ -14453,15 +14674,15 @@ def _format_compare_totals(totals: dict) -> str:
     return "median |error|: " + ", ".join(parts)
 
 
-def format_sweep(args, plan: CapacityPlan, runs: Sequence[Tuple[str, Optional[int], dict]]) -> List[str]:
-    """The sweep table: one row per (load, cap) run, then what each run rejected."""
-    if args.trace:
-        axis, workload = "trace", f"trace {args.trace} ({runs[0][2]['settings']['num_requests']:,} requests)"
+def format_sweep(run: RunSpec, axis: str, capped: bool, runs: Sequence[Tuple[str, Optional[int], dict]]) -> List[str]:
+    """The sweep table of the runs made from run (one row per (load, cap) run, its load
+    along axis, its cap beside it where capped), then what each run rejected."""
+    plan, spec = run.engine.plan, run.workload
+    if spec.trace:
+        workload = f"trace {spec.trace} ({runs[0][2]['settings']['num_requests']:,} requests)"
     else:
-        axis = "rate" if args.rate else "concurrency"
-        workload = (f"{args.requests:,} requests prompt {_describe_range(args.prompt_tokens)} "
-                    f"output {_describe_range(args.output_tokens)}")
-    capped = args.max_tokens_in_flight is not None
+        workload = (f"{spec.num_requests:,} requests prompt {_describe_range(spec.prompt_tokens)} "
+                    f"output {_describe_range(spec.output_tokens)}")
     header = (axis, "tokens cap") if capped else (axis,)
     rows = [([label, f"{cap:,}"] if capped else [label]) + sweep_row(run) for label, cap, run in runs]
     columns = SWEEP_COLUMNS
@@ -14469,7 +14690,7 @@ def format_sweep(args, plan: CapacityPlan, runs: Sequence[Tuple[str, Optional[in
     if all(costs):
         columns += ("$/M out",)
         rows = [row + [_usd(cost["usd_per_million_output_tokens"])] for row, cost in zip(rows, costs)]
-    lines = [f"sweep {plan.model.name} on {deployment_text(plan, args.replicas, args.router)} {workload}"]
+    lines = [f"sweep {plan.model.name} on {deployment_text(plan, run.num_replicas, run.router)} {workload}"]
     lines += format_table(header + columns, rows)
     for _, _, run in runs:
         lines += _format_rejected(run["rejected"])
@@ -15244,7 +15465,7 @@ def loadgen_charts(records: Sequence, scrapes: Sequence[Tuple[float, Dict[str, l
 # =============================================================================
 
 def cmd_capacity(args) -> int:
-    plan = build_plan(args)
+    plan = build_plan(engine_args(args))
     if args.json:
         hardware, model = plan.hardware, plan.model
         _print_json({"capacity": plan.to_dict(),
@@ -15255,13 +15476,14 @@ def cmd_capacity(args) -> int:
     return 0
 
 
-def cmd_disaggregated(args, plan: CapacityPlan, colocated: dict) -> int:
-    report = run_disaggregated(args, args.kv_link_gbs)
+def cmd_disaggregated(args, run: RunSpec, colocated: dict) -> int:
+    plan, report = run.engine.plan, run_disaggregated(run)
     report["colocated"] = {"hardware": plan.hardware.name, "engine": colocated["engine"],
                            "summary": colocated["summary"]}
     if args.find_kv_link_crossover:
         report["kv_link_crossover"] = find_kv_link_crossover(
-            lambda gbs: run_disaggregated(args, gbs)["summary"]["ttft_ms"]["p95"],
+            lambda gbs: run_disaggregated(dataclasses.replace(
+                run, disaggregated=dataclasses.replace(run.disaggregated, kv_link_gbs=gbs)))["summary"]["ttft_ms"]["p95"],
             colocated["summary"]["ttft_ms"]["p95"])
     if args.json:
         _print_json(dict(settings=colocated["settings"], **report))
@@ -15282,10 +15504,6 @@ def cmd_job(args) -> int:
     return 0
 
 
-def _shows_progress(args) -> bool:
-    return sys.stderr.isatty() and not getattr(args, "quiet", False)
-
-
 def _write_charts(args, title: str, lines: Sequence[str], charts: Sequence[str]) -> None:
     """--html FILE: the page of the report and its charts; --svg FILE: the first chart alone."""
     if args.html:
@@ -15297,22 +15515,20 @@ def _write_charts(args, title: str, lines: Sequence[str], charts: Sequence[str])
 def cmd_simulate(args) -> int:
     if args.job:
         return cmd_job(args)
-    args.show_progress = _shows_progress(args)
     if args.replicas > 1 and (args.disaggregate or args.find_kv_link_crossover):
         raise UsageError("--replicas with --disaggregate: servesim runs one prefill and one decode engine")
     for flag in ("speculative_config", "kv_offloading_size"):
         if getattr(args, flag) is not None and (args.disaggregate or args.find_kv_link_crossover):
             raise UsageError(f"--{flag.replace('_', '-')} with --disaggregate: not modelled (the KV link moves "
                              f"a prompt's blocks, not drafts or a host tier)")
-    args.chart_run = bool(args.html or args.svg)
-    spec = build_engine_spec(args)
-    report = run_simulation(args, spec, args.concurrency, args.rate)
+    run = build_run_spec(args, build_engine_spec(engine_args(args)), args.concurrency, args.rate)
+    report = run_simulation(run)
     latencies = report.pop("chart_latencies", None)
     if latencies is not None:
         _write_charts(args, f"servesim simulate: {report['settings']['model']} on {report['settings']['hardware']}",
                       format_simulation(report), simulation_charts(report, latencies))
     if args.disaggregate or args.find_kv_link_crossover:
-        return cmd_disaggregated(args, spec.plan, report)
+        return cmd_disaggregated(args, run, report)
     if args.json:
         _print_json(report)
     else:
@@ -15321,7 +15537,8 @@ def cmd_simulate(args) -> int:
 
 
 def cmd_sweep(args) -> int:
-    spec = build_engine_spec(args)
+    spec = build_engine_spec(engine_args(args))
+    base = build_run_spec(args, spec)
     if args.trace:
         loads = [("trace", None, None)]
     elif args.rate:
@@ -15330,24 +15547,26 @@ def cmd_sweep(args) -> int:
         loads = [(str(clients), clients, None) for clients in args.concurrency]
     caps = args.max_tokens_in_flight or [None]
     points = [(label, cap, concurrency, rate) for label, concurrency, rate in loads for cap in caps]
-    progress, reports = RunProgress(len(points), "points", _shows_progress(args)), []
-    args.show_progress = False  # NOTE: one line for the sweep, none per point
+    progress, reports = RunProgress(len(points), "points", base.outputs.show_progress), []
+    base = dataclasses.replace(base, outputs=dataclasses.replace(base.outputs, show_progress=False))  # NOTE: one line a sweep
     with Workers(args.jobs) as workers:
         for report in workers.imap(run_simulation, [
-                (args, dataclasses.replace(spec, config=dataclasses.replace(spec.config, max_tokens_in_flight=cap)),
-                 concurrency, rate) for _, cap, concurrency, rate in points]):
+                (dataclasses.replace(base, engine=dataclasses.replace(
+                    spec, config=dataclasses.replace(spec.config, max_tokens_in_flight=cap)),
+                    load=dataclasses.replace(base.load, concurrency=concurrency, rate=rate)),)
+                for _, cap, concurrency, rate in points]):
             reports.append(report)
             progress.update(len(reports))
     progress.close()
     runs = [(label, cap, report) for (label, cap, _, _), report in zip(points, reports)]
+    axis, capped = "trace" if args.trace else "rate" if args.rate else "concurrency", args.max_tokens_in_flight is not None
     if args.html or args.svg:
-        axis = "trace" if args.trace else "rate" if args.rate else "concurrency"
         _write_charts(args, f"servesim sweep: {spec.plan.model.name} on {spec.plan.devices}",
-                      format_sweep(args, spec.plan, runs), sweep_charts(runs, slo_from_args(args), axis))
+                      format_sweep(base, axis, capped, runs), sweep_charts(runs, base.slo, axis))
     if args.json:
         _print_json({"runs": [run for _, _, run in runs]})
     else:
-        _print_lines(format_sweep(args, spec.plan, runs))
+        _print_lines(format_sweep(base, axis, capped, runs))
     return 0
 
 
@@ -15612,7 +15831,7 @@ def campaign_flags(path: str) -> dict:
     return {name: value for name, value in flags.items() if value is not None}
 
 
-def _run_spec(args, path: str, run: dict) -> EngineSpec:
+def _replay_engine_spec(args, path: str, run: dict) -> EngineSpec:
     """The engine that replays one inference-perf run: the command line's flags, or with
     --model-dir the model and server flags its exp-config.yaml records (each model's
     config.json found as MODEL_DIR/<the name after the last slash>/config.json, in the
@@ -15630,7 +15849,7 @@ def _run_spec(args, path: str, run: dict) -> EngineSpec:
             raise UsageError(f"--model-dir {', '.join(args.model_dir)}: no {name}/config.json there for {path}'s "
                              f"model {flags['model']!r}")
         changes.update(model_file=found[0], model=None, tensor_parallel_size=flags.get("tensor_parallel_size", 1))
-    return build_engine_spec(argparse.Namespace(**dict(vars(args), **changes)), server=run["server_info"])
+    return build_engine_spec(engine_args(args, **changes), server=run["server_info"])
 
 
 def compared_engine(spec: EngineSpec, rows: Sequence[dict], run_rows: Sequence[dict]) -> dict:
@@ -15644,13 +15863,18 @@ def compared_engine(spec: EngineSpec, rows: Sequence[dict], run_rows: Sequence[d
             "capacity": run_rows[0]["capacity"] if shared else None}
 
 
-def stand_in_model_notes(args, served: Sequence[Optional[str]], spec: EngineSpec) -> List[str]:
+def _names_model(args) -> bool:
+    """Whether a flag names the model predicted: --model-dir, --model-file or --model."""
+    return bool(args.model is not None or args.model_file is not None or args.model_dir)
+
+
+def stand_in_model_notes(model_named: bool, served: Sequence[Optional[str]], spec: EngineSpec) -> List[str]:
     """A line for each model the measured servers served (a loadgen report's settings.model,
     an inference-perf run's server.model_name), and one for runs that name none, when
     neither a flag (--model-dir, --model-file, --model) nor the server's model file named
-    the model predicted: the flags' preset stood in for it, which the reader must not have
-    to guess from the header."""
-    if args.model is not None or args.model_file is not None or getattr(args, "model_dir", None):
+    the model predicted (model_named false): the flags' preset stood in for it, which the
+    reader must not have to guess from the header."""
+    if model_named:
         return []
     standing = f"with no --model-dir, --model-file or --model the preset {spec.plan.model.name} stands in for it"
     notes = [f"{model} served the run; {standing}" for model in sorted({name for name in served if name})]
@@ -15667,7 +15891,7 @@ def cmd_compare(args) -> int:
                for _, report in read_measured_runs(path)]
     server = measured_server(reports[0]) if reports else runs[0]["server_info"]
     _served_model(args, server)
-    spec = build_engine_spec(args, server=server)
+    spec = build_engine_spec(engine_args(args), server=server)
     predictions = [predict_loadgen_run(report, spec) for report in reports]
     devices = spec.plan.num_devices
     for run in reports + predictions:  # both at the price of the device predicted
@@ -15679,10 +15903,10 @@ def cmd_compare(args) -> int:
                 run_figures(predict_loadgen_run(report, spec.slower_by(factor))["summary"])
                 for factor in SENSITIVITY_STEP_FACTORS))
     run_rows = [row for path, run in zip([p for p in args.reports if inference_perf_results(p)], runs)
-                for row in predict_inference_perf_rows(run, _run_spec(args, path, run), args.request_timeout,
+                for row in predict_inference_perf_rows(run, _replay_engine_spec(args, path, run), args.request_timeout,
                                                        args.sensitivity)]
     named = args.hardware is not None or args.hardware_file is not None
-    stand_ins = stand_in_model_notes(args, [report["settings"].get("model") for report in reports]
+    stand_ins = stand_in_model_notes(_names_model(args), [report["settings"].get("model") for report in reports]
                                      + [run["served_model"] for run in runs], spec)
     notes = [note for note in (profile_drift_note(rows),) if note]
     lines = format_compare(spec, reports, rows, named, notes, stand_ins) if rows else []
@@ -15717,10 +15941,10 @@ def cmd_calibrate(args) -> int:
                          f"calibrate needs two different concurrencies (or rates)")
     server = measured_server(reports[0][1]) if reports else runs[0][1]["server_info"]
     _served_model(args, server)
-    spec = build_engine_spec(args, server=server)
+    spec = build_engine_spec(engine_args(args), server=server)
     measured = [Measured(path, report, spec, tuple(points))
                 for (path, report), points in zip(reports, loadgen_points(reports))]
-    measured += [Measured(path, run, _run_spec(args, path, run), tuple(inference_perf_points(run))) for path, run in runs]
+    measured += [Measured(path, run, _replay_engine_spec(args, path, run), tuple(inference_perf_points(run))) for path, run in runs]
     base, name = spec.plan.hardware, args.name or f"{spec.plan.hardware.name}-calibrated"
     fitted = fitted_figures(measured, base, args.hold)
     held = [figure for figure in fitted_figures(measured, base) if figure not in fitted]
@@ -15737,7 +15961,7 @@ def cmd_calibrate(args) -> int:
         fitted_limits=tuple(max(reach) for reach in zip(*((item.spec.config.max_num_seqs,
                                                            item.spec.config.max_num_batched_tokens,
                                                            item.spec.plan.tensor_parallel_size) for item in measured))))
-    stand_ins = stand_in_model_notes(args, [report["settings"].get("model") for _, report in reports]
+    stand_ins = stand_in_model_notes(_names_model(args), [report["settings"].get("model") for _, report in reports]
                                      + [run["served_model"] for _, run in runs], spec)
     if args.out:
         write_json_file(args.out, asdict(hardware), "--out")
@@ -15750,23 +15974,27 @@ def cmd_calibrate(args) -> int:
     return 0
 
 
-def _search_runner(args, spec: EngineSpec, workers: Workers,
-                   progress: RunProgress) -> Tuple[Callable[[float], dict], Callable, Dict[float, dict]]:
-    """run_at(load): the seeded run at a rate, a client count or a trace speed-up, and
-    run_many(loads), which makes the runs not made yet on the workers; both remember, in
-    the dict of runs by load returned beside them."""
-    runs: Dict[float, dict] = {}
+def at_load(run: RunSpec, by: str, load: float) -> RunSpec:
+    """run at a search's load: a trace load times faster, load clients (by concurrency),
+    or load req/s (a rate schedule's rates times load)."""
+    if run.workload.trace:
+        return dataclasses.replace(run, workload=dataclasses.replace(run.workload,
+                                                                     time_scale=run.workload.time_scale / load))
+    if by == "concurrency":
+        return dataclasses.replace(run, load=dataclasses.replace(run.load, concurrency=int(load), rate=None))
+    return dataclasses.replace(run, load=dataclasses.replace(run.load, concurrency=None, rate=load))
 
-    def arguments(load: float) -> tuple:
-        if args.trace:
-            return argparse.Namespace(**{**vars(args), "time_scale": args.time_scale / load}), spec, None
-        if args.by == "concurrency":
-            return args, spec, int(load)
-        return args, spec, None, load
+
+def _search_runner(run: RunSpec, by: str, workers: Workers,
+                   progress: RunProgress) -> Tuple[Callable[[float], dict], Callable, Dict[float, dict]]:
+    """run_at(load): the seeded run at a rate, a client count or a trace speed-up (at_load),
+    and run_many(loads), which makes the runs not made yet on the workers; both remember,
+    in the dict of runs by load returned beside them."""
+    runs: Dict[float, dict] = {}
 
     def run_many(loads: Sequence[float]) -> None:
         missing = [load for load in dict.fromkeys(loads) if load not in runs]
-        runs.update(zip(missing, workers.map(run_simulation, [arguments(load) for load in missing])))
+        runs.update(zip(missing, workers.map(run_simulation, [(at_load(run, by, load),) for load in missing])))
         progress.update(len(runs), f", the highest load tried {max(runs):g}" if runs else "")
 
     def run_at(load: float) -> dict:
@@ -15783,12 +16011,13 @@ def cmd_search(args) -> int:
         raise UsageError("--by concurrency: a trace has its own arrivals; search speeds the trace up instead")
     if args.rate_schedule and args.by == "concurrency":
         raise UsageError("--by concurrency: a rate schedule is open loop; search scales its rates instead")
-    schedule_duration_s(args)
-    spec = build_engine_spec(args)
-    progress = RunProgress(0, "runs", _shows_progress(args))  # NOTE: a search does not know its count ahead
-    args.show_progress = False
+    schedule_duration_s(args)  # NOTE: a bad schedule is told before the engine is built
+    spec = build_engine_spec(engine_args(args))
+    run = build_run_spec(args, spec)
+    progress = RunProgress(0, "runs", run.outputs.show_progress)  # NOTE: a search does not know its count ahead
+    run = dataclasses.replace(run, outputs=dataclasses.replace(run.outputs, show_progress=False))
     with Workers(args.jobs) as workers:
-        run_at, run_many, tried = _search_runner(args, spec, workers, progress)
+        run_at, run_many, tried = _search_runner(run, args.by, workers, progress)
 
         def meets_many(loads: List[float]) -> List[bool]:
             run_many(loads)
@@ -15857,8 +16086,12 @@ def cmd_plan(args) -> int:
             if args.html or args.svg:
                 raise UsageError(f"--{'html' if args.html else 'svg'} with --rate-schedule: the day question prints a "
                                  f"table; simulate the fleet it answers with --html for its charts")
-            return _print_day_plan(args, plan_day(args))
-        header, jobs = plan_grid(args)
+            if args.disaggregate:
+                raise UsageError("--disaggregate with --rate-schedule: the day question sizes fleets of colocated "
+                                 "engines")
+            points = [point for point in plan_points(args) if point.replicas == args.replicas[0]]
+            return _print_day_plan(args, plan_day(build_plan_spec(args), points, args.jobs))
+        header, jobs = plan_grid(build_plan_spec(args), plan_points(args))
         if args.emit:
             emit_plan(args.emit, header, jobs)
             _print_lines(format_emitted(args.emit, header))
@@ -15929,17 +16162,18 @@ def cmd_explain(args) -> int:
             evidence.put(name, value, flag)
     if args.prefix_caching is not None:
         evidence.put("prefix_caching", 1 if args.prefix_caching == "on" else 0, "--prefix-caching")
-    args.hardware = args.hardware or settings.get("hardware")
-    args.model = args.model or (None if args.model_file else settings.get("model"))
+    flags = engine_args(args, hardware=args.hardware or settings.get("hardware"),
+                        model=args.model or (None if args.model_file else settings.get("model")),
+                        prefix_caching=None)  # NOTE: explain's --prefix-caching says what the server had (on/off)
     plan = None
-    if (args.hardware or args.hardware_file) and (args.model or args.model_file):
+    if (flags.hardware or flags.hardware_file) and (flags.model or flags.model_file):
         try:
-            plan = build_plan(args)
+            plan = build_plan(flags)
         except CapacityError as error:
             evidence.put("does_not_fit", 1, str(error))
     result = diagnose(evidence, plan)
     result["input"] = what
-    trials = what_if(evidence, args, settings.get("load"), result["binding"], plan, args.simulate_args)
+    trials = what_if(evidence, flags, settings.get("load"), result["binding"], plan)
     result["what_if"] = trials.pop("entries")
     result["what_if_run"] = trials
     if args.json:
@@ -16797,8 +17031,6 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         known = {name for name, *_ in SUBCOMMANDS}
         args = build_parser(argv[0] if argv and argv[0] in known else None).parse_args(argv)
         _refuse_flags_beside(args, args.command)
-        if args.command == "explain":  # its what-if runs simulate command lines (the one builder from flags)
-            args.simulate_args = lambda flags: build_parser("simulate").parse_args(["simulate", *flags])
         return args.run(args)
     except ServesimError as error:
         prefix = "servesim: error: " if isinstance(error, UsageError) else "servesim: "

@@ -437,7 +437,7 @@ def plan_job():
         args = parser.parse_args(["plan", "--hardware", "l4-24gb", "--tensor-parallel-size", "1", "--replicas", "1",
                                   "--rate", "4", "--requests", "3", "--prompt-tokens", "40", "--output-tokens", "8",
                                   "--slo-ttft-ms", "500"])
-        _, jobs = main.plan_grid(args)
+        _, jobs = main.plan_grid(main.build_plan_spec(args), main.plan_points(args))
         job = dict(jobs[0])
         job["workload_zlib"] = main.encode_rows(job.pop("workload"))
         _PLAN_JOB.append(job)

@@ -262,20 +262,31 @@ class WhatIfTest(ScratchTest):
         self.assertIn("--concurrency", base)
         self.assertEqual(base[base.index("--concurrency") + 1], "60")  # 20 running + 40 waiting at the busiest
         self.assertEqual(run_json("simulate", *base)["summary"], result["what_if"][0]["before"])
-        changed = main.with_changes(base, [("--prefix-caching", "")])
-        self.assertEqual(run_json("simulate", *changed)["summary"], result["what_if"][0]["after"])
+        self.assertEqual(result["what_if"][0]["flags"], ["--prefix-caching"])
+        self.assertNotIn("--prefix-caching", base)
+        self.assertEqual(run_json("simulate", *base, "--prefix-caching")["summary"], result["what_if"][0]["after"])
 
     def test_without_a_model_to_simulate_nothing_is_simulated_and_it_says_why(self):
         result = run_json("explain", *self.MONDAY, "--max-num-seqs", "256")
         self.assertEqual(result["what_if"], [])
         self.assertEqual(result["what_if_run"]["not_simulated"], "no --hardware and --model that fit to simulate")
 
-    def test_a_change_is_made_by_dropping_the_flag_and_giving_it_anew(self):
-        flags = ["--a", "1", "--prefix-caching", "--b", "2"]
-        self.assertEqual(main.with_changes(flags, [("--a", "3"), ("--prefix-caching", None), ("--c", "")]),
-                         ["--b", "2", "--a", "3", "--c"])
-        self.assertEqual(main.shown_changes([("--speculative-config", None), ("--a", "3")]),
-                         ["no --speculative-config", "--a", "3"])
+    def test_a_change_is_made_by_dropping_the_field_and_giving_it_anew(self):
+        pairs = (("max_num_seqs", 1), ("prefix_caching", True), ("block_size", 2))
+        self.assertEqual(main.with_changes(pairs, [("max_num_seqs", 3), ("prefix_caching", None), ("sensitivity", False)]),
+                         (("block_size", 2), ("max_num_seqs", 3), ("sensitivity", False)))
+        self.assertEqual(main.flags_text([("speculative_config", None), ("max_num_seqs", 3), ("prefix_caching", True),
+                                          ("sensitivity", False), ("rate", 2.0), ("gpu_memory_utilization", 0.95)]),
+                         ["no --speculative-config", "--max-num-seqs", "3", "--prefix-caching", "--no-sensitivity",
+                          "--rate", "2", "--gpu-memory-utilization", "0.95"])
+
+    def test_a_what_if_is_run_from_its_fields_not_parsed_flags(self):
+        run = main.what_if_run((("hardware", "l4-24gb"), ("model", "llama-3.1-8b"), ("prompt_tokens", 100),
+                                ("output_tokens", 10), ("concurrency", 4), ("requests", 8), ("sensitivity", False),
+                                ("max_num_seqs", 16), ("replicas", 2)))
+        self.assertEqual((run.engine.config.max_num_seqs, run.num_replicas, run.load.concurrency, run.sensitivity),
+                         (16, 2, 4, False))
+        self.assertEqual((run.workload.prompt_tokens, run.workload.output_tokens), ((100, 100), (10, 10)))
 
     def test_a_simulate_report_is_explained_at_its_own_load(self):
         report = run_json("simulate", "--hardware", "l4-24gb", "--rate", "3", "--requests", "100",

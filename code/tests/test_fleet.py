@@ -20,7 +20,7 @@ def parse(*argv):
 def fleet_run(policy, num_requests=300, rate=20.0, seed=0, router="least-loaded", timeout_s=None, argv=()):
     """A Fleet of policy over seeded requests: (the fleet, the requests, each request's finishes)."""
     args = parse("--rate", rate, *SMALL, *argv)
-    spec = main.build_engine_spec(args)
+    spec = main.build_engine_spec(main.engine_args(args))
     requests = list(main.SyntheticWorkload(num_requests, (200, 1000), (20, 120), seed, rate))
     finishes = {}
     fleet = main.Fleet(spec.engine, main.Router(router), policy)
@@ -145,7 +145,7 @@ class FleetTest(ScratchTest):
         policy = main.FleetPolicy(1, 6, 1, "running", 8.0, scale_up_delay_s=40.0, scale_down_delay_s=60.0,
                                   period_s=15.0)
         args = parse("--rate", "1", *SMALL)
-        spec = main.build_engine_spec(args)
+        spec = main.build_engine_spec(main.engine_args(args))
         workload = main.SyntheticWorkload(0, (200, 1000), (20, 120), 3, schedule=((0.0, 2.0), (120.0, 25.0),
                                                                                  (240.0, 1.0)), duration_s=500.0)
         requests = list(workload)
@@ -164,7 +164,7 @@ class FleetTest(ScratchTest):
 
     def test_a_fleet_that_may_scale_to_zero_does_when_idle_and_a_late_request_waits_for_its_cold_start(self):
         policy = main.FleetPolicy(0, 2, 1, "running", 8.0, scale_up_delay_s=40.0, scale_down_delay_s=60.0)
-        spec = main.build_engine_spec(parse("--rate", "1", *SMALL))
+        spec = main.build_engine_spec(main.engine_args(parse("--rate", "1", *SMALL)))
         requests = list(main.SyntheticWorkload(0, (200, 1000), (20, 120), 5, schedule=(
             (0.0, 2.0), (60.0, 0.0), (1000.0, 2.0)), duration_s=1100.0))
         fleet = main.Fleet(spec.engine, main.Router("least-loaded"), policy)

@@ -95,9 +95,9 @@ def write_run(directory, name, model, config, tp, stages, hardware=KNOWN, load_t
 
 
 def spec_for(model_file, tp, hardware):
-    args = main.build_parser().parse_args(["compare", "x", "--model-file", model_file, "--tensor-parallel-size", str(tp),
-                                           "--max-num-seqs", "128", "--max-num-batched-tokens", "2048"])
-    spec = main.build_engine_spec(args, server={"kind": "vllm", "prefix_caching": True})
+    flags = main.EngineArgs(model_file=model_file, tensor_parallel_size=tp, max_num_seqs=128,
+                            max_num_batched_tokens=2048)
+    spec = main.build_engine_spec(flags, server={"kind": "vllm", "prefix_caching": True})
     return dataclasses.replace(spec, plan=spec.plan.on(hardware))
 
 

@@ -71,7 +71,7 @@ class StreamedWorkloadTest(unittest.TestCase):
 
     def test_a_streamed_run_holds_only_the_requests_in_flight_and_reports_as_a_listed_one(self):
         workload = main.SyntheticWorkload(1500, (20, 200), (1, 40), seed=1, rate=50.0)
-        spec = main.build_engine_spec(main.build_parser().parse_args(["simulate", "--rate", "50"]))
+        spec = main.build_engine_spec(main.EngineArgs())
         live = []
 
         class Counting(main.RunTotals):

@@ -524,8 +524,8 @@ class RecordedSendsTest(ScratchTest):
         # a client whose answer ended a step after the others' sends a step later; llama-server
         # still takes it into their batch, vLLM starts a step on the first request it sees
         path = write_profile(self, [(1, 15.0), (2, 19.0)], [(100, 40.0)], server={"kind": "llama.cpp"})
-        spec = main.build_engine_spec(main.build_parser("compare").parse_args(
-            ["compare", "r.json", "--step-profile", path, *GEMMA]))
+        spec = main.build_engine_spec(main.engine_args(main.build_parser("compare").parse_args(
+            ["compare", "r.json", "--step-profile", path, *GEMMA])))
         self.assertAlmostEqual(main.send_burst_s(self.report("llama.cpp", [0.0]), spec), 0.015)
         self.assertEqual(main.send_burst_s(self.report("vllm", [0.0]), spec), 0.0)
 

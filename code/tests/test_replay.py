@@ -135,8 +135,8 @@ class ReplayTest(ScratchTest):
             self.assertEqual(row[4:8], ["sys", 64, [], 0])
             self.assertAlmostEqual(row[3], trace_row["arrival_s"], places=9)
         path = self.write("replay.json", report)
-        spec = main.build_engine_spec(main.build_parser("compare").parse_args(
-            ["compare", path, "--hardware", "cpu-2vcpu", "--model", "gemma-3-270m-q4_k_m", "--prefix-caching"]))
+        spec = main.build_engine_spec(main.EngineArgs(hardware="cpu-2vcpu", model="gemma-3-270m-q4_k_m",
+                                                      prefix_caching=True))
         predicted = main.predict_loadgen_run(main.read_measured_runs(path)[0][1], spec)
         self.assertEqual(predicted["summary"]["prompt_tokens"], sum(record["prompt_tokens"] for record in records))
         self.assertEqual(predicted["summary"]["num_requests"], 6)
