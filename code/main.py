@@ -6589,32 +6589,124 @@ class RunProgress:
             sys.stderr.write("\n")
 
 
+class EventLoop:
+    """The next-event loop every simulation runs (run_engine, ReplicaRun and its Fleet,
+    DisaggregatedRun): engines, each on a clock of its own, fed by one Arrivals; the next
+    event always goes first. A subclass adds only what differs, through these hooks:
+
+    arrive(request, now_s) -> bool: a request reaches the run (default: the one engine;
+        an idle engine's clock catches up with it). False: it could never run.
+    abort(request): its client gave up (default: the engine it went to drops it).
+    live() -> (indices, engines): the engines that take steps now (default: every one).
+    next_event_s() and handle_event(now_s): the run's own events (a scaler, a failure, a
+        KV transfer delivered); waiting(): whether requests wait outside every engine,
+        so that the run is not over while they do.
+    step(index, engine, horizon_s): an engine's next step or steps, none starting after
+        horizon_s (default: advance, each finished request told to the arrivals).
+    finish(): the run is over (events may still be due: a scaler evaluates for ever).
+
+    NOTE: ties go to the run's own event, then an arrival, then the step of the live
+    engine with the lowest index; with events_first False (a disaggregated pair) an
+    arrival goes before the run's own event.
+    """
+
+    events_first = True
+
+    def __init__(self, engines: Sequence[Engine]):
+        self.engines = list(engines)
+        self.all_ids = list(range(len(self.engines)))
+        self.progress: Optional[RunProgress] = None
+        self.num_done = 0
+
+    def run(self, requests: Iterable[Request], concurrency: Optional[int] = None, timeout_s: Optional[float] = None,
+            progress: Optional[RunProgress] = None, done: Optional[Callable[[Request], None]] = None) -> None:
+        """Send requests open or closed loop (see Arrivals) until every one is done, refused
+        or timed out (progress: told the requests done as they finish; done: called with
+        each request once it has finished, failed or timed out)."""
+        self.progress, self.num_done = progress, 0
+        self.arrivals = arrivals = Arrivals(requests, concurrency, self.arrive, self.engines[0].cost.request_overhead_s,
+                                            done, timeout_s, self.abort)
+        arrivals.start()
+        next_event, live_now, events_first = self.next_event_s, self.live, self.events_first  # NOTE: a hot loop
+        while True:
+            next_arrival_s, next_event_s, (live, live_engines) = arrivals.next_arrival_s(), next_event(), live_now()
+            clocks = [engine.clock_s if engine.scheduler.has_work() else math.inf for engine in live_engines]
+            next_step_s = min(clocks) if clocks else math.inf
+            if next_arrival_s == next_step_s == math.inf and not self.waiting():
+                return self.finish()
+            now_s = min(next_event_s, next_arrival_s, next_step_s)
+            if next_event_s == now_s and (events_first or next_arrival_s != now_s):
+                self.handle_event(now_s)
+            elif next_arrival_s == now_s:
+                arrivals.arrive_until(now_s)
+            else:
+                position = clocks.index(now_s)
+                # NOTE: a fast engine may take several steps at once, but none that starts after the
+                # next event, the next arrival or another engine's next step (whose end may send one).
+                horizon_s = min([next_event_s, next_arrival_s] + clocks[:position] + clocks[position + 1:])
+                self.step(live[position], live_engines[position], horizon_s)
+
+    def arrive(self, request: Request, now_s: float) -> bool:
+        return self.admit(self.engines[0], request, now_s)
+
+    @staticmethod
+    def wake(engine: Engine, now_s: float) -> None:
+        """An idle engine's clock catches up with the time work reaches it."""
+        if not engine.scheduler.has_work():
+            engine.clock_s = max(engine.clock_s, now_s)
+
+    def admit(self, engine: Engine, request: Request, now_s: float) -> bool:
+        """engine takes request at now_s (False: it could never run there)."""
+        self.wake(engine, now_s)
+        return engine.scheduler.add(request)
+
+    def abort(self, request: Request) -> None:
+        self.engines[0].abort(request)
+
+    def live(self) -> Tuple[Sequence[int], Sequence[Engine]]:
+        return self.all_ids, self.engines
+
+    def next_event_s(self) -> float:
+        return math.inf
+
+    def handle_event(self, now_s: float) -> None:
+        raise AssertionError("this run has no events of its own")
+
+    def waiting(self) -> bool:
+        return False
+
+    def finish(self) -> None:
+        """The run is over."""
+
+    def step(self, index: int, engine: Engine, horizon_s: float) -> None:
+        finished = engine.advance(horizon_s, self.arrivals.finishes_send)
+        if finished is None:
+            raise RuntimeError(f"engine {index} has work but can schedule none of it")
+        self.arrivals.finished(finished, engine.clock_s)
+        if finished:
+            self.stepped(index, finished)
+
+    def stepped(self, index: int, finished: List[Request]) -> None:
+        """Engine index's step finished requests (progress told)."""
+        if self.progress is not None:
+            self.num_done += len(finished)
+            self.progress.update(self.num_done, f" at {self.engines[index].clock_s:,.0f} s simulated"
+                                                f"{self.progress_detail()}")
+
+    def progress_detail(self) -> str:
+        return ""
+
+
 def run_engine(engine: Engine, requests: Iterable[Request], concurrency: Optional[int] = None,
                progress: Optional[RunProgress] = None, done: Optional[Callable[[Request], None]] = None,
                timeout_s: Optional[float] = None) -> Engine:
-    """Run requests (see Arrivals) through an engine until every one is done or refused;
-    return it (progress: told the requests done and the virtual clock as they finish;
-    done: called with each request once it has finished, been refused or timed out;
-    timeout_s: a client's patience, after which the engine aborts its request)."""
-    scheduler = engine.scheduler
-    arrivals = Arrivals(requests, concurrency, lambda request, now_s: scheduler.add(request),
-                        engine.cost.request_overhead_s, done, timeout_s, engine.abort)
-    arrivals.start()
-    num_done = 0
-    while True:
-        arrivals.arrive_until(engine.clock_s)
-        if not scheduler.has_work():
-            if arrivals.next_arrival_s() == math.inf:
-                return engine
-            engine.clock_s = max(engine.clock_s, arrivals.next_arrival_s())
-            continue
-        finished = engine.advance(arrivals.next_arrival_s(), arrivals.finishes_send)
-        if finished is None:
-            raise RuntimeError("the scheduler has work but can schedule none of it")
-        arrivals.finished(finished, engine.clock_s)
-        if progress is not None and finished:
-            num_done += len(finished)
-            progress.update(num_done, f" at {engine.clock_s:,.0f} s simulated")
+    """Run requests (see Arrivals) through one engine (the EventLoop's defaults) until
+    every one is done or refused; return it (progress: told the requests done and the
+    virtual clock as they finish; done: called with each request once it has finished,
+    been refused or timed out; timeout_s: a client's patience, after which the engine
+    aborts its request)."""
+    EventLoop([engine]).run(requests, concurrency, timeout_s, progress, done)
+    return engine
 
 
 @dataclass(frozen=True)
@@ -6670,6 +6762,7 @@ class EngineSpec:
                 mixed_overlap_s=profile.mixed_overlap_s * factor)
         return dataclasses.replace(self, plan=self.plan.on(slower_by(self.plan.hardware, factor)),
                                    step_profile=profile, fast=True, kernels_slower_by=self.kernels_slower_by * factor)
+
 
 
 # =============================================================================
@@ -7085,56 +7178,52 @@ class KvLink:
                 "transfer_ms": distribution_ms(list(self.waits_s))}
 
 
-class DisaggregatedRun:
-    """A prefill engine, the KV link and a decode engine on one virtual clock.
+class DisaggregatedRun(EventLoop):
+    """A prefill engine, the KV link and a decode engine on one virtual clock (an EventLoop
+    of the two engines, prefill first, whose own events are the link's deliveries).
 
     A request is prefilled on the prefill engine (its twin there samples one token that
     nobody sees), its prompt's KV (ModelSpec.kv_bytes) crosses the link,
     and the decode engine produces every token the user sees, the first one included,
     so TTFT pays for the transfer. Prompts shorter than min_prompt_tokens skip the
     prefill engine and run whole on the decode engine (conditional disaggregation).
-    Each engine keeps its own clock; the next event (an arrival, a delivered transfer,
-    an engine's next step) always goes first, in that order when they tie.
+    NOTE: the next event goes first, and when they tie an arrival, then a delivered
+    transfer, then an engine's step (events_first False).
     """
+
+    events_first = False
 
     def __init__(self, prefill: Engine, decode: Engine, link: KvLink, min_prompt_tokens: int = 0):
         assert isinstance(prefill.scheduler, PrefillScheduler) and isinstance(decode.scheduler, DecodeScheduler)
+        super().__init__([prefill, decode])
         self.prefill, self.decode, self.link = prefill, decode, link
         self.min_prompt_tokens = min_prompt_tokens
         self.deliveries: List[Tuple[float, int, Request, Request]] = []  # (at decode, order, twin, request)
         self.order = itertools.count()
         self.twins: Dict[Request, Request] = {}  # prefill-side twin -> the user's request
-        self.arrivals: Optional[Arrivals] = None
 
-    def run(self, requests: List[Request], concurrency: Optional[int] = None) -> None:
-        """Send requests open loop or closed loop (as simulate() does) until all are done."""
-        self.arrivals = Arrivals(requests, concurrency, self.arrive, self.prefill.cost.request_overhead_s)
-        self.arrivals.start()
-        while True:
-            next_arrival = self.arrivals.next_arrival_s()
-            next_delivery = self.deliveries[0][0] if self.deliveries else math.inf
-            steps = [engine.clock_s if engine.scheduler.has_work() else math.inf
-                     for engine in (self.prefill, self.decode)]
-            now_s = min(next_arrival, next_delivery, *steps)
-            if now_s == math.inf:
-                return
-            if next_arrival == now_s:
-                self.arrivals.arrive_until(now_s)
-            elif next_delivery == now_s:
-                self.deliver(now_s)
-            elif steps[0] == now_s:
-                self.step_prefill()
-            else:
-                self.arrivals.finished(self._step(self.decode), self.decode.clock_s)
+    def next_event_s(self) -> float:
+        return self.deliveries[0][0] if self.deliveries else math.inf
+
+    def handle_event(self, now_s: float) -> None:
+        self.deliver(now_s)
+
+    def waiting(self) -> bool:
+        """Prompts whose KV is on the link."""
+        return bool(self.deliveries)
+
+    def step(self, index: int, engine: Engine, horizon_s: float) -> None:
+        if engine is self.prefill:
+            self.step_prefill(horizon_s)
+        else:
+            self.arrivals.finished(self._step(self.decode, horizon_s), self.decode.clock_s)
 
     def arrive(self, request: Request, now_s: float) -> bool:
         """A request reaches the pair: short prompts go to the decode engine whole."""
         if request.prompt_tokens < self.min_prompt_tokens:
-            self._wake(self.decode, now_s)
-            return self.decode.scheduler.add(request)
+            return self.admit(self.decode, request, now_s)
         twin = dataclasses.replace(request, max_tokens=1, arrival_s=now_s, sent_s=now_s, blocks=[], token_times=[])
-        self._wake(self.prefill, now_s)
-        if not self.prefill.scheduler.add(twin):
+        if not self.admit(self.prefill, twin, now_s):
             request.error_kind, request.error = twin.error_kind, twin.error
             return False
         self.twins[twin] = request
@@ -7144,24 +7233,19 @@ class DisaggregatedRun:
         """The link delivered a prompt's KV: the prefill engine frees it, the decode engine takes it."""
         _, _, twin, request = heapq.heappop(self.deliveries)
         self.prefill.scheduler.release_held(twin)
-        self._wake(self.decode, now_s)
+        self.wake(self.decode, now_s)
         if not self.decode.scheduler.add_with_kv(request):
             self.arrivals.finished([request], now_s)  # refused: the client sends its next request
 
-    def step_prefill(self) -> None:
+    def step_prefill(self, horizon_s: float) -> None:
         """One prefill step; every prompt it finished starts its transfer over the link."""
-        for twin in self._step(self.prefill):
+        for twin in self._step(self.prefill, horizon_s):
             request = self.twins.pop(twin)
             request.scheduled_s = twin.scheduled_s  # its queue time was spent on the prefill engine
             arrival_s = self.link.send(self.decode.model.kv_bytes(twin.prompt_tokens), self.prefill.clock_s)
             heapq.heappush(self.deliveries, (arrival_s, next(self.order), twin, request))
 
-    def _step(self, engine: Engine) -> List[Request]:
-        other = self.decode if engine is self.prefill else self.prefill
-        # NOTE: a fast engine may take several steps at once, but none that starts after the
-        # next event either engine could send it (an arrival, a delivery, the other's step).
-        horizon_s = min(self.arrivals.next_arrival_s(), self.deliveries[0][0] if self.deliveries else math.inf,
-                        other.clock_s if other.scheduler.has_work() else math.inf)
+    def _step(self, engine: Engine, horizon_s: float) -> List[Request]:
         finished = engine.advance(horizon_s)
         if finished is not None:
             return finished
@@ -7171,12 +7255,6 @@ class DisaggregatedRun:
             raise RuntimeError(f"the {'decode' if engine is self.decode else 'prefill'} engine is stuck")
         engine.clock_s = max(engine.clock_s, self.deliveries[0][0])
         return []
-
-    @staticmethod
-    def _wake(engine: Engine, now_s: float) -> None:
-        """An idle engine's clock catches up with the time work reaches it."""
-        if not engine.scheduler.has_work():
-            engine.clock_s = max(engine.clock_s, now_s)
 
 
 def simulate_disaggregated(prefill: Engine, decode: Engine, requests: List[Request], link: KvLink,
@@ -7261,93 +7339,23 @@ class Router:
         return index
 
 
-class ReplicaRun:
-    """Replicas (engines that share nothing) behind a router, on one virtual clock.
-
-    Each engine keeps its own clock; the next event goes first: one of the run's own
-    (none here; a Fleet's scaler, replicas coming up, failures), an arrival (routed on the
-    spot, so the router sees each replica as of the end of the step it is in), or the
-    step of the live engine whose clock is earliest (the lowest index among equals).
-    With one replica this is run_engine exactly.
+class ReplicaRun(EventLoop):
+    """Replicas (engines that share nothing) behind a router, on one virtual clock (an
+    EventLoop): an arrival is routed on the spot, so the router sees each replica as of
+    the end of the step it is in. A Fleet adds its own events (its scaler, replicas coming
+    up, failures). With one replica this is run_engine exactly.
     """
 
     def __init__(self, engines: Sequence[Engine], router: Router):
-        self.engines = list(engines)
+        super().__init__(engines)
         self.router = router
         self.replica_of: Dict[Request, int] = {}
         self.lost_attempts: List[Tuple[int, List[float]]] = []  # (replica, token times) of attempts a failure lost
-        self.all_ids = list(range(len(self.engines)))  # live(): every replica takes steps
-
-    def run(self, requests: List[Request], concurrency: Optional[int] = None, timeout_s: Optional[float] = None,
-            progress: Optional[RunProgress] = None, done: Optional[Callable[[Request], None]] = None) -> None:
-        """Send requests open or closed loop (see Arrivals) until every one is done, refused
-        or timed out (progress: told the requests done as they finish; done: called with
-        each request once it has finished, failed or timed out)."""
-        self.progress, self.num_done = progress, 0
-        self.arrivals = arrivals = Arrivals(requests, concurrency, self.arrive, self.engines[0].cost.request_overhead_s,
-                                            done, timeout_s, self.abort)
-        arrivals.start()
-        next_event, live_now = self.next_event_s, self.live  # NOTE: looked up once: this loop is hot
-        while True:
-            next_arrival_s, next_event_s, (live, live_engines) = arrivals.next_arrival_s(), next_event(), live_now()
-            clocks = [engine.clock_s if engine.scheduler.has_work() else math.inf for engine in live_engines]
-            next_step_s = min(clocks) if clocks else math.inf
-            if next_arrival_s == next_step_s == math.inf and not self.waiting():
-                return self.finish()  # NOTE: whatever events are still to come (a scaler evaluates for ever)
-            now_s = min(next_event_s, next_arrival_s, next_step_s)
-            if next_event_s == now_s:
-                self.handle_event(now_s)
-            elif next_arrival_s == now_s:
-                arrivals.arrive_until(now_s)
-            else:
-                position = clocks.index(now_s)
-                index, engine = live[position], live_engines[position]
-                # NOTE: a fast engine may take several steps at once, but none that starts after the
-                # next event, the next arrival or another replica's next step (whose end may send one).
-                horizon_s = min([next_event_s, next_arrival_s] + clocks[:position] + clocks[position + 1:])
-                finished = engine.advance(horizon_s, arrivals.finishes_send)
-                if finished is None:
-                    raise RuntimeError(f"replica {index} has work but can schedule none of it")
-                arrivals.finished(finished, engine.clock_s)
-                if finished:
-                    self.stepped(index, finished)
-
-    def stepped(self, index: int, finished: List[Request]) -> None:
-        """Replica index's step finished requests (progress told)."""
-        if self.progress is not None:
-            self.num_done += len(finished)
-            self.progress.update(self.num_done, f" at {self.engines[index].clock_s:,.0f} s simulated"
-                                                f"{self.progress_detail()}")
-
-    def live(self) -> Tuple[Sequence[int], Sequence[Engine]]:
-        """The replicas that take steps, in order, and their engines: every one."""
-        return self.all_ids, self.engines
-
-    def next_event_s(self) -> float:
-        """When the run's own next event is due (inf: it has none)."""
-        return math.inf
-
-    def handle_event(self, now_s: float) -> None:
-        """The run's own event due at now_s."""
-        raise AssertionError("a ReplicaRun has no events of its own")
-
-    def waiting(self) -> bool:
-        """Whether requests wait outside every engine (none here)."""
-        return False
-
-    def finish(self) -> None:
-        """The run is over."""
-
-    def progress_detail(self) -> str:
-        return ""
 
     def arrive(self, request: Request, now_s: float) -> bool:
         index = self.router.choose(request, [engine.scheduler for engine in self.engines])
-        engine = self.engines[index]
-        if not engine.scheduler.has_work():  # an idle replica's clock catches up with its work
-            engine.clock_s = max(engine.clock_s, now_s)
         self.replica_of[request] = index
-        return engine.scheduler.add(request)
+        return self.admit(self.engines[index], request, now_s)
 
     def abort(self, request: Request) -> None:
         """A client gave up on request: the replica it went to drops it (none yet: nothing to do)."""
