@@ -227,7 +227,10 @@ import urllib.parse
 import zlib
 from collections import defaultdict, deque
 from dataclasses import asdict, dataclass, field
-from typing import Callable, Deque, Dict, Hashable, Iterable, Iterator, List, NamedTuple, Optional, Sequence, Tuple, Type
+from typing import Any, Callable, Deque, Dict, Hashable, Iterable, Iterator, List, NamedTuple, Optional, Sequence, Tuple, Type
+
+__version__ = "0.56.0"   # issue 56: a run has a type of its own
+CODE_DATE = "2026-12-08"  # the date of the code this version names
 
 
 GIB = 1024 ** 3
@@ -938,6 +941,11 @@ HARDWARE: Dict[str, Hardware] = {
         Hardware("h100-sxm-80gb", memory_gib=79.6, bandwidth_gbs=3350, tflops=989.4, fp8_tflops=1978.9,
                  interconnect_gbs=450, reserve_gib=2.0, price_per_hour=2.95, host_link_gbs=64, **HGX_NODE,
                  **FITTED_H100),
+        # The lesson's H100: the same datasheet at the lesson's generic roofline (DATASHEET_GPU),
+        # unpriced, fitted to nothing: what the lesson's printed tables were computed with
+        # (its Step 9 sweep: TPOT 7.4 ms at one client, where the fitted H100 gives 6.8).
+        Hardware("h100-lesson", memory_gib=79.6, bandwidth_gbs=3350, tflops=989.4, fp8_tflops=1978.9,
+                 interconnect_gbs=450, reserve_gib=2.0, host_link_gbs=64, **HGX_NODE, **DATASHEET_GPU),
         # H200 SXM 141GB: nvidia-smi 143,771 MiB; HBM3e 4.8 TB/s; the H100's die (989.4 TFLOPS
         # dense BF16, 1,978.9 FP8, NVLink 4). Price: Spheron on-demand, 2026-03-17.
         Hardware("h200-sxm-141gb", 140.4, 4800, 989.4, fp8_tflops=1978.9, interconnect_gbs=450,
@@ -16982,12 +16990,18 @@ SUBCOMMANDS = (
 )
 
 
+def version_text() -> str:
+    return f"servesim {__version__} ({CODE_DATE})"
+
+
 def build_parser(only: Optional[str] = None) -> argparse.ArgumentParser:
     """The whole command line; with only, that subcommand alone (argparse takes ~20 ms to
     add every subcommand's flags, and a few more to make each subcommand's parser)."""
     parser = _Parser(prog="servesim", description=__doc__.split("\n\n")[0],
                      epilog="Exit status: 0 success; 1 does not fit, unreachable or a request failed; "
                             "2 bad input; 130 interrupted.")
+    parser.add_argument("--version", action="version", version=version_text(),
+                        help="print the version and the date of the code, and exit")
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND", parser_class=_Parser)
     for name, help_text, description, add_flags, run in SUBCOMMANDS:
         if only is not None and only != name:
@@ -17035,6 +17049,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     _SECRETS.clear()
     _keep_secrets_of(argv)
+    if argv == ["--version"]:  # NOTE: argparse's version action would leave by SystemExit
+        print(version_text())
+        return 0
     try:
         known = {name for name, *_ in SUBCOMMANDS}
         args = build_parser(argv[0] if argv and argv[0] in known else None).parse_args(argv)

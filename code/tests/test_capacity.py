@@ -78,7 +78,7 @@ class CapacityTest(unittest.TestCase):
         code, out, err = run_cli("capacity", "--hardware", "tpu-v5")
         self.assertEqual((code, out), (2, ""))
         self.assertEqual(err, "servesim: error: --hardware: unknown preset 'tpu-v5'; expected one of "
-                              "h100-sxm-80gb, h200-sxm-141gb, b200-180gb, mi300x-192gb, a100-sxm-80gb, l40s-48gb, "
+                              "h100-sxm-80gb, h100-lesson, h200-sxm-141gb, b200-180gb, mi300x-192gb, a100-sxm-80gb, l40s-48gb, "
                               "l4-24gb, cpu-4vcpu, cpu-2vcpu\n")
         code, _, err = run_cli("simulate", "--model", "gpt-5", "--concurrency", "1")
         self.assertEqual(code, 2)
