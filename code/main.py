@@ -15824,13 +15824,14 @@ def cmd_profile(args) -> int:
     return status
 
 
-def _served_model(args, server: dict) -> None:
-    """Without --model or --model-file, the model preset the measured server loaded, where
-    the file it names is one (llama.cpp's model_path: .../gemma-3-270m-q4_k_m.gguf)."""
+def with_served_model(flags: EngineArgs, server: dict) -> EngineArgs:
+    """flags, and without --model or --model-file the model preset the measured server
+    loaded, where the file it names is one (llama.cpp's model_path: .../gemma-3-270m-q4_k_m.gguf)."""
     name = os.path.basename(server.get("model_path") or "").lower()
     name = name[:-len(".gguf")] if name.endswith(".gguf") else name
-    if args.model is None and args.model_file is None and name in MODELS:
-        args.model = name
+    if flags.model is None and flags.model_file is None and name in MODELS:
+        return dataclasses.replace(flags, model=name)
+    return flags
 
 
 def campaign_flags(path: str) -> dict:
@@ -15847,25 +15848,25 @@ def campaign_flags(path: str) -> dict:
     return {name: value for name, value in flags.items() if value is not None}
 
 
-def _replay_engine_spec(args, path: str, run: dict) -> EngineSpec:
+def replay_engine_spec(flags: EngineArgs, model_dirs: Sequence[str], path: str, run: dict) -> EngineSpec:
     """The engine that replays one inference-perf run: the command line's flags, or with
-    --model-dir the model and server flags its exp-config.yaml records (each model's
-    config.json found as MODEL_DIR/<the name after the last slash>/config.json, in the
-    first --model-dir that has it), the command line's scheduler flags first."""
-    flags = campaign_flags(path) if args.model_dir else {}
-    if args.model_dir and "model" not in flags:
+    model_dirs (--model-dir) the model and server flags its exp-config.yaml records (each
+    model's config.json found as MODEL_DIR/<the name after the last slash>/config.json, in
+    the first of model_dirs that has it), the command line's scheduler flags first."""
+    recorded = campaign_flags(path) if model_dirs else {}
+    if model_dirs and "model" not in recorded:
         raise UsageError(f"{path}: no exp-config.yaml naming the model; --model-dir needs one per run")
-    changes = {name: flags[name] for name in ("max_model_len", "max_num_batched_tokens", "max_num_seqs")
-               if name in flags and getattr(args, name) is None}
-    if args.model_dir:
-        name = flags["model"].rstrip("/").split("/")[-1]
-        found = [os.path.join(folder, name, "config.json") for folder in args.model_dir
+    changes = {name: recorded[name] for name in ("max_model_len", "max_num_batched_tokens", "max_num_seqs")
+               if name in recorded and getattr(flags, name) is None}
+    if model_dirs:
+        name = recorded["model"].rstrip("/").split("/")[-1]
+        found = [os.path.join(folder, name, "config.json") for folder in model_dirs
                  if os.path.isfile(os.path.join(folder, name, "config.json"))]
         if not found:
-            raise UsageError(f"--model-dir {', '.join(args.model_dir)}: no {name}/config.json there for {path}'s "
-                             f"model {flags['model']!r}")
-        changes.update(model_file=found[0], model=None, tensor_parallel_size=flags.get("tensor_parallel_size", 1))
-    return build_engine_spec(engine_args(args, **changes), server=run["server_info"])
+            raise UsageError(f"--model-dir {', '.join(model_dirs)}: no {name}/config.json there for {path}'s "
+                             f"model {recorded['model']!r}")
+        changes.update(model_file=found[0], model=None, tensor_parallel_size=recorded.get("tensor_parallel_size", 1))
+    return build_engine_spec(dataclasses.replace(flags, **changes), server=run["server_info"])
 
 
 def compared_engine(spec: EngineSpec, rows: Sequence[dict], run_rows: Sequence[dict]) -> dict:
@@ -15879,9 +15880,10 @@ def compared_engine(spec: EngineSpec, rows: Sequence[dict], run_rows: Sequence[d
             "capacity": run_rows[0]["capacity"] if shared else None}
 
 
-def _names_model(args) -> bool:
-    """Whether a flag names the model predicted: --model-dir, --model-file or --model."""
-    return bool(args.model is not None or args.model_file is not None or args.model_dir)
+def names_model(flags: EngineArgs, model_dirs: Sequence[str]) -> bool:
+    """Whether the model predicted is named: --model-dir, --model-file, --model, or the
+    measured server's own model file (with_served_model)."""
+    return bool(flags.model is not None or flags.model_file is not None or model_dirs)
 
 
 def stand_in_model_notes(model_named: bool, served: Sequence[Optional[str]], spec: EngineSpec) -> List[str]:
@@ -15906,8 +15908,8 @@ def cmd_compare(args) -> int:
     reports = [report for path in args.reports if not inference_perf_results(path)
                for _, report in read_measured_runs(path)]
     server = measured_server(reports[0]) if reports else runs[0]["server_info"]
-    _served_model(args, server)
-    spec = build_engine_spec(engine_args(args), server=server)
+    flags = with_served_model(engine_args(args), server)
+    spec = build_engine_spec(flags, server=server)
     predictions = [predict_loadgen_run(report, spec) for report in reports]
     devices = spec.plan.num_devices
     for run in reports + predictions:  # both at the price of the device predicted
@@ -15918,11 +15920,12 @@ def cmd_compare(args) -> int:
             row["sensitivity"] = sensitivity(run_figures(prediction["summary"]), *(
                 run_figures(predict_loadgen_run(report, spec.slower_by(factor))["summary"])
                 for factor in SENSITIVITY_STEP_FACTORS))
-    run_rows = [row for path, run in zip([p for p in args.reports if inference_perf_results(p)], runs)
-                for row in predict_inference_perf_rows(run, _replay_engine_spec(args, path, run), args.request_timeout,
-                                                       args.sensitivity)]
+    paths = [path for path in args.reports if inference_perf_results(path)]
+    run_rows = [row for path, run in zip(paths, runs)
+                for row in predict_inference_perf_rows(run, replay_engine_spec(flags, args.model_dir or (), path, run),
+                                                       args.request_timeout, args.sensitivity)]
     named = args.hardware is not None or args.hardware_file is not None
-    stand_ins = stand_in_model_notes(_names_model(args), [report["settings"].get("model") for report in reports]
+    stand_ins = stand_in_model_notes(names_model(flags, args.model_dir), [report["settings"].get("model") for report in reports]
                                      + [run["served_model"] for run in runs], spec)
     notes = [note for note in (profile_drift_note(rows),) if note]
     lines = format_compare(spec, reports, rows, named, notes, stand_ins) if rows else []
@@ -15956,11 +15959,12 @@ def cmd_calibrate(args) -> int:
         raise UsageError(f"every report ran at {f'concurrency {concurrency}' if concurrency else f'rate {rate:g}'}; "
                          f"calibrate needs two different concurrencies (or rates)")
     server = measured_server(reports[0][1]) if reports else runs[0][1]["server_info"]
-    _served_model(args, server)
-    spec = build_engine_spec(engine_args(args), server=server)
+    flags = with_served_model(engine_args(args), server)
+    spec = build_engine_spec(flags, server=server)
     measured = [Measured(path, report, spec, tuple(points))
                 for (path, report), points in zip(reports, loadgen_points(reports))]
-    measured += [Measured(path, run, _replay_engine_spec(args, path, run), tuple(inference_perf_points(run))) for path, run in runs]
+    measured += [Measured(path, run, replay_engine_spec(flags, args.model_dir or (), path, run),
+                          tuple(inference_perf_points(run))) for path, run in runs]
     base, name = spec.plan.hardware, args.name or f"{spec.plan.hardware.name}-calibrated"
     fitted = fitted_figures(measured, base, args.hold)
     held = [figure for figure in fitted_figures(measured, base) if figure not in fitted]
@@ -15977,7 +15981,7 @@ def cmd_calibrate(args) -> int:
         fitted_limits=tuple(max(reach) for reach in zip(*((item.spec.config.max_num_seqs,
                                                            item.spec.config.max_num_batched_tokens,
                                                            item.spec.plan.tensor_parallel_size) for item in measured))))
-    stand_ins = stand_in_model_notes(_names_model(args), [report["settings"].get("model") for _, report in reports]
+    stand_ins = stand_in_model_notes(names_model(flags, args.model_dir), [report["settings"].get("model") for _, report in reports]
                                      + [run["served_model"] for _, run in runs], spec)
     if args.out:
         write_json_file(args.out, asdict(hardware), "--out")
