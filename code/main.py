@@ -11293,7 +11293,7 @@ class LoadSpec:
     concurrency: Optional[int] = None
     rate: Optional[float] = None                              # req/s, or the schedule's multiple
     schedule: Optional[Tuple[Tuple[float, float], ...]] = None  # (start s, req/s) pairs
-    duration_s: float = 0.0                                   # s the schedule runs for
+    duration_s: float = 0.0                                   # s the schedule (or the plain rate) runs for
 
     def to_dict(self, workload: WorkloadSpec) -> dict:
         """The report's settings.arrivals."""
@@ -11304,7 +11304,7 @@ class LoadSpec:
         if self.schedule is not None:
             return {"mode": "schedule", "schedule": [list(pair) for pair in self.schedule],
                     "duration_s": self.duration_s, "rate_scale": self.rate}
-        return {"mode": "poisson", "rate": self.rate}
+        return {"mode": "poisson", "rate": self.rate, **({"duration_s": self.duration_s} if self.duration_s else {})}
 
 
 def workload_requests(workload: WorkloadSpec, load: LoadSpec, streamed: bool = False) -> Sequence[Request]:
@@ -11315,6 +11315,8 @@ def workload_requests(workload: WorkloadSpec, load: LoadSpec, streamed: bool = F
     schedule = load.schedule
     if schedule is not None and load.rate is not None:  # a search's load: the schedule times rate
         schedule = tuple((start_s, each * load.rate) for start_s, each in schedule)
+    elif schedule is None and load.rate and load.duration_s:  # that rate for that long
+        schedule = ((0.0, load.rate),)
     synthetic = SyntheticWorkload(workload.num_requests, workload.prompt_tokens, workload.output_tokens, workload.seed,
                                   None if schedule is not None else load.rate, workload.burstiness,
                                   workload.shared_prefix_tokens, schedule, load.duration_s)
@@ -11370,12 +11372,19 @@ class RunSpec:
 
 
 def schedule_duration_s(args) -> float:
-    """--duration-s, which a --rate-schedule needs (and nothing else takes); UsageError otherwise."""
+    """--duration-s: the seconds a --rate-schedule runs for (it needs one), or a plain
+    --rate (as GuideLLM's --max-seconds: that rate for that long, as many requests as
+    arrive; --requests then unused); 0 without it; UsageError where it cannot hold."""
     schedule, duration_s = getattr(args, "rate_schedule", None), getattr(args, "duration_s", None)
     if schedule is None:
-        if duration_s is not None:
-            raise UsageError("--duration-s: give --rate-schedule too (how requests arrive over that time)")
-        return 0.0
+        rates = getattr(args, "rate", None)
+        rates = rates if isinstance(rates, list) else [rates] if rates else []
+        if duration_s is not None and not rates:
+            raise UsageError("--duration-s: give --rate or --rate-schedule too (how requests arrive over that time)")
+        if duration_s is not None and max(rates) * duration_s > MAX_COUNT:
+            raise UsageError(f"--rate {max(rates):g} over --duration-s {duration_s:g}: about "
+                             f"{max(rates) * duration_s:,.0f} requests; expected at most {MAX_COUNT:,}")
+        return duration_s or 0.0
     if duration_s is None:
         raise UsageError("--rate-schedule: give --duration-s, the seconds the schedule runs for")
     if duration_s <= schedule[-1][0]:
@@ -14365,7 +14374,8 @@ def format_simulation(report: dict) -> List[str]:
         how = (f"poisson arrivals over {arrivals['duration_s']:,.0f} s at " + ", ".join(
             f"{rate * (arrivals['rate_scale'] or 1):g} req/s from {start:,.0f} s" for start, rate in arrivals["schedule"]))
     else:
-        how = f"poisson arrivals {arrivals['rate']:g} req/s"
+        how = f"poisson arrivals {arrivals['rate']:g} req/s" + (
+            f" for {arrivals['duration_s']:,.0f} s" if arrivals.get("duration_s") else "")
     devices = settings.get("devices") or (settings["hardware"] if settings["tensor_parallel_size"] == 1 else (
         f"{settings['tensor_parallel_size']} x {settings['hardware']}"))
     if "fleet" in report:
@@ -14696,6 +14706,9 @@ def format_sweep(run: RunSpec, axis: str, capped: bool, runs: Sequence[Tuple[str
     plan, spec = run.engine.plan, run.workload
     if spec.trace:
         workload = f"trace {spec.trace} ({runs[0][2]['settings']['num_requests']:,} requests)"
+    elif run.load.duration_s and not run.load.schedule:
+        workload = (f"{run.load.duration_s:,.0f} s of requests prompt {_describe_range(spec.prompt_tokens)} "
+                    f"output {_describe_range(spec.output_tokens)}")
     else:
         workload = (f"{spec.num_requests:,} requests prompt {_describe_range(spec.prompt_tokens)} "
                     f"output {_describe_range(spec.output_tokens)}")
@@ -16541,7 +16554,8 @@ def _add_replica_flags(parser: argparse.ArgumentParser) -> None:
                              "the replica caching most of the prompt's prefix, or as vLLM's data-parallel balancer "
                              "does (4 x waiting + running; default %(default)s)")
     parser.add_argument("--duration-s", type=positive_float,
-                        help="seconds a --rate-schedule runs for")
+                        help="seconds a --rate-schedule, or a plain --rate, runs for (as many requests as arrive "
+                             "then; GuideLLM's --max-seconds)")
     _add_fleet_flags(parser)
 
 

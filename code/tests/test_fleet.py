@@ -66,7 +66,10 @@ class RateScheduleTest(ScratchTest):
         self.assert_usage_error(["simulate", "--rate-schedule", "0:2"], "--duration-s")
         self.assert_usage_error(["simulate", "--rate-schedule", "0:2,100:4", "--duration-s", "50"],
                                 "--duration-s 50", "last start, 100 s")
-        self.assert_usage_error(["simulate", "--rate", "2", "--duration-s", "50"], "--duration-s", "--rate-schedule")
+        self.assert_usage_error(["simulate", "--concurrency", "2", "--duration-s", "50"], "--duration-s",
+                                "give --rate or --rate-schedule")
+        self.assert_usage_error(["simulate", "--rate", "20", "--duration-s", "1e9"], "--rate 20 over --duration-s",
+                                "at most 10,000,000")
         self.assert_usage_error(["simulate", "--rate-schedule", "0:10", "--duration-s", "1e9"],
                                 "about 10,000,000,000 requests", "at most 10,000,000")
 
