@@ -14719,8 +14719,18 @@ def format_sweep(run: RunSpec, axis: str, capped: bool, runs: Sequence[Tuple[str
     if all(costs):
         columns += ("$/M out",)
         rows = [row + [_usd(cost["usd_per_million_output_tokens"])] for row, cost in zip(rows, costs)]
+    goods = [run["summary"].get("goodput") for _, _, run in runs]
+    if all(goods):  # NOTE: after the cost, so that a sweep without objectives prints as it did
+        columns += ("goodput", "slo")
+        rows = [row + [f"{good['req_per_s']:.2f}", "met" if good["meets"] else "missed"]
+                for row, good in zip(rows, goods)]
     lines = [f"sweep {plan.model.name} on {deployment_text(plan, run.num_replicas, run.router)} {workload}"]
     lines += format_table(header + columns, rows)
+    if all(goods):
+        objectives = ", ".join(f"{name[:-3]} <= {limit:g} ms" for name, limit in goods[0]["slo"].items())
+        judged = (f"at {goods[0]['criterion']}" if goods[0]["criterion"].startswith("p")
+                  else f"by {goods[0]['criterion']} of requests meeting every objective")
+        lines.append(f"goodput: req/s of requests that met {objectives}; slo: met or missed {judged}")
     for _, _, run in runs:
         lines += _format_rejected(run["rejected"])
     return lines + cost_model_lines([run["engine"]["cost_model"] for _, _, run in runs])

@@ -30,3 +30,25 @@ class DurationTest(unittest.TestCase):
 
 if __name__ == "__main__":
     unittest.main()
+
+
+class SweepVerdictTest(unittest.TestCase):
+
+    def test_with_objectives_the_sweep_table_shows_goodput_and_the_verdict_its_json_has(self):
+        argv = ("sweep", "--concurrency", "1,256", "--requests", "128", "--slo-ttft-ms", "200", "--slo-tpot-ms", "15")
+        code, out, err = run_cli(*argv)
+        self.assertEqual((code, err), (0, ""))
+        lines = out.splitlines()
+        self.assertTrue(lines[1].split()[-2:] == ["goodput", "slo"], lines[1])
+        runs = run_json(*argv)["runs"]
+        for line, run in zip(lines[2:4], runs):
+            good = run["summary"]["goodput"]
+            self.assertEqual(line.split()[-2:], [f"{good['req_per_s']:.2f}", "met" if good["meets"] else "missed"])
+        self.assertEqual([line.split()[-1] for line in lines[2:4]], ["met", "missed"])
+        self.assertIn("goodput: req/s of requests that met ttft <= 200 ms, tpot <= 15 ms; slo: met or missed at p95",
+                      lines)
+
+    def test_without_objectives_the_sweep_table_has_no_verdict(self):
+        code, out, _ = run_cli("sweep", "--concurrency", "1", "--requests", "8")
+        self.assertNotIn("goodput", out)
+        self.assertNotIn(" slo", out.splitlines()[1])
