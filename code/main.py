@@ -220,6 +220,7 @@ import ssl
 import statistics
 import struct
 import sys
+import textwrap
 import threading
 import time
 import traceback
@@ -14187,6 +14188,45 @@ def format_table(header: Sequence[str], rows: List[List[str]], label_column: boo
             for row in [list(header)] + rows]
 
 
+TEXT_WIDTH = 120  # columns a report's text keeps within where it can (--json has every figure)
+
+
+def titled_tables(keys: Sequence[str], key_rows: Sequence[Sequence[str]],
+                  groups: Sequence[Tuple[str, Sequence[str], Sequence[Sequence[str]]]],
+                  label_column: bool = False) -> List[str]:
+    """The key columns beside titled groups of columns, (title, column names, each row's
+    cells), a group's title centred over it and the groups apart by "|": as many groups to
+    a table as fit TEXT_WIDTH (one at least), the rest in tables under it, the keys repeated
+    (label_column: the first key left-aligned, as format_table)."""
+    def render(chosen) -> List[str]:
+        header, rows = list(keys), [list(row) for row in key_rows]
+        for number, (_, names, cells) in enumerate(chosen):
+            header += (["|"] if number else []) + list(names)
+            for row, more in zip(rows, cells):
+                row += (["|"] if number else []) + list(more)
+        lines = format_table(header, rows, label_column)
+        bars = [index for index, char in enumerate(lines[0]) if char == "|"] + [len(lines[0])]
+        title, start = "", 0
+        for (name, _, _), bar in zip(chosen, bars):
+            title += name.center(bar - start) + ("|" if bar < len(lines[0]) else "")
+            start = bar + 1
+        return [title.rstrip()] + lines
+    tables, chosen = [], []
+    for group in groups:
+        if chosen and max(map(len, render(chosen + [group]))) > TEXT_WIDTH:
+            tables.append(render(chosen))
+            chosen = []
+        chosen.append(group)
+    tables.append(render(chosen))
+    return [line for table in tables for line in table]
+
+
+def wrapped(lines: Sequence[str]) -> List[str]:
+    """Lines of prose, each in lines of at most TEXT_WIDTH columns, the later ones indented by two."""
+    return [part for line in lines for part in textwrap.wrap(line, TEXT_WIDTH, subsequent_indent="  ",
+                                                             break_long_words=False, break_on_hyphens=False) or [line]]
+
+
 def _bytes_text(value: float) -> str:
     return f"{round(value, 4):g} byte{'' if value == 1 else 's'}"
 
@@ -14667,28 +14707,20 @@ def _load_label(row: dict) -> str:
 
 
 def _format_compare_table(rows: Sequence[dict]) -> List[str]:
+    """The loadgen runs' table: measured, predicted, error and (repeated runs) noise, in as
+    many tables as TEXT_WIDTH needs."""
     labels = [label for label, _ in COMPARED]
     repeated = any(row["num_runs"] > 1 for row in rows)
-    header = ["concurrency"] + (["runs"] if repeated else []) + ["prompt"] + labels + ["batch", "|"]
-    header += labels + ["batch", "|"] + labels + (["|"] + labels if repeated else [])
+    keys = ["concurrency"] + (["runs"] if repeated else []) + ["prompt"]
+    key_rows = [[_load_label(row)] + ([str(row["num_runs"])] if repeated else []) + [f"{row['prompt_tokens']:,}"]
+                for row in rows]
     styles = {"out tok/s": "{:.1f}", "ttft p50": "{:.1f}", "tpot p50": "{:.1f}", "batch": "{:.2f}"}
-    table = []
-    for row in rows:
-        cells = [_load_label(row)] + ([str(row["num_runs"])] if repeated else []) + [f"{row['prompt_tokens']:,}"]
-        for side in ("measured", "predicted"):
-            cells += [_figure(row[side][label], styles[label]) for label in labels + ["batch"]] + ["|"]
-        cells += [_figure(row["error"][label], "{:+.0%}") for label in labels]
-        if repeated:
-            cells += ["|"] + [_figure(row["spread"][label], "{:.0%}") for label in labels]
-        table.append(cells)
-    lines = format_table(header, table)
-    bars = [index for index, char in enumerate(lines[0]) if char == "|"] + [len(lines[0])]
-    titles = ["measured", "predicted", "error", "noise"]
-    title, start = "", 0
-    for name, bar in zip(titles, bars):
-        title += name.center(bar - start) + ("|" if bar < len(lines[0]) else "")
-        start = bar + 1
-    return [title.rstrip()] + lines
+    groups = [(side, labels + ["batch"], [[_figure(row[side][label], styles[label]) for label in labels + ["batch"]]
+                                           for row in rows]) for side in ("measured", "predicted")]
+    groups.append(("error", labels, [[_figure(row["error"][label], "{:+.0%}") for label in labels] for row in rows]))
+    if repeated:
+        groups.append(("noise", labels, [[_figure(row["spread"][label], "{:.0%}") for label in labels] for row in rows]))
+    return titled_tables(keys, key_rows, groups)
 
 
 def _format_compare_totals(totals: dict) -> str:
@@ -14760,7 +14792,8 @@ def format_compare(spec: EngineSpec, reports: Sequence[dict], rows: Sequence[dic
     lines += list(stand_ins)
     told = server_flags_text(with_profiled_flags(measured_server(reports[0]), spec.step_profile))
     lines += [f"{told}; the prediction takes them where no flag says otherwise"] if told else []
-    lines += _format_compare_table(rows) + [_format_compare_totals(compare_totals(rows))] + list(notes)
+    head, table = wrapped(lines), _format_compare_table(rows)
+    lines = [_format_compare_totals(compare_totals(rows))] + list(notes)
     for key, what, shown in (("prefix_hit_rate", "prefix cache hits", _share),
                              ("preemptions", "preemptions", lambda value: _figure(value, "{:,.0f}"))):
         pairs = [(row, row[key]) for row in rows if key in row]
@@ -14776,7 +14809,7 @@ def format_compare(spec: EngineSpec, reports: Sequence[dict], rows: Sequence[dic
                      + ", ".join(f"{'concurrency ' if row['concurrency'] else ''}{_load_label(row)} "
                                  f"{_usd(cost['measured'])} / {_usd(cost['predicted'])}"
                                  for row, cost in costs))
-    return lines + cost_model_lines([row["cost_model"] for row in rows])
+    return head + table + wrapped(lines + cost_model_lines([row["cost_model"] for row in rows]))
 
 
 def _server_pair(row: dict, key: str) -> Optional[dict]:
@@ -14798,6 +14831,22 @@ def compared_servers(spec: EngineSpec, rows: Sequence[dict]) -> str:
     return ", ".join(f"{model} on {devices}" for model, devices in served)
 
 
+def _inference_perf_table(rows: Sequence[dict], several_runs: bool) -> List[str]:
+    """The stages' table: measured, predicted and error of each shown figure side by side
+    (and the failed share), the run named on each row where there are several, in as many
+    tables as TEXT_WIDTH needs."""
+    keys = (["run"] if several_runs else []) + ["stage", "load", "requests"]
+    key_rows = [([row["run"]] if several_runs else []) + [
+        str(row["stage"]), f"{row['rate']:g}/s" if row["concurrency"] is None else f"c={row['concurrency']}",
+        f"{row['num_requests']:,}"] for row in rows]
+    groups = [(label, ("measured", "pred", "err"),
+               [[_figure(row["measured"][label], "{:.1f}"), _figure(row["predicted"][label], "{:.1f}"),
+                 _figure(row["error"][label], "{:+.1%}")] for row in rows]) for label in INFERENCE_PERF_SHOWN]
+    groups.append(("failed share", ("measured", "pred"), [[_figure(row["measured"]["failed share"], "{:.1%}"),
+                                                           f"{row['predicted']['failed share']:.1%}"] for row in rows]))
+    return titled_tables(keys, key_rows, groups, label_column=several_runs)
+
+
 def format_inference_perf_compare(spec: EngineSpec, runs: Sequence[dict], rows: Sequence[dict],
                                   hardware_named: bool = True, notes: Sequence[str] = ()) -> List[str]:
     """inference-perf stages measured beside predicted: a row per stage, the mean absolute
@@ -14810,20 +14859,8 @@ def format_inference_perf_compare(spec: EngineSpec, runs: Sequence[dict], rows: 
     if not hardware_named:
         lines.append(f"no --hardware given: the default {plan.hardware.name}'s roofline stands in for the server's")
     lines += list(notes)
-    header = ["run", "stage", "load", "requests"]
-    for label in INFERENCE_PERF_SHOWN:
-        header += [label, "pred", "err"]
-    header += ["failed", "pred"]
-    table = []
-    for row in rows:
-        load = f"{row['rate']:g}/s" if row["concurrency"] is None else f"c={row['concurrency']}"
-        cells = [row["run"], str(row["stage"]), load, f"{row['num_requests']:,}"]
-        for label in INFERENCE_PERF_SHOWN:
-            cells += [_figure(row["measured"][label], "{:.1f}"), _figure(row["predicted"][label], "{:.1f}"),
-                      _figure(row["error"][label], "{:+.1%}")]
-        cells += [_figure(row["measured"]["failed share"], "{:.1%}"), f"{row['predicted']['failed share']:.1%}"]
-        table.append(cells)
-    lines += format_table(header, table, label_column=True)
+    table = _inference_perf_table(rows, len(runs) > 1)
+    lines, head = [], wrapped(lines)
     errors = {label: [abs(row["error"][label]) for row in rows if row["error"][label] is not None]
               for label in INFERENCE_PERF_SHOWN}
     failed_points = [abs(row["error"]["failed share"]) * 100 for row in rows if row["error"]["failed share"] is not None]
@@ -14845,7 +14882,7 @@ def format_inference_perf_compare(spec: EngineSpec, runs: Sequence[dict], rows: 
             lines.append(f"{what}, server / simulated: " + ", ".join(
                 f"{row['run']} stage {row['stage']} {shown(pair['measured'])} / {shown(pair['predicted'])}"
                 for row, pair in pairs))
-    return lines + cost_model_lines([row["cost_model"] for row in rows])
+    return head + table + wrapped(lines + cost_model_lines([row["cost_model"] for row in rows]))
 
 
 def _preset_value(value) -> str:

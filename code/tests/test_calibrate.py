@@ -4,6 +4,7 @@ import json
 import os
 import tempfile
 import unittest
+from unittest import mock
 
 from support import ScratchTest, main, run_cli, simulation_report, synthetic_requests
 
@@ -203,6 +204,7 @@ class VllmBenchCalibrateTest(ScratchTest):
 
 class CompareTest(ScratchTest):
 
+    @mock.patch.object(main, "TEXT_WIDTH", 10 ** 6)  # one line per table row and note
     def test_a_report_compared_with_the_hardware_that_made_it_has_no_error(self):
         paths = [self.write(f"c{concurrency}.json", simulated_report(concurrency)) for concurrency in (1, 8)]
         hardware_path = self.write("known.json", {name: getattr(KNOWN, name) for name in main.HARDWARE_FIELDS})

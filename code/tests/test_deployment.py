@@ -6,6 +6,7 @@ import dataclasses
 import json
 import os
 import unittest
+from unittest import mock
 
 from support import FIXTURES_DIR, ScratchTest, main, new_scheduler, run_cli, run_json
 
@@ -211,6 +212,7 @@ class CostTest(unittest.TestCase):
                                         "concurrency 1 $"), line)
         self.assertNotIn("cost per M", run_cli("compare", *reports, "--hardware", "cpu-2vcpu")[1])  # no price
 
+    @mock.patch.object(main, "TEXT_WIDTH", 10 ** 6)  # one line per table row and note
     def test_compare_takes_the_model_the_server_loaded_and_says_when_the_hardware_is_the_default(self):
         report = os.path.join(FIXTURES_DIR, "llamacpp", "c1.json")  # llama.cpp's model_path: .../gemma-3-270m-q4_k_m.gguf
         lines = run_cli("compare", report)[1].splitlines()

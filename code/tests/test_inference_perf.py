@@ -12,6 +12,7 @@ import json
 import os
 import random
 import unittest
+from unittest import mock
 
 from support import FIXTURES_DIR, ScratchTest, main, run_cli, run_json
 
@@ -360,6 +361,7 @@ class WorkloadTest(ScratchTest):
 
 class CompareTest(ScratchTest):
 
+    @mock.patch.object(main, "TEXT_WIDTH", 10 ** 6)  # one line per table row and note
     def test_a_run_compared_on_the_hardware_that_made_it_has_no_error(self):
         folder = write_run(self.directory, "small-run", "small", SMALL, 1, [(2, 20), (6, 20)])
         hardware = self.write("known.json", {**dataclasses.asdict(KNOWN)})
@@ -381,6 +383,7 @@ class CompareTest(ScratchTest):
         self.assertIn("mean |error| over 2 stages: ttft mean 0.0%, ttft p50 0.0%, e2e mean 0.0%, tpot mean 0.0%, "
                       "out tok/s 0.0%; failed share within 0.0 points", out)
 
+    @mock.patch.object(main, "TEXT_WIDTH", 10 ** 6)  # one line per table row and note
     def test_the_servers_cached_prompt_tokens_are_compared_with_the_simulated_hits_of_the_same_successes(self):
         folder = write_run(self.directory, "small-run", "small", SMALL, 1, [(2, 20), (6, 20)])
         model_file = os.path.join(self.directory, "models", "small", "config.json")
@@ -432,6 +435,7 @@ class CompareTest(ScratchTest):
                       f"prefix cache hits of every admission (the server's /metrics), server / simulated: small-run "
                       f"stage 0 40.0% / {hits[0]:.1%}\n", out)
 
+    @mock.patch.object(main, "TEXT_WIDTH", 10 ** 6)  # one line per table row and note
     def test_without_a_model_flag_the_report_says_which_preset_stood_in_for_the_runs_model(self):
         folder = write_run(self.directory, "small-run", "small", SMALL, 1, [(2, 5)], output=20)
         code, out, err = run_cli("compare", folder, "--no-sensitivity")
@@ -469,6 +473,7 @@ class CompareTest(ScratchTest):
         self.assertEqual(code, 2)
         self.assertIn(f"--model-dir {models}: no small/config.json there for {folders[1]}'s model 'org/small'", err)
 
+    @mock.patch.object(main, "TEXT_WIDTH", 10 ** 6)  # one line per table row and note
     def test_a_published_stage_of_means_and_tails_alone_compares_those_and_shows_the_rest_unknown(self):
         folder = write_run(self.directory, "published", "small", SMALL, 1, [(2, 10)])
         where = os.path.join(folder, "results", "stage_0_lifecycle_metrics.json")
@@ -490,7 +495,7 @@ class CompareTest(ScratchTest):
             self.assertAlmostEqual(row["error"][label], 0.0, places=6, msg=label)
         code, out, _ = run_cli("compare", folder, *flags)
         self.assertEqual(code, 0)
-        self.assertEqual(out.splitlines()[2].split()[-2:], ["-", "0.0%"])  # failed: unknown, predicted none
+        self.assertEqual(out.splitlines()[3].split()[-2:], ["-", "0.0%"])  # failed: unknown, predicted none
         self.assertNotIn("failed share within", out)
 
     def test_a_concurrent_stage_is_a_closed_loop_of_its_clients(self):

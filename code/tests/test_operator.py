@@ -1,8 +1,10 @@
 """What an operator of vLLM, SGLang or llama.cpp types, taken as they mean it."""
 
+import os
 import unittest
+from unittest import mock
 
-from support import main, run_cli, run_json
+from support import FIXTURES_DIR, main, run_cli, run_json
 
 
 class DurationTest(unittest.TestCase):
@@ -52,3 +54,57 @@ class SweepVerdictTest(unittest.TestCase):
         code, out, _ = run_cli("sweep", "--concurrency", "1", "--requests", "8")
         self.assertNotIn("goodput", out)
         self.assertNotIn(" slo", out.splitlines()[1])
+
+
+class CompareWidthTest(unittest.TestCase):
+    RUNS = ("c1", "c2", "c3", "c4", "c4-again", "c8")
+
+    def assert_fits(self, out):
+        wide = [line for line in out.splitlines() if len(line) > main.TEXT_WIDTH]
+        self.assertEqual(wide, [])
+
+    def test_compare_of_loadgen_reports_fits_in_120_columns_every_figure_still_shown(self):
+        folder = os.path.join(FIXTURES_DIR, "llamacpp")
+        argv = ["compare", "--step-profile", os.path.join(folder, "profile.json"), "--hardware", "cpu-2vcpu",
+                "--model", "gemma-3-270m-q4_k_m", *(os.path.join(folder, name + ".json") for name in self.RUNS)]
+        code, out, err = run_cli(*argv)
+        self.assertEqual((code, err), (0, ""))
+        self.assert_fits(out)
+        titles = [line.split("|") for line in out.splitlines() if "measured" in line or "error" in line]
+        self.assertEqual([[part.strip() for part in title] for title in titles if len(title) == 2],
+                         [["measured", "predicted"], ["error", "noise"]])
+        self.assertIn("at concurrency 1 the server decoded", out)  # the note, wrapped, still there
+
+    def test_compare_of_several_inference_perf_runs_fits_in_120_columns(self):
+        gpu = os.path.join(FIXTURES_DIR, "gpu")
+        code, out, err = run_cli("compare", os.path.join(gpu, "h100", "llama-3-1-70b-tp4-codegen"),
+                                 os.path.join(gpu, "h100", "llama-3-1-70b-tp4-general-lite"),
+                                 "--hardware", "h100-sxm-80gb", "--model-dir", gpu, "--no-sensitivity")
+        self.assertEqual((code, err), (0, ""))
+        self.assert_fits(out)
+        for figure in ("ttft mean", "ttft p50", "e2e mean", "tpot mean", "out tok/s", "failed share"):
+            self.assertIn(figure, out)
+        self.assertEqual(sum(line.startswith("run ") for line in out.splitlines()), 3)  # keys repeated per table
+
+
+class TitledTablesTest(unittest.TestCase):
+
+    def test_groups_past_the_width_go_to_a_table_below_with_the_keys_repeated(self):
+        groups = [(name, ("a" * 20, "b" * 20), [["1", "2"]]) for name in ("one", "two", "three")]
+        with mock.patch.object(main, "TEXT_WIDTH", 100):
+            lines = main.titled_tables(["key"], [["k"]], groups)
+        self.assertEqual([line.split("|")[0].strip() for line in lines if not line.lstrip().startswith(("key", "k "))],
+                         ["one", "three"])
+        self.assertEqual(sum(line.startswith("key") for line in lines), 2)
+        self.assertTrue(all(len(line) <= 100 for line in lines))
+
+    def test_a_group_wider_than_the_width_still_gets_a_table_of_its_own(self):
+        groups = [("wide", ("x" * 150,), [["1"]])]
+        with mock.patch.object(main, "TEXT_WIDTH", 100):
+            lines = main.titled_tables(["key"], [["k"]], groups)
+        self.assertEqual(len(lines), 3)
+
+    def test_prose_wraps_at_the_width_its_later_lines_indented(self):
+        with mock.patch.object(main, "TEXT_WIDTH", 20):
+            self.assertEqual(main.wrapped(["one two three four five six seven"]),
+                             ["one two three four", "  five six seven"])

@@ -8,6 +8,7 @@ import random
 import signal
 import time
 import unittest
+from unittest import mock
 
 from fake_engine import FakeEngine
 from fake_server import FakeServer
@@ -432,6 +433,7 @@ class CompareWithLlamaCppReportsTest(ScratchTest):
         self.assertIn("(4,096 KV tokens, max-num-seqs 4)", run_cli("compare", vllm, *GEMMA, "--kv-tokens", "4096",
                                                                    "--max-num-seqs", "4")[1].splitlines()[0])
 
+    @mock.patch.object(main, "TEXT_WIDTH", 10 ** 6)  # one line per table row and note
     def test_repeated_runs_give_one_row_with_their_median_and_spread_beside_the_error(self):
         paths = [self.write(f"r{index}.json", self.report(1, tpot)) for index, tpot in enumerate((20.0, 22.0))]
         result = run_json("compare", *paths, *GEMMA, "--kv-tokens", "4096", "--max-num-seqs", "4")
@@ -550,6 +552,7 @@ class VllmBenchResultTest(ScratchTest):
         self.assertTrue(run_cli("compare", path, *self.H100)[1].startswith(
             "compare llama-3.1-8b on h100-sxm-80gb (447,952 KV tokens, max-num-seqs 256) with vllm bench serve; "))
 
+    @mock.patch.object(main, "TEXT_WIDTH", 10 ** 6)  # one line per table row and note
     def test_without_a_model_flag_the_report_says_which_preset_stood_in_for_the_servers_model(self):
         path = self.write("vllm.json", vllm_bench_result())
         code, out, err = run_cli("compare", path, "--hardware", "h100-sxm-80gb")
@@ -678,6 +681,7 @@ class SglangBenchResultTest(ScratchTest):
         self.assertEqual((sglang["source"], sglang["settings"]["server_info"], sglang["summary"]["e2e_ms"]),
                          ("sglang bench_serving", {"kind": "sglang"}, {"mean": 1180.0, "p50": 1170.0, "p99": 1300.0}))
 
+    @mock.patch.object(main, "TEXT_WIDTH", 10 ** 6)  # one line per table row and note
     def test_without_a_model_flag_the_report_says_the_result_names_no_model(self):
         path = self.write("one.jsonl", json.dumps(sglang_bench_result()))
         code, out, err = run_cli("compare", path, "--hardware", "h100-sxm-80gb")
@@ -764,6 +768,7 @@ class ServerFlagsTest(ScratchTest):
         self.assertEqual(self.discover(), {})
         self.assertEqual(self.discover(pages={"/get_server_info": [1, 2], "/props": {"total_slots": "four"}}), {})
 
+    @mock.patch.object(main, "TEXT_WIDTH", 10 ** 6)  # one line per table row and note
     def test_compare_predicts_with_the_servers_flags_unless_a_flag_says_otherwise(self):
         report = loadgen_report(1, 20.0, server="sglang")
         report["settings"]["server_info"] = {"kind": "sglang", "max_num_seqs": 48, "kv_tokens": 300000,
@@ -886,6 +891,7 @@ class ProfileDriftNoteTest(ScratchTest):
         profile["decode"][0]["step_ms"] = step_ms
         return self.write("p.json", profile)
 
+    @mock.patch.object(main, "TEXT_WIDTH", 10 ** 6)  # one line per table row and note
     def test_a_single_client_decoding_off_its_profile_is_named_with_both_figures(self):
         report = run_json("compare", self.RUN, "--step-profile", self.PROFILE, *GEMMA)
         self.assertEqual(report["notes"], [
