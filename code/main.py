@@ -1434,13 +1434,23 @@ def _hf_sliding(text: JsonObject, layers: int) -> dict:
 
 
 def model_from_config(path: str, quantization_given: bool = False) -> ModelSpec:
-    """A decoder from a Hugging Face config.json, dense or mixture of experts, with
-    grouped-query or latent attention: parameters counted from the dimensions
-    (embeddings, attention, MLPs or experts, norms), bytes from torch_dtype and
-    quantization_config (one servesim cannot size is an error unless quantization_given:
-    the caller's --quantization sets the width)."""
+    """A decoder from a Hugging Face config.json file (model_from_config_data)."""
     where = f"--model-file {path}"
-    config = JsonObject(read_json_file(path, where), where)
+    name = os.path.basename(os.path.dirname(os.path.abspath(path)))
+    return model_from_config_data(read_json_file(path, where), where, name, quantization_given)
+
+
+# model types whose transformers config ties the LM head to the embeddings unless it says otherwise
+TIED_BY_DEFAULT = ("gemma", "gemma2", "gemma3", "gemma3_text")
+
+
+def model_from_config_data(value, where: str, name: str, quantization_given: bool = False) -> ModelSpec:
+    """A decoder from a Hugging Face config.json's content, dense or mixture of experts, with
+    grouped-query or latent attention: parameters counted from the dimensions (embeddings,
+    attention, MLPs or experts, norms), bytes from torch_dtype and quantization_config (one
+    servesim cannot size is an error unless quantization_given: the caller's --quantization
+    sets the width). name: the model's, where the config's _name_or_path is silent."""
+    config = JsonObject(value, where)
     nested = config.object("text_config", None)  # multimodal configs nest the decoder
     text = JsonObject(dict(config.value, **nested.value), where) if nested else config
     hidden, layers = text.integer("hidden_size", 1), text.integer("num_hidden_layers", 1)
@@ -1450,7 +1460,8 @@ def model_from_config(path: str, quantization_given: bool = False) -> ModelSpec:
     kv_heads = text.integer("num_key_value_heads", 1, heads)
     head_dim = text.integer("head_dim", 1, hidden // heads)
     vocab = text.integer("vocab_size", 1)
-    tied = text.boolean("tie_word_embeddings", config.boolean("tie_word_embeddings", False))
+    tied = text.boolean("tie_word_embeddings", config.boolean(
+        "tie_word_embeddings", text.string("model_type", "") in TIED_BY_DEFAULT))
     experts = _hf_experts(text, hidden, layers)
     routed, shared = experts.pop("routed"), experts.pop("shared")
     dense_layers = layers - experts.get("num_moe_layers", 0)
@@ -1461,7 +1472,7 @@ def model_from_config(path: str, quantization_given: bool = False) -> ModelSpec:
     dtype = text.string("torch_dtype", None) or text.string("dtype", "bfloat16")
     if dtype not in HF_DTYPE_BYTES:
         raise UsageError(f"{where}: torch_dtype {_shown(dtype)}; expected one of {', '.join(HF_DTYPE_BYTES)}")
-    name = config.string("_name_or_path", "") or os.path.basename(os.path.dirname(os.path.abspath(path)))
+    name = config.string("_name_or_path", "") or name
     latent = {"kv_lora_rank": text.integer("kv_lora_rank", 1, 0), "rope_head_dim": text.integer("qk_rope_head_dim", 1, 0)}
     params = embeddings + attention + mlp + routed + shared + hidden
     kept = {"embeddings": embeddings, "attention": attention - layers * 2 * hidden,
@@ -1584,6 +1595,193 @@ def model_from_file(path: str, quantization_given: bool = False) -> ModelSpec:
     except (OSError, ValueError) as error:
         raise UsageError(f"--model-file {path}: cannot read it ({_reason(error)})") from None
     return model_from_gguf(path) if magic == b"GGUF" else model_from_config(path, quantization_given)
+
+
+# =============================================================================
+# Model names: a Hugging Face id, a model folder, or the local Hugging Face cache
+# =============================================================================
+
+# The config.json fields servesim reads (model_from_config_data) of widely served models, so
+# that their Hugging Face ids work with no download: each copied from the public copy of the
+# config named above it (repository@commit:path; the hub's own files where those are
+# copies), only the fields servesim reads kept (and the vision encoder's type, to say it is
+# not priced). Instruct and base checkpoints of one model share a shape; BUILTIN_MODEL_ALIASES
+# names the other ids.
+BUILTIN_MODEL_CONFIGS: Dict[str, dict] = {
+    # servesim fixtures: /work/main/code/fixtures/gpu/Yi-34B/config.json (h100/README: as inference-sim/inference-sim's model_configs/ holds it; inference-sim@f90a1e3:model_configs/yi-34b/config.json)
+    "01-ai/Yi-34B": {"model_type": "llama", "hidden_size": 7168, "num_hidden_layers": 60, "num_attention_heads": 56, "num_key_value_heads": 8, "vocab_size": 64000, "tie_word_embeddings": False, "intermediate_size": 20480, "torch_dtype": "bfloat16", "max_position_embeddings": 4096},
+    # citsjtu2020/LLM-Prof@8434c8d19c396b2f95d92a67845a7c0a0e0dd512:sglang/Model_Config.md section 'Qwen2.5-14B'
+    "Qwen/Qwen2.5-14B": {"model_type": "qwen2", "hidden_size": 5120, "num_hidden_layers": 48, "num_attention_heads": 40, "num_key_value_heads": 8, "vocab_size": 152064, "tie_word_embeddings": False, "intermediate_size": 13824, "torch_dtype": "bfloat16", "sliding_window": 131072, "use_sliding_window": False, "max_position_embeddings": 131072},
+    # citsjtu2020/LLM-Prof@8434c8d19c396b2f95d92a67845a7c0a0e0dd512:sglang/Model_Config.md section 'Qwen2.5-32B'
+    "Qwen/Qwen2.5-32B": {"model_type": "qwen2", "hidden_size": 5120, "num_hidden_layers": 64, "num_attention_heads": 40, "num_key_value_heads": 8, "vocab_size": 152064, "tie_word_embeddings": False, "intermediate_size": 27648, "torch_dtype": "bfloat16", "sliding_window": 131072, "use_sliding_window": False, "max_position_embeddings": 131072},
+    # mlc-ai/mlc-llm@79d603f085f50500e9509fa01785ffa7ecfaaa93:python/mlc_llm/model/model_preset.py MODEL_PRESETS['qwen2.5_3b'] (vendored HF config; MLC-only keys such as context_window_size/prefill_chunk_size/sliding_window_size may be added)
+    "Qwen/Qwen2.5-3B-Instruct": {"model_type": "qwen2", "hidden_size": 2048, "num_hidden_layers": 36, "num_attention_heads": 16, "num_key_value_heads": 2, "vocab_size": 151936, "tie_word_embeddings": True, "intermediate_size": 11008, "torch_dtype": "bfloat16", "sliding_window": 32768, "use_sliding_window": False, "max_position_embeddings": 32768},
+    # citsjtu2020/LLM-Prof@8434c8d19c396b2f95d92a67845a7c0a0e0dd512:sglang/Model_Config.md section 'Qwen2.5-7B'
+    "Qwen/Qwen2.5-7B": {"model_type": "qwen2", "hidden_size": 3584, "num_hidden_layers": 28, "num_attention_heads": 28, "num_key_value_heads": 4, "vocab_size": 152064, "tie_word_embeddings": False, "intermediate_size": 18944, "torch_dtype": "bfloat16", "sliding_window": 131072, "use_sliding_window": False, "max_position_embeddings": 131072},
+    # inference-sim/inference-sim@f90a1e3a6787da17c2cd463dab6fb2660b1b1760:model_configs/qwen2.5-7b-instruct/config.json
+    "Qwen/Qwen2.5-7B-Instruct": {"model_type": "qwen2", "hidden_size": 3584, "num_hidden_layers": 28, "num_attention_heads": 28, "num_key_value_heads": 4, "vocab_size": 152064, "tie_word_embeddings": False, "intermediate_size": 18944, "torch_dtype": "bfloat16", "sliding_window": 131072, "use_sliding_window": False, "max_position_embeddings": 32768},
+    # sdpython/onnx-diagnostic@cc937c25e830a1195f73090ada9ea6bd8f670a57:onnx_diagnostic/torch_models/hghub/hub_data_cached_configs.py _ccached_qwen_qwen2_5_vl_7b_instruct()
+    "Qwen/Qwen2.5-VL-7B-Instruct": {"model_type": "qwen2_5_vl", "hidden_size": 3584, "num_hidden_layers": 28, "num_attention_heads": 28, "num_key_value_heads": 4, "vocab_size": 152064, "tie_word_embeddings": False, "intermediate_size": 18944, "torch_dtype": "bfloat16", "sliding_window": 32768, "use_sliding_window": False, "max_position_embeddings": 128000, "vision_config": {"model_type": "vision"}},
+    # ai-dynamo/aiconfigurator@095f58a51c4ca8e61b66ec108d86f223f8d559ce:aic-core/src/aiconfigurator_core/model_configs/Qwen--Qwen3-0.6B_config.json
+    "Qwen/Qwen3-0.6B": {"model_type": "qwen3", "hidden_size": 1024, "num_hidden_layers": 28, "num_attention_heads": 16, "num_key_value_heads": 8, "head_dim": 128, "vocab_size": 151936, "tie_word_embeddings": True, "intermediate_size": 3072, "torch_dtype": "bfloat16", "use_sliding_window": False, "max_position_embeddings": 40960},
+    # ai-dynamo/aiconfigurator@095f58a51c4ca8e61b66ec108d86f223f8d559ce:aic-core/src/aiconfigurator_core/model_configs/Qwen--Qwen3-1.7B_config.json
+    "Qwen/Qwen3-1.7B": {"model_type": "qwen3", "hidden_size": 2048, "num_hidden_layers": 28, "num_attention_heads": 16, "num_key_value_heads": 8, "head_dim": 128, "vocab_size": 151936, "tie_word_embeddings": True, "intermediate_size": 6144, "torch_dtype": "bfloat16", "use_sliding_window": False, "max_position_embeddings": 40960},
+    # inference-sim/inference-sim@f90a1e3a6787da17c2cd463dab6fb2660b1b1760:model_configs/qwen3-14b/config.json
+    "Qwen/Qwen3-14B": {"model_type": "qwen3", "hidden_size": 5120, "num_hidden_layers": 40, "num_attention_heads": 40, "num_key_value_heads": 8, "head_dim": 128, "vocab_size": 151936, "tie_word_embeddings": False, "intermediate_size": 17408, "torch_dtype": "bfloat16", "use_sliding_window": False, "max_position_embeddings": 40960},
+    # ai-dynamo/aiconfigurator@095f58a51c4ca8e61b66ec108d86f223f8d559ce:aic-core/src/aiconfigurator_core/model_configs/Qwen--Qwen3-235B-A22B_config.json
+    "Qwen/Qwen3-235B-A22B": {"model_type": "qwen3_moe", "hidden_size": 4096, "num_hidden_layers": 94, "num_attention_heads": 64, "num_key_value_heads": 4, "head_dim": 128, "vocab_size": 151936, "tie_word_embeddings": False, "intermediate_size": 12288, "torch_dtype": "bfloat16", "num_experts": 128, "num_experts_per_tok": 8, "moe_intermediate_size": 1536, "decoder_sparse_step": 1, "mlp_only_layers": [], "use_sliding_window": False, "max_position_embeddings": 40960},
+    # ai-dynamo/aiconfigurator@095f58a51c4ca8e61b66ec108d86f223f8d559ce:aic-core/src/aiconfigurator_core/model_configs/Qwen--Qwen3-30B-A3B_config.json
+    "Qwen/Qwen3-30B-A3B": {"model_type": "qwen3_moe", "hidden_size": 2048, "num_hidden_layers": 48, "num_attention_heads": 32, "num_key_value_heads": 4, "head_dim": 128, "vocab_size": 151936, "tie_word_embeddings": False, "intermediate_size": 6144, "torch_dtype": "bfloat16", "num_experts": 128, "num_experts_per_tok": 8, "moe_intermediate_size": 768, "decoder_sparse_step": 1, "mlp_only_layers": [], "use_sliding_window": False, "max_position_embeddings": 40960},
+    # ai-dynamo/aiconfigurator@095f58a51c4ca8e61b66ec108d86f223f8d559ce:aic-core/src/aiconfigurator_core/model_configs/Qwen--Qwen3-30B-A3B-FP8_config.json
+    "Qwen/Qwen3-30B-A3B-FP8": {"model_type": "qwen3_moe", "hidden_size": 2048, "num_hidden_layers": 48, "num_attention_heads": 32, "num_key_value_heads": 4, "head_dim": 128, "vocab_size": 151936, "tie_word_embeddings": False, "intermediate_size": 6144, "torch_dtype": "bfloat16", "num_experts": 128, "num_experts_per_tok": 8, "moe_intermediate_size": 768, "decoder_sparse_step": 1, "mlp_only_layers": [], "use_sliding_window": False, "max_position_embeddings": 40960, "quantization_config": {"quant_method": "fp8", "modules_to_not_convert": ["lm_head", "model.layers.0.input_layernorm", "model.layers.0.mlp.gate", "model.layers.0.post_attention_layernorm", "model.layers.1.input_layernorm", "model.layers.1.mlp.gate", "... (145 entries in total; list truncated here)"], "fmt": "e4m3", "activation_scheme": "dynamic", "weight_block_size": [128, 128]}},
+    # ai-dynamo/aiconfigurator@095f58a51c4ca8e61b66ec108d86f223f8d559ce:aic-core/src/aiconfigurator_core/model_configs/Qwen--Qwen3-32B_config.json
+    "Qwen/Qwen3-32B": {"model_type": "qwen3", "hidden_size": 5120, "num_hidden_layers": 64, "num_attention_heads": 64, "num_key_value_heads": 8, "head_dim": 128, "vocab_size": 151936, "tie_word_embeddings": False, "intermediate_size": 25600, "torch_dtype": "bfloat16", "use_sliding_window": False, "max_position_embeddings": 40960},
+    # ai-dynamo/aiconfigurator@095f58a51c4ca8e61b66ec108d86f223f8d559ce:aic-core/src/aiconfigurator_core/model_configs/Qwen--Qwen3-32B-FP8_config.json
+    "Qwen/Qwen3-32B-FP8": {"model_type": "qwen3", "hidden_size": 5120, "num_hidden_layers": 64, "num_attention_heads": 64, "num_key_value_heads": 8, "head_dim": 128, "vocab_size": 151936, "tie_word_embeddings": False, "intermediate_size": 25600, "torch_dtype": "bfloat16", "use_sliding_window": False, "max_position_embeddings": 40960, "quantization_config": {"quant_method": "fp8", "fmt": "e4m3", "activation_scheme": "dynamic", "weight_block_size": [128, 128]}},
+    # citsjtu2020/LLM-Prof@8434c8d19c396b2f95d92a67845a7c0a0e0dd512:sglang/Model_Config.md section 'Qwen3-4B'
+    "Qwen/Qwen3-4B": {"model_type": "qwen3", "hidden_size": 2560, "num_hidden_layers": 36, "num_attention_heads": 32, "num_key_value_heads": 8, "head_dim": 128, "vocab_size": 151936, "tie_word_embeddings": True, "intermediate_size": 9728, "torch_dtype": "bfloat16", "use_sliding_window": False, "max_position_embeddings": 40960},
+    # ai-dynamo/aiconfigurator@095f58a51c4ca8e61b66ec108d86f223f8d559ce:aic-core/src/aiconfigurator_core/model_configs/Qwen--Qwen3-8B_config.json
+    "Qwen/Qwen3-8B": {"model_type": "qwen3", "hidden_size": 4096, "num_hidden_layers": 36, "num_attention_heads": 32, "num_key_value_heads": 8, "head_dim": 128, "vocab_size": 151936, "tie_word_embeddings": False, "intermediate_size": 12288, "torch_dtype": "bfloat16", "use_sliding_window": False, "max_position_embeddings": 40960},
+    # inference-sim/inference-sim@f90a1e3a6787da17c2cd463dab6fb2660b1b1760:model_configs/llama-4-scout-17b-16e-instruct-fp8-dynamic/config.json
+    "RedHatAI/Llama-4-Scout-17B-16E-Instruct-FP8-dynamic": {"model_type": "llama4", "torch_dtype": "bfloat16", "quantization_config": {"quant_method": "compressed-tensors", "config_groups": {"group_0": {"input_activations": {"actorder": None, "block_structure": None, "dynamic": True, "group_size": None, "num_bits": 8, "observer": None, "observer_kwargs": {}, "strategy": "token", "symmetric": True, "type": "float"}, "output_activations": None, "targets": ["Linear"], "weights": {"actorder": None, "block_structure": None, "dynamic": False, "group_size": None, "num_bits": 8, "observer": "mse", "observer_kwargs": {}, "strategy": "channel", "symmetric": True, "type": "float"}}}, "ignore": ["vision_model.patch_embedding.linear", "vision_model.model.layers.0.self_attn.q_proj", "vision_model.model.layers.0.self_attn.k_proj", "vision_model.model.layers.0.self_attn.v_proj", "vision_model.model.layers.0.self_attn.o_proj", "vision_model.model.layers.0.mlp.fc1", "... (449 entries in total; list truncated here)"]}, "text_config": {"model_type": "llama4_text", "hidden_size": 5120, "num_hidden_layers": 48, "num_attention_heads": 40, "num_key_value_heads": 8, "head_dim": 128, "vocab_size": 202048, "intermediate_size": 8192, "intermediate_size_mlp": 16384, "torch_dtype": "bfloat16", "num_local_experts": 16, "num_experts_per_tok": 1, "interleave_moe_layer_step": 1, "max_position_embeddings": 10485760}, "vision_config": {"model_type": "llama4_vision_model"}},
+    # ai-dynamo/aiconfigurator@095f58a51c4ca8e61b66ec108d86f223f8d559ce:aic-core/src/aiconfigurator_core/model_configs/deepseek-ai--DeepSeek-R1_config.json
+    "deepseek-ai/DeepSeek-R1": {"model_type": "deepseek_v3", "hidden_size": 7168, "num_hidden_layers": 61, "num_attention_heads": 128, "num_key_value_heads": 128, "vocab_size": 129280, "tie_word_embeddings": False, "intermediate_size": 18432, "torch_dtype": "bfloat16", "kv_lora_rank": 512, "qk_rope_head_dim": 64, "qk_nope_head_dim": 128, "v_head_dim": 128, "q_lora_rank": 1536, "n_routed_experts": 256, "num_experts_per_tok": 8, "moe_intermediate_size": 2048, "n_shared_experts": 1, "first_k_dense_replace": 3, "moe_layer_freq": 1, "max_position_embeddings": 163840, "quantization_config": {"quant_method": "fp8", "fmt": "e4m3", "activation_scheme": "dynamic", "weight_block_size": [128, 128]}},
+    # ai-dynamo/aiconfigurator@095f58a51c4ca8e61b66ec108d86f223f8d559ce:aic-core/src/aiconfigurator_core/model_configs/deepseek-ai--DeepSeek-V3_config.json
+    "deepseek-ai/DeepSeek-V3": {"model_type": "deepseek_v3", "hidden_size": 7168, "num_hidden_layers": 61, "num_attention_heads": 128, "num_key_value_heads": 128, "vocab_size": 129280, "tie_word_embeddings": False, "intermediate_size": 18432, "torch_dtype": "bfloat16", "kv_lora_rank": 512, "qk_rope_head_dim": 64, "qk_nope_head_dim": 128, "v_head_dim": 128, "q_lora_rank": 1536, "n_routed_experts": 256, "num_experts_per_tok": 8, "moe_intermediate_size": 2048, "n_shared_experts": 1, "first_k_dense_replace": 3, "moe_layer_freq": 1, "max_position_embeddings": 163840, "quantization_config": {"quant_method": "fp8", "fmt": "e4m3", "activation_scheme": "dynamic", "weight_block_size": [128, 128]}},
+    # mlc-ai/mlc-llm@79d603f085f50500e9509fa01785ffa7ecfaaa93:python/mlc_llm/model/model_preset.py MODEL_PRESETS['gemma2_27b'] (vendored HF config; MLC-only keys such as context_window_size/prefill_chunk_size/sliding_window_size may be added)
+    "google/gemma-2-27b-it": {"model_type": "gemma2", "hidden_size": 4608, "num_hidden_layers": 46, "num_attention_heads": 32, "num_key_value_heads": 16, "head_dim": 128, "vocab_size": 256000, "intermediate_size": 36864, "torch_dtype": "bfloat16", "sliding_window": 4096, "max_position_embeddings": 8192},
+    # mlc-ai/mlc-llm@79d603f085f50500e9509fa01785ffa7ecfaaa93:python/mlc_llm/model/model_preset.py MODEL_PRESETS['gemma2_2b'] (vendored HF config; MLC-only keys such as context_window_size/prefill_chunk_size/sliding_window_size may be added)
+    "google/gemma-2-2b-it": {"model_type": "gemma2", "hidden_size": 2304, "num_hidden_layers": 26, "num_attention_heads": 8, "num_key_value_heads": 4, "head_dim": 256, "vocab_size": 256000, "intermediate_size": 9216, "torch_dtype": "bfloat16", "sliding_window": 4096, "max_position_embeddings": 8192},
+    # mlc-ai/mlc-llm@79d603f085f50500e9509fa01785ffa7ecfaaa93:python/mlc_llm/model/model_preset.py MODEL_PRESETS['gemma2_9b'] (vendored HF config; MLC-only keys such as context_window_size/prefill_chunk_size/sliding_window_size may be added)
+    "google/gemma-2-9b-it": {"model_type": "gemma2", "hidden_size": 3584, "num_hidden_layers": 42, "num_attention_heads": 16, "num_key_value_heads": 8, "head_dim": 256, "vocab_size": 256000, "intermediate_size": 14336, "torch_dtype": "bfloat16", "sliding_window": 4096, "max_position_embeddings": 8192},
+    # mlc-ai/mlc-llm@79d603f085f50500e9509fa01785ffa7ecfaaa93:python/mlc_llm/model/model_preset.py MODEL_PRESETS['gemma3_1b_it'] (vendored HF config; MLC-only keys such as context_window_size/prefill_chunk_size/sliding_window_size may be added)
+    "google/gemma-3-1b-it": {"model_type": "gemma3_text", "hidden_size": 1152, "num_hidden_layers": 26, "num_attention_heads": 4, "num_key_value_heads": 1, "head_dim": 256, "vocab_size": 262144, "intermediate_size": 6912, "torch_dtype": "bfloat16", "sliding_window": 512, "sliding_window_pattern": 6, "max_position_embeddings": 32768},
+    # ai-dynamo/aiconfigurator@095f58a51c4ca8e61b66ec108d86f223f8d559ce:aic-core/src/aiconfigurator_core/model_configs/meta-llama--Meta-Llama-3.1-405B_config.json
+    "meta-llama/Llama-3.1-405B": {"model_type": "llama", "hidden_size": 16384, "num_hidden_layers": 126, "num_attention_heads": 128, "num_key_value_heads": 8, "vocab_size": 128256, "tie_word_embeddings": False, "intermediate_size": 53248, "torch_dtype": "bfloat16", "max_position_embeddings": 131072},
+    # ai-dynamo/aiconfigurator@095f58a51c4ca8e61b66ec108d86f223f8d559ce:aic-core/src/aiconfigurator_core/model_configs/meta-llama--Meta-Llama-3.1-70B_config.json
+    "meta-llama/Llama-3.1-70B": {"model_type": "llama", "hidden_size": 8192, "num_hidden_layers": 80, "num_attention_heads": 64, "num_key_value_heads": 8, "vocab_size": 128256, "tie_word_embeddings": False, "intermediate_size": 28672, "torch_dtype": "bfloat16", "max_position_embeddings": 131072},
+    # inference-sim/inference-sim@f90a1e3a6787da17c2cd463dab6fb2660b1b1760:model_configs/llama-3.1-70b-instruct/config.json
+    "meta-llama/Llama-3.1-70B-Instruct": {"model_type": "llama", "hidden_size": 8192, "num_hidden_layers": 80, "num_attention_heads": 64, "num_key_value_heads": 8, "vocab_size": 128256, "tie_word_embeddings": False, "intermediate_size": 28672, "torch_dtype": "bfloat16", "max_position_embeddings": 131072},
+    # ai-dynamo/aiconfigurator@095f58a51c4ca8e61b66ec108d86f223f8d559ce:aic-core/src/aiconfigurator_core/model_configs/meta-llama--Meta-Llama-3.1-8B_config.json
+    "meta-llama/Llama-3.1-8B": {"model_type": "llama", "hidden_size": 4096, "num_hidden_layers": 32, "num_attention_heads": 32, "num_key_value_heads": 8, "vocab_size": 128256, "tie_word_embeddings": False, "intermediate_size": 14336, "torch_dtype": "bfloat16", "max_position_embeddings": 131072},
+    # inference-sim/inference-sim@f90a1e3a6787da17c2cd463dab6fb2660b1b1760:model_configs/llama-3.1-8b-instruct/config.json
+    "meta-llama/Llama-3.1-8B-Instruct": {"model_type": "llama", "hidden_size": 4096, "num_hidden_layers": 32, "num_attention_heads": 32, "num_key_value_heads": 8, "vocab_size": 128256, "tie_word_embeddings": False, "intermediate_size": 14336, "torch_dtype": "bfloat16", "max_position_embeddings": 131072},
+    # NVIDIA/TensorRT-LLM@191b07a7e003d653914047ec1ed5e2caa54a0242:tests/unittest/_torch/modeling/test_modeling_mllama.py LLAMA_3_2_11B_VISION_CONFIG (transcribed; only shape fields kept; the dict is a to_dict() dump with generation defaults)
+    "meta-llama/Llama-3.2-11B-Vision-Instruct": {"model_type": "mllama", "torch_dtype": "bfloat16", "text_config": {"model_type": "mllama_text_model", "hidden_size": 4096, "num_hidden_layers": 40, "num_attention_heads": 32, "num_key_value_heads": 8, "vocab_size": 128256, "tie_word_embeddings": False, "intermediate_size": 14336, "torch_dtype": "bfloat16", "max_position_embeddings": 131072}, "vision_config": {"model_type": "mllama_vision_model"}},
+    # mlc-ai/mlc-llm@79d603f085f50500e9509fa01785ffa7ecfaaa93:python/mlc_llm/model/model_preset.py MODEL_PRESETS['llama3_2_1b'] (vendored HF config; MLC-only keys such as context_window_size/prefill_chunk_size/sliding_window_size may be added)
+    "meta-llama/Llama-3.2-1B-Instruct": {"model_type": "llama", "hidden_size": 2048, "num_hidden_layers": 16, "num_attention_heads": 32, "num_key_value_heads": 8, "head_dim": 64, "vocab_size": 128256, "tie_word_embeddings": True, "intermediate_size": 8192, "torch_dtype": "bfloat16", "max_position_embeddings": 131072},
+    # mlc-ai/mlc-llm@79d603f085f50500e9509fa01785ffa7ecfaaa93:python/mlc_llm/model/model_preset.py MODEL_PRESETS['llama3_2_3b'] (vendored HF config; MLC-only keys such as context_window_size/prefill_chunk_size/sliding_window_size may be added)
+    "meta-llama/Llama-3.2-3B-Instruct": {"model_type": "llama", "hidden_size": 3072, "num_hidden_layers": 28, "num_attention_heads": 24, "num_key_value_heads": 8, "head_dim": 128, "vocab_size": 128256, "tie_word_embeddings": True, "intermediate_size": 8192, "torch_dtype": "bfloat16", "max_position_embeddings": 131072},
+    # ai-dynamo/aiconfigurator@095f58a51c4ca8e61b66ec108d86f223f8d559ce:aic-core/src/aiconfigurator_core/model_configs/meta-llama--Llama-4-Maverick-17B-128E-Instruct_config.json
+    "meta-llama/Llama-4-Maverick-17B-128E-Instruct": {"model_type": "llama4", "torch_dtype": "bfloat16", "text_config": {"model_type": "llama4_text", "hidden_size": 5120, "num_hidden_layers": 48, "num_attention_heads": 40, "num_key_value_heads": 8, "head_dim": 128, "vocab_size": 202048, "intermediate_size": 8192, "intermediate_size_mlp": 16384, "torch_dtype": "bfloat16", "num_local_experts": 128, "num_experts_per_tok": 1, "interleave_moe_layer_step": 2, "max_position_embeddings": 1048576}},
+    # ai-dynamo/aiconfigurator@095f58a51c4ca8e61b66ec108d86f223f8d559ce:aic-core/src/aiconfigurator_core/model_configs/meta-llama--Llama-4-Scout-17B-16E-Instruct_config.json
+    "meta-llama/Llama-4-Scout-17B-16E-Instruct": {"model_type": "llama4", "torch_dtype": "bfloat16", "text_config": {"model_type": "llama4_text", "hidden_size": 5120, "num_hidden_layers": 48, "num_attention_heads": 40, "num_key_value_heads": 8, "head_dim": 128, "vocab_size": 202048, "intermediate_size": 8192, "intermediate_size_mlp": 16384, "torch_dtype": "bfloat16", "num_local_experts": 16, "num_experts_per_tok": 1, "interleave_moe_layer_step": 1, "max_position_embeddings": 10485760}},
+    # sdpython/onnx-diagnostic@cc937c25e830a1195f73090ada9ea6bd8f670a57:onnx_diagnostic/torch_models/hghub/hub_data_cached_configs.py _ccached_microsoft_phi3_mini_128k_instruct()
+    "microsoft/Phi-3-mini-128k-instruct": {"model_type": "phi3", "hidden_size": 3072, "num_hidden_layers": 32, "num_attention_heads": 32, "num_key_value_heads": 32, "vocab_size": 32064, "tie_word_embeddings": False, "intermediate_size": 8192, "torch_dtype": "bfloat16", "sliding_window": 262144, "max_position_embeddings": 131072},
+    # sdpython/onnx-diagnostic@cc937c25e830a1195f73090ada9ea6bd8f670a57:onnx_diagnostic/torch_models/hghub/hub_data_cached_configs.py _ccached_microsoft_phi3_mini_4k_instruct()
+    "microsoft/Phi-3-mini-4k-instruct": {"model_type": "phi3", "hidden_size": 3072, "num_hidden_layers": 32, "num_attention_heads": 32, "num_key_value_heads": 32, "vocab_size": 32064, "tie_word_embeddings": False, "intermediate_size": 8192, "torch_dtype": "bfloat16", "sliding_window": 2047, "max_position_embeddings": 4096},
+    # sdpython/onnx-diagnostic@cc937c25e830a1195f73090ada9ea6bd8f670a57:onnx_diagnostic/torch_models/hghub/hub_data_cached_configs.py _ccached_microsoft_phi_35_mini_instruct()
+    "microsoft/Phi-3.5-mini-instruct": {"model_type": "phi3", "hidden_size": 3072, "num_hidden_layers": 32, "num_attention_heads": 32, "num_key_value_heads": 32, "vocab_size": 32064, "tie_word_embeddings": False, "intermediate_size": 8192, "torch_dtype": "bfloat16", "sliding_window": 262144, "max_position_embeddings": 131072},
+    # mlc-ai/mlc-llm@79d603f085f50500e9509fa01785ffa7ecfaaa93:python/mlc_llm/model/model_preset.py MODEL_PRESETS['phi-4'] (vendored HF config; MLC-only keys such as context_window_size/prefill_chunk_size/sliding_window_size may be added)
+    "microsoft/Phi-4-mini-instruct": {"model_type": "phi3", "hidden_size": 3072, "num_hidden_layers": 32, "num_attention_heads": 24, "num_key_value_heads": 8, "vocab_size": 200064, "tie_word_embeddings": True, "intermediate_size": 8192, "torch_dtype": "bfloat16", "sliding_window": 262144, "max_position_embeddings": 131072},
+    # sdpython/onnx-diagnostic@cc937c25e830a1195f73090ada9ea6bd8f670a57:onnx_diagnostic/torch_models/hghub/hub_data_cached_configs.py _ccached_microsoft_phi4_reasoning()
+    "microsoft/Phi-4-mini-reasoning": {"model_type": "phi3", "hidden_size": 3072, "num_hidden_layers": 32, "num_attention_heads": 24, "num_key_value_heads": 8, "vocab_size": 200064, "tie_word_embeddings": True, "intermediate_size": 8192, "torch_dtype": "bfloat16", "sliding_window": 262144, "max_position_embeddings": 131072},
+    # sdpython/experimental-experiment@85ce7548a734aaf5a594da4cfa34b4d6b88abda4:experimental_experiment/torch_models/llm_model_helper.py get_phi4()
+    "microsoft/phi-4": {"model_type": "phi3", "hidden_size": 5120, "num_hidden_layers": 40, "num_attention_heads": 40, "num_key_value_heads": 10, "vocab_size": 100352, "tie_word_embeddings": False, "intermediate_size": 17920, "torch_dtype": "bfloat16", "max_position_embeddings": 16384},
+    # mlc-ai/mlc-llm@79d603f085f50500e9509fa01785ffa7ecfaaa93:python/mlc_llm/model/model_preset.py MODEL_PRESETS['mistral_7b_v03'] (vendored HF config; MLC-only keys such as context_window_size/prefill_chunk_size/sliding_window_size may be added)
+    "mistralai/Mistral-7B-Instruct-v0.3": {"model_type": "mistral", "hidden_size": 4096, "num_hidden_layers": 32, "num_attention_heads": 32, "num_key_value_heads": 8, "vocab_size": 32768, "tie_word_embeddings": False, "intermediate_size": 14336, "torch_dtype": "bfloat16", "max_position_embeddings": 32768},
+    # inference-sim/inference-sim@903c3740746a4abe8792256acb28c1417a09bef2:model_configs/mistral-7b-v0.1/config.json
+    "mistralai/Mistral-7B-v0.1": {"model_type": "mistral", "hidden_size": 4096, "num_hidden_layers": 32, "num_attention_heads": 32, "num_key_value_heads": 8, "vocab_size": 32000, "tie_word_embeddings": False, "intermediate_size": 14336, "torch_dtype": "bfloat16", "sliding_window": 4096, "max_position_embeddings": 32768},
+    # inference-sim/inference-sim@f90a1e3a6787da17c2cd463dab6fb2660b1b1760:model_configs/mistral-nemo-instruct-2407/config.json
+    "mistralai/Mistral-Nemo-Instruct-2407": {"model_type": "mistral", "hidden_size": 5120, "num_hidden_layers": 40, "num_attention_heads": 32, "num_key_value_heads": 8, "head_dim": 128, "vocab_size": 131072, "tie_word_embeddings": False, "intermediate_size": 14336, "torch_dtype": "bfloat16", "max_position_embeddings": 131072},
+    # NVIDIA/TensorRT-LLM@0373e5a1d2d9e154bb878d6dce47f52194a4963e:tests/unittest/_torch/modeling/test_modeling_mistral.py fixture mistral_small_3_1_24b_config (transcribed)
+    "mistralai/Mistral-Small-3.1-24B-Instruct-2503": {"model_type": "mistral3", "torch_dtype": "bfloat16", "text_config": {"model_type": "mistral", "hidden_size": 5120, "num_hidden_layers": 40, "num_attention_heads": 32, "num_key_value_heads": 8, "head_dim": 128, "vocab_size": 131072, "intermediate_size": 32768, "max_position_embeddings": 131072}, "vision_config": {"model_type": "pixtral"}},
+    # inference-sim/inference-sim@59649ee4320aa98bbc5607a84df1f09f1e80eedf:model_configs/mixtral-8x22b-instruct-v0.1/config.json
+    "mistralai/Mixtral-8x22B-Instruct-v0.1": {"model_type": "mixtral", "hidden_size": 6144, "num_hidden_layers": 56, "num_attention_heads": 48, "num_key_value_heads": 8, "vocab_size": 32768, "tie_word_embeddings": False, "intermediate_size": 16384, "torch_dtype": "bfloat16", "num_local_experts": 8, "num_experts_per_tok": 2, "max_position_embeddings": 65536},
+    # ai-dynamo/aiconfigurator@095f58a51c4ca8e61b66ec108d86f223f8d559ce:aic-core/src/aiconfigurator_core/model_configs/mistralai--Mixtral-8x22B-v0.1_config.json
+    "mistralai/Mixtral-8x22B-v0.1": {"model_type": "mixtral", "hidden_size": 6144, "num_hidden_layers": 56, "num_attention_heads": 48, "num_key_value_heads": 8, "vocab_size": 32000, "tie_word_embeddings": False, "intermediate_size": 16384, "torch_dtype": "bfloat16", "num_local_experts": 8, "num_experts_per_tok": 2, "max_position_embeddings": 65536},
+    # inference-sim/inference-sim@59649ee4320aa98bbc5607a84df1f09f1e80eedf:model_configs/mixtral-8x7b-instruct-v0.1/config.json
+    "mistralai/Mixtral-8x7B-Instruct-v0.1": {"model_type": "mixtral", "hidden_size": 4096, "num_hidden_layers": 32, "num_attention_heads": 32, "num_key_value_heads": 8, "vocab_size": 32000, "tie_word_embeddings": False, "intermediate_size": 14336, "torch_dtype": "bfloat16", "num_local_experts": 8, "num_experts_per_tok": 2, "max_position_embeddings": 32768},
+    # inference-sim/inference-sim@f90a1e3a6787da17c2cd463dab6fb2660b1b1760:model_configs/mixtral-8x7b-v0.1/config.json
+    "mistralai/Mixtral-8x7B-v0.1": {"model_type": "mixtral", "hidden_size": 4096, "num_hidden_layers": 32, "num_attention_heads": 32, "num_key_value_heads": 8, "vocab_size": 32000, "tie_word_embeddings": False, "intermediate_size": 14336, "torch_dtype": "bfloat16", "num_local_experts": 8, "num_experts_per_tok": 2, "max_position_embeddings": 32768},
+    # ai-dynamo/aiconfigurator@095f58a51c4ca8e61b66ec108d86f223f8d559ce:aic-core/src/aiconfigurator_core/model_configs/nvidia--Llama-3.1-70B-Instruct-FP8_config.json
+    "nvidia/Llama-3.1-70B-Instruct-FP8": {"model_type": "llama", "hidden_size": 8192, "num_hidden_layers": 80, "num_attention_heads": 64, "num_key_value_heads": 8, "vocab_size": 128256, "tie_word_embeddings": False, "intermediate_size": 28672, "torch_dtype": "bfloat16", "max_position_embeddings": 131072},
+    # ai-dynamo/aiconfigurator@095f58a51c4ca8e61b66ec108d86f223f8d559ce:aic-core/src/aiconfigurator_core/model_configs/openai--gpt-oss-120b_config.json
+    "openai/gpt-oss-120b": {"model_type": "gpt_oss", "hidden_size": 2880, "num_hidden_layers": 36, "num_attention_heads": 64, "num_key_value_heads": 8, "head_dim": 64, "vocab_size": 201088, "tie_word_embeddings": False, "intermediate_size": 2880, "num_local_experts": 128, "num_experts_per_tok": 4, "experts_per_token": 4, "sliding_window": 128, "layer_types": ["sliding_attention", "full_attention"] * 18, "max_position_embeddings": 131072, "quantization_config": {"quant_method": "mxfp4", "modules_to_not_convert": ["model.layers.*.self_attn", "model.layers.*.mlp.router", "model.embed_tokens", "lm_head"]}},
+    # ai-dynamo/aiconfigurator@095f58a51c4ca8e61b66ec108d86f223f8d559ce:aic-core/src/aiconfigurator_core/model_configs/openai--gpt-oss-20b_config.json
+    "openai/gpt-oss-20b": {"model_type": "gpt_oss", "hidden_size": 2880, "num_hidden_layers": 24, "num_attention_heads": 64, "num_key_value_heads": 8, "head_dim": 64, "vocab_size": 201088, "tie_word_embeddings": False, "intermediate_size": 2880, "num_local_experts": 32, "num_experts_per_tok": 4, "experts_per_token": 4, "sliding_window": 128, "layer_types": ["sliding_attention", "full_attention"] * 12, "max_position_embeddings": 131072, "quantization_config": {"quant_method": "mxfp4", "modules_to_not_convert": ["model.layers.*.self_attn", "model.layers.*.mlp.router", "model.embed_tokens", "lm_head"]}},
+}
+BUILTIN_MODEL_ALIASES = {
+    "Qwen/Qwen2.5-3B": "Qwen/Qwen2.5-3B-Instruct",
+    "deepseek-ai/DeepSeek-V3-0324": "deepseek-ai/DeepSeek-V3",
+    "google/gemma-2-27b": "google/gemma-2-27b-it",
+    "google/gemma-2-2b": "google/gemma-2-2b-it",
+    "google/gemma-2-9b": "google/gemma-2-9b-it",
+    "meta-llama/Llama-3.2-11B-Vision": "meta-llama/Llama-3.2-11B-Vision-Instruct",
+    "meta-llama/Llama-3.2-1B": "meta-llama/Llama-3.2-1B-Instruct",
+    "meta-llama/Llama-3.2-3B": "meta-llama/Llama-3.2-3B-Instruct",
+    "meta-llama/Meta-Llama-3.1-405B": "meta-llama/Llama-3.1-405B",
+    "meta-llama/Meta-Llama-3.1-70B": "meta-llama/Llama-3.1-70B",
+    "meta-llama/Meta-Llama-3.1-70B-Instruct": "meta-llama/Llama-3.1-70B-Instruct",
+    "meta-llama/Meta-Llama-3.1-8B": "meta-llama/Llama-3.1-8B",
+    "mistralai/Mistral-7B-v0.3": "mistralai/Mistral-7B-Instruct-v0.3",
+}
+HF_ID = re.compile(r"[A-Za-z0-9][\w.-]*/[\w.-]+")  # org/name, as the hub spells a model id
+
+
+def hf_cache_roots() -> List[str]:
+    """Where the Hugging Face hub keeps what it downloaded, in the hub's own order:
+    $HF_HUB_CACHE, else $HF_HOME/hub, else ~/.cache/huggingface/hub."""
+    if os.environ.get("HF_HUB_CACHE"):
+        return [os.environ["HF_HUB_CACHE"]]
+    home = os.environ.get("HF_HOME") or os.path.join(os.path.expanduser("~"), ".cache", "huggingface")
+    return [os.path.join(home, "hub")]
+
+
+def cached_config_path(model_id: str) -> Optional[str]:
+    """The config.json of model_id in the local hub cache (models--ORG--NAME/snapshots/*/):
+    the snapshot refs/main names, else the newest one that has a config.json; None if none."""
+    for root in hf_cache_roots():
+        folder = os.path.join(root, "models--" + model_id.replace("/", "--"))
+        try:
+            with open(os.path.join(folder, "refs", "main"), encoding="utf-8") as handle:
+                main_snapshot = handle.read().strip()
+        except OSError:
+            main_snapshot = None
+        snapshots = os.path.join(folder, "snapshots")
+        names = sorted(os.listdir(snapshots)) if os.path.isdir(snapshots) else []
+        paths = [os.path.join(snapshots, name, "config.json") for name in names]
+        paths = [path for path in paths if os.path.isfile(path)]
+        preferred = [path for path in paths if os.path.basename(os.path.dirname(path)) == main_snapshot]
+        if preferred or paths:
+            return (preferred or sorted(paths, key=os.path.getmtime))[-1]
+    return None
+
+
+def model_by_name(name: str, flag: str = "--model", quantization_given: bool = False) -> ModelSpec:
+    """The model name stands for: a preset, a model folder (its config.json) or a model
+    file, a Hugging Face id in the local hub cache (cached_config_path) or among the
+    built-in configurations (BUILTIN_MODEL_CONFIGS, case aside); UsageError naming where it
+    looked."""
+    if name in MODELS:
+        return MODELS[name]
+    if os.path.isdir(name) and os.path.isfile(os.path.join(name, "config.json")):
+        return model_from_config(os.path.join(name, "config.json"), quantization_given)
+    if os.path.isfile(name):
+        return model_from_file(name, quantization_given)
+    if HF_ID.fullmatch(name):
+        path = cached_config_path(name)
+        if path is not None:
+            return model_from_config(path, quantization_given)
+        known = {key.lower(): key for key in list(BUILTIN_MODEL_CONFIGS) + list(BUILTIN_MODEL_ALIASES)}
+        model_id = BUILTIN_MODEL_ALIASES.get(known.get(name.lower(), ""), known.get(name.lower()))
+        if model_id is not None:
+            return model_from_config_data(BUILTIN_MODEL_CONFIGS[model_id], f"{flag} {name} (built in)",
+                                          name.split("/")[-1].lower(), quantization_given)
+    looked = ", ".join(hf_cache_roots())
+    raise UsageError(f"{flag} {name}: not a preset ({', '.join(MODELS)}), a model folder or file, a Hugging Face id "
+                     f"in the local cache ({looked}) or one of the {len(BUILTIN_MODEL_CONFIGS)} built in (such as "
+                     f"meta-llama/Llama-3.1-8B-Instruct); download its config.json or give --model-file")
 
 
 # =============================================================================
@@ -10980,7 +11178,7 @@ def _resolve(flags: EngineArgs) -> Tuple[Hardware, ModelSpec]:
         if flags.model is not None:
             raise UsageError("--model and --model-file: give one or the other")
         return hardware, model_from_file(flags.model_file, flags.quantization is not None)
-    return hardware, get_preset(MODELS, flags.model or DEFAULT_MODEL, "--model")
+    return hardware, model_by_name(flags.model or DEFAULT_MODEL, "--model", flags.quantization is not None)
 
 
 def lacks_link(hardware: Hardware, tensor_parallel_size: int) -> bool:
@@ -11025,7 +11223,7 @@ def speculative_settings(flags: EngineArgs, model: ModelSpec) -> Tuple[dict, Opt
     draft = None
     if method == "draft_model":
         name = data.string("model")
-        draft = model_from_file(name) if os.path.exists(name) else get_preset(MODELS, name, "--speculative-config model")
+        draft = model_by_name(name, "--speculative-config model")
     settings = {"speculative_method": method, "num_speculative_tokens": k, "speculative_seed": flags.seed,
                 "acceptance_rate": SPECULATIVE_METHODS[method][0] if rate is None else rate}
     return settings, drafter_model(model, method, draft)
@@ -16407,14 +16605,17 @@ def _add_hardware_flags(parser: argparse.ArgumentParser, of_server: bool = False
         parser.add_argument("--hardware", type=name_text,
                             help=f"the server's hardware preset: {', '.join(HARDWARE)}")
         parser.add_argument("--hardware-file", type=name_text, help="the server's hardware as a JSON file")
-        parser.add_argument("--model", type=name_text, help=f"the served model's preset: {', '.join(MODELS)}")
+        parser.add_argument("--model", type=name_text,
+                            help=f"the served model: a preset ({', '.join(MODELS)}), a Hugging Face id or a folder")
         parser.add_argument("--model-file", type=name_text, help="the served model as a GGUF file or a config.json")
     else:
         parser.add_argument("--hardware", type=name_text,
                             help=f"hardware preset: {', '.join(HARDWARE)} (default {DEFAULT_HARDWARE})")
         parser.add_argument("--hardware-file", type=name_text,
                             help="read the hardware from a JSON file (calibrate --out writes one)")
-        parser.add_argument("--model", type=name_text, help=f"model preset: {', '.join(MODELS)} (default {DEFAULT_MODEL})")
+        parser.add_argument("--model", type=name_text,
+                            help=f"a preset ({', '.join(MODELS)}; default {DEFAULT_MODEL}), a Hugging Face id (the "
+                                 f"local hub cache, or one of {len(BUILTIN_MODEL_CONFIGS)} built in) or a model folder")
         parser.add_argument("--model-file", type=name_text,
                             help="read the model from a GGUF file or a Hugging Face config.json instead")
     parser.add_argument("--gpu-memory-utilization", type=fraction, default=0.9,

@@ -1,6 +1,9 @@
 """What an operator of vLLM, SGLang or llama.cpp types, taken as they mean it."""
 
+import json
 import os
+import shutil
+import tempfile
 import unittest
 from unittest import mock
 
@@ -108,3 +111,87 @@ class TitledTablesTest(unittest.TestCase):
         with mock.patch.object(main, "TEXT_WIDTH", 20):
             self.assertEqual(main.wrapped(["one two three four five six seven"]),
                              ["one two three four", "  five six seven"])
+
+
+def hub_cache(root, model_id, config, snapshot="abc123", main_ref=True):
+    """A Hugging Face hub cache folder as the hub lays it out, holding model_id's config."""
+    folder = os.path.join(root, "models--" + model_id.replace("/", "--"))
+    os.makedirs(os.path.join(folder, "snapshots", snapshot), exist_ok=True)
+    with open(os.path.join(folder, "snapshots", snapshot, "config.json"), "w") as handle:
+        json.dump(config, handle)
+    if main_ref:
+        os.makedirs(os.path.join(folder, "refs"), exist_ok=True)
+        with open(os.path.join(folder, "refs", "main"), "w") as handle:
+            handle.write(snapshot)
+
+
+SMALL_CONFIG = {"model_type": "llama", "hidden_size": 512, "num_hidden_layers": 4, "num_attention_heads": 8,
+                "num_key_value_heads": 2, "intermediate_size": 1024, "vocab_size": 1000, "torch_dtype": "bfloat16"}
+
+
+class ModelNamesTest(unittest.TestCase):
+    # Published totals (model cards, as the hub shows them) of ids built in
+    PUBLISHED_B = {"meta-llama/Llama-3.1-8B-Instruct": 8.0, "meta-llama/Llama-3.1-70B-Instruct": 70.0,
+                   "meta-llama/Llama-3.1-405B": 405.0, "meta-llama/Llama-3.2-1B-Instruct": 1.23,
+                   "meta-llama/Llama-3.2-3B-Instruct": 3.21, "Qwen/Qwen2.5-7B-Instruct": 7.61,
+                   "Qwen/Qwen2.5-3B-Instruct": 3.09, "deepseek-ai/DeepSeek-V3": 671.0, "openai/gpt-oss-120b": 117.0,
+                   "openai/gpt-oss-20b": 21.0}
+
+    def setUp(self):
+        self.scratch = tempfile.mkdtemp()
+        self.addCleanup(shutil.rmtree, self.scratch)
+
+    def test_an_id_in_a_hub_cache_resolves_to_its_config(self):
+        hub_cache(self.scratch, "acme/tiny-7", SMALL_CONFIG)
+        with mock.patch.dict(os.environ, {"HF_HUB_CACHE": self.scratch}):
+            model = main.model_by_name("acme/tiny-7")
+        self.assertEqual((model.layers, model.kv_heads, model.hidden_size, model.vocab_size), (4, 2, 512, 1000))
+
+    def test_the_snapshot_refs_main_names_wins_over_a_newer_one(self):
+        hub_cache(self.scratch, "acme/tiny-7", SMALL_CONFIG, snapshot="aaa")
+        hub_cache(self.scratch, "acme/tiny-7", dict(SMALL_CONFIG, num_hidden_layers=9), snapshot="zzz", main_ref=False)
+        with mock.patch.dict(os.environ, {"HF_HUB_CACHE": self.scratch}):
+            self.assertEqual(main.model_by_name("acme/tiny-7").layers, 4)
+
+    def test_hf_home_holds_the_hub_cache_when_hf_hub_cache_is_unset(self):
+        hub_cache(os.path.join(self.scratch, "hub"), "acme/tiny-7", SMALL_CONFIG)
+        environ = {key: value for key, value in os.environ.items() if key != "HF_HUB_CACHE"}
+        with mock.patch.dict(os.environ, dict(environ, HF_HOME=self.scratch), clear=True):
+            self.assertEqual(main.model_by_name("acme/tiny-7").layers, 4)
+
+    def test_a_model_folder_resolves_to_its_config(self):
+        with open(os.path.join(self.scratch, "config.json"), "w") as handle:
+            json.dump(SMALL_CONFIG, handle)
+        self.assertEqual(main.model_by_name(self.scratch).layers, 4)
+
+    def test_every_built_in_id_and_alias_sizes_and_is_found_whatever_its_case(self):
+        for model_id in list(main.BUILTIN_MODEL_CONFIGS) + list(main.BUILTIN_MODEL_ALIASES):
+            with self.subTest(model_id=model_id), mock.patch.dict(os.environ, {"HF_HUB_CACHE": self.scratch}):
+                model = main.model_by_name(model_id.upper())
+                self.assertGreater(model.params, 1e8)
+                self.assertEqual(model.name, model_id.split("/")[-1].lower())
+
+    def test_built_in_ids_size_within_two_percent_of_their_published_parameter_counts(self):
+        for model_id, billions in self.PUBLISHED_B.items():
+            with self.subTest(model_id=model_id):
+                self.assertAlmostEqual(main.model_by_name(model_id).params / 1e9, billions, delta=billions * 0.02)
+
+    def test_gemma_ties_its_head_to_its_embeddings_unless_its_config_says_otherwise(self):
+        config = dict(SMALL_CONFIG, model_type="gemma2")
+        tied = main.model_from_config_data(config, "test", "g")
+        untied = main.model_from_config_data(dict(config, tie_word_embeddings=False), "test", "g")
+        self.assertEqual(untied.params - tied.params, 1000 * 512)
+
+    def test_an_unknown_id_exits_2_naming_where_it_looked(self):
+        with mock.patch.dict(os.environ, {"HF_HUB_CACHE": self.scratch}):
+            code, out, err = run_cli("capacity", "--model", "acme/nothing-here")
+        self.assertEqual((code, out), (2, ""))
+        self.assertIn("--model acme/nothing-here: not a preset", err)
+        self.assertIn(self.scratch, err)
+        self.assertEqual(len(err.splitlines()), 1)
+
+    def test_simulate_takes_an_id_as_vllm_serve_does(self):
+        report = run_json("simulate", "--model", "meta-llama/Llama-3.1-70B-Instruct", "--tensor-parallel-size", "4",
+                          "--rate", "2", "--requests", "20", "--no-sensitivity")
+        self.assertEqual(report["settings"]["model"], "llama-3.1-70b-instruct")
+        self.assertEqual(report["capacity"]["tensor_parallel_size"], 4)

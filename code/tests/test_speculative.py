@@ -188,7 +188,7 @@ class SpeculativeFlagsTest(unittest.TestCase):
              "'disable_by_batch_size' is not modelled"),
             (["--speculative-config", '{"method": "draft_model", "num_speculative_tokens": 2}'], "model"),
             (["--speculative-config", '{"method": "draft_model", "num_speculative_tokens": 2, "model": "nope"}'],
-             "--speculative-config model: unknown preset 'nope'"),
+             "--speculative-config model nope: not a preset"),
             (["--acceptance-rate", "0.5"], "--acceptance-rate: give --speculative-config too"),
             (EAGLE_K3[:2] + ["--acceptance-rate", "1.5"], "argument --acceptance-rate"),
             (EAGLE_K3 + ["--scheduler", "llamacpp"], "--speculative-config with --scheduler llamacpp"),
