@@ -754,6 +754,8 @@ class ModelSpec:
     # The shapes of its matrices, for a cost priced kernel by kernel (KernelCost; 0: unknown):
     intermediate_size: int = 0   # a dense layer's MLP width, the whole model's (config.json intermediate_size)
     vocab_size: int = 0          # rows of the LM head (config.json vocab_size)
+    unpriced: str = ""           # what the checkpoint holds beside the decoder that is not priced (an encoder)
+    encoder_bytes: float = 0     # bytes of that encoder's weights: held in memory, read by no decode step
 
     @property
     def weight_bytes(self) -> float:
@@ -816,7 +818,7 @@ class ModelSpec:
         return dataclasses.replace(spec, params=(spec.params - routed) / n + routed / expert_devices,
                                    kv_heads=-(-spec.kv_heads // n), num_heads=-(-spec.num_heads // n),
                                    head_params=spec.head_params / n,
-                                   embedding_params=spec.embedding_params / n,
+                                   embedding_params=spec.embedding_params / n, encoder_bytes=spec.encoder_bytes / n,
                                    expert_params=spec.expert_params / expert_devices, tensor_parallel_size=n,
                                    pipeline_parallel_size=stages, expert_parallel_size=expert_parallel_size,
                                    num_expert_batches=max(1, expert_parallel_size // n))
@@ -1442,6 +1444,28 @@ def model_from_config(path: str, quantization_given: bool = False) -> ModelSpec:
 
 # model types whose transformers config ties the LM head to the embeddings unless it says otherwise
 TIED_BY_DEFAULT = ("gemma", "gemma2", "gemma3", "gemma3_text")
+# What marks a config whose layers are not all attention (Mamba, Mamba-2, linear attention):
+# its model type (transformers' names) or a field only such models have
+STATE_SPACE_TYPES = ("mamba", "mamba2", "falcon_mamba", "jamba", "bamba", "nemotron_h", "falcon_h1", "granitemoehybrid",
+                     "zamba", "zamba2", "qwen3_next", "plamo2", "lfm2", "minimax", "minimax_m1", "rwkv", "recurrent_gemma")
+STATE_SPACE_FIELDS = ("attn_layer_period", "hybrid_override_pattern", "layers_block_type", "mamba_d_state",
+                      "mamba_n_heads", "ssm_state_size", "state_size", "linear_num_value_heads", "full_attention_interval")
+
+
+def refuse_state_space(config: JsonObject, where: str) -> None:
+    """UsageError for a model whose layers are not all attention: servesim would put KV on
+    every layer and no state on any, a wrong figure, so it names the architecture instead."""
+    kind = config.string("model_type", "") if isinstance(config.value.get("model_type"), str) else ""
+    layer_kinds = config.value.get("layer_types") if isinstance(config.value.get("layer_types"), list) else []
+    marker = (f"model_type {kind}" if kind in STATE_SPACE_TYPES
+              else next((f"its {name}" for name in STATE_SPACE_FIELDS if name in config.value), None)
+              or next((f"layer_types {value!r}" for value in layer_kinds
+                       if value not in ("full_attention", "sliding_attention", "attention")), None))
+    if marker:
+        architecture = (config.value.get("architectures") or [kind or "this architecture"])[0]
+        raise UsageError(f"{where}: {architecture} ({marker}) has Mamba, state-space or linear-attention layers, which "
+                         f"hold a fixed state per sequence instead of a KV cache; servesim prices decoders whose layers "
+                         f"are all attention, and would size this one wrong: give an attention model")
 
 
 def model_from_config_data(value, where: str, name: str, quantization_given: bool = False) -> ModelSpec:
@@ -1453,6 +1477,7 @@ def model_from_config_data(value, where: str, name: str, quantization_given: boo
     config = JsonObject(value, where)
     nested = config.object("text_config", None)  # multimodal configs nest the decoder
     text = JsonObject(dict(config.value, **nested.value), where) if nested else config
+    refuse_state_space(text, where)
     hidden, layers = text.integer("hidden_size", 1), text.integer("num_hidden_layers", 1)
     if layers > MAX_LAYERS:  # NOTE: some layer rules are counted layer by layer
         raise text.fail("num_hidden_layers", f"at most {MAX_LAYERS:,}", layers)
@@ -1482,7 +1507,40 @@ def model_from_config_data(value, where: str, name: str, quantization_given: boo
                      num_heads=heads, bytes_per_param=bytes_per_param, kv_dtype_bytes=2, head_params=vocab * hidden,
                      embedding_params=0 if tied else vocab * hidden, hidden_size=hidden, fp8_compute=fp8,
                      intermediate_size=dense_width if dense_layers else 0, vocab_size=vocab,
-                     **experts, **_hf_sliding(text, layers), **(latent if latent["kv_lora_rank"] else {}))
+                     unpriced=_unpriced_encoders(config, HF_DTYPE_BYTES[dtype])[0],
+                     encoder_bytes=_unpriced_encoders(config, HF_DTYPE_BYTES[dtype])[1], **experts,
+                     **_hf_sliding(text, layers), **(latent if latent["kv_lora_rank"] else {}))
+
+
+def encoder_params(encoder: dict) -> float:
+    """Parameters of a ViT-style encoder from its config: each block's attention (4 x
+    hidden^2) and MLP (2 matrices of hidden x intermediate, 3 where it is gated: Pixtral's,
+    Qwen2.5-VL's), over its layers (num_hidden_layers or depth, Mllama's global layers too);
+    0 where the config does not give them."""
+    hidden, width = encoder.get("hidden_size") or 0, encoder.get("intermediate_size") or 0
+    layers = (encoder.get("num_hidden_layers") or encoder.get("depth") or 0) + (encoder.get("num_global_layers") or 0)
+    gated = encoder.get("model_type") == "pixtral" or "depth" in encoder
+    if not all(isinstance(value, int) and value > 0 for value in (hidden, width, layers)):
+        return 0.0
+    return layers * (4 * hidden * hidden + (3 if gated else 2) * hidden * width)
+
+
+def _unpriced_encoders(config: JsonObject, dtype_bytes: float) -> Tuple[str, float]:
+    """What a multimodal config holds beside its decoder (vision_config, audio_config), and
+    its weights' bytes (encoder_params at the checkpoint's width): the memory plan holds
+    them, no step reads them, and each image's or clip's encoding time is not priced."""
+    parts, total = [], 0.0
+    for key, kind in (("vision_config", "vision"), ("audio_config", "audio")):
+        encoder = config.value.get(key)
+        if encoder is None:
+            continue
+        encoder = encoder if isinstance(encoder, dict) else {}
+        params = encoder_params(encoder)
+        total += params * dtype_bytes
+        named = f"{encoder['model_type']}, " if isinstance(encoder.get("model_type"), str) else ""
+        size = f"{params / 1e9:.2f} B params, held in the memory plan" if params else "its size unknown: not in the memory plan"
+        parts.append(f"the {kind} encoder ({named}{size})")
+    return " and ".join(parts), total
 
 
 def _group_scale_bits(bits: int, group_size: int, scale_bits: int = 16) -> float:
@@ -1621,7 +1679,7 @@ BUILTIN_MODEL_CONFIGS: Dict[str, dict] = {
     # inference-sim/inference-sim@f90a1e3a6787da17c2cd463dab6fb2660b1b1760:model_configs/qwen2.5-7b-instruct/config.json
     "Qwen/Qwen2.5-7B-Instruct": {"model_type": "qwen2", "hidden_size": 3584, "num_hidden_layers": 28, "num_attention_heads": 28, "num_key_value_heads": 4, "vocab_size": 152064, "tie_word_embeddings": False, "intermediate_size": 18944, "torch_dtype": "bfloat16", "sliding_window": 131072, "use_sliding_window": False, "max_position_embeddings": 32768},
     # sdpython/onnx-diagnostic@cc937c25e830a1195f73090ada9ea6bd8f670a57:onnx_diagnostic/torch_models/hghub/hub_data_cached_configs.py _ccached_qwen_qwen2_5_vl_7b_instruct()
-    "Qwen/Qwen2.5-VL-7B-Instruct": {"model_type": "qwen2_5_vl", "hidden_size": 3584, "num_hidden_layers": 28, "num_attention_heads": 28, "num_key_value_heads": 4, "vocab_size": 152064, "tie_word_embeddings": False, "intermediate_size": 18944, "torch_dtype": "bfloat16", "sliding_window": 32768, "use_sliding_window": False, "max_position_embeddings": 128000, "vision_config": {"model_type": "vision"}},
+    "Qwen/Qwen2.5-VL-7B-Instruct": {"model_type": "qwen2_5_vl", "hidden_size": 3584, "num_hidden_layers": 28, "num_attention_heads": 28, "num_key_value_heads": 4, "vocab_size": 152064, "tie_word_embeddings": False, "intermediate_size": 18944, "torch_dtype": "bfloat16", "sliding_window": 32768, "use_sliding_window": False, "max_position_embeddings": 128000, "vision_config": {"depth": 32, "hidden_size": 1280, "intermediate_size": 3420}},
     # ai-dynamo/aiconfigurator@095f58a51c4ca8e61b66ec108d86f223f8d559ce:aic-core/src/aiconfigurator_core/model_configs/Qwen--Qwen3-0.6B_config.json
     "Qwen/Qwen3-0.6B": {"model_type": "qwen3", "hidden_size": 1024, "num_hidden_layers": 28, "num_attention_heads": 16, "num_key_value_heads": 8, "head_dim": 128, "vocab_size": 151936, "tie_word_embeddings": True, "intermediate_size": 3072, "torch_dtype": "bfloat16", "use_sliding_window": False, "max_position_embeddings": 40960},
     # ai-dynamo/aiconfigurator@095f58a51c4ca8e61b66ec108d86f223f8d559ce:aic-core/src/aiconfigurator_core/model_configs/Qwen--Qwen3-1.7B_config.json
@@ -1643,7 +1701,7 @@ BUILTIN_MODEL_CONFIGS: Dict[str, dict] = {
     # ai-dynamo/aiconfigurator@095f58a51c4ca8e61b66ec108d86f223f8d559ce:aic-core/src/aiconfigurator_core/model_configs/Qwen--Qwen3-8B_config.json
     "Qwen/Qwen3-8B": {"model_type": "qwen3", "hidden_size": 4096, "num_hidden_layers": 36, "num_attention_heads": 32, "num_key_value_heads": 8, "head_dim": 128, "vocab_size": 151936, "tie_word_embeddings": False, "intermediate_size": 12288, "torch_dtype": "bfloat16", "use_sliding_window": False, "max_position_embeddings": 40960},
     # inference-sim/inference-sim@f90a1e3a6787da17c2cd463dab6fb2660b1b1760:model_configs/llama-4-scout-17b-16e-instruct-fp8-dynamic/config.json
-    "RedHatAI/Llama-4-Scout-17B-16E-Instruct-FP8-dynamic": {"model_type": "llama4", "torch_dtype": "bfloat16", "quantization_config": {"quant_method": "compressed-tensors", "config_groups": {"group_0": {"input_activations": {"actorder": None, "block_structure": None, "dynamic": True, "group_size": None, "num_bits": 8, "observer": None, "observer_kwargs": {}, "strategy": "token", "symmetric": True, "type": "float"}, "output_activations": None, "targets": ["Linear"], "weights": {"actorder": None, "block_structure": None, "dynamic": False, "group_size": None, "num_bits": 8, "observer": "mse", "observer_kwargs": {}, "strategy": "channel", "symmetric": True, "type": "float"}}}, "ignore": ["vision_model.patch_embedding.linear", "vision_model.model.layers.0.self_attn.q_proj", "vision_model.model.layers.0.self_attn.k_proj", "vision_model.model.layers.0.self_attn.v_proj", "vision_model.model.layers.0.self_attn.o_proj", "vision_model.model.layers.0.mlp.fc1", "... (449 entries in total; list truncated here)"]}, "text_config": {"model_type": "llama4_text", "hidden_size": 5120, "num_hidden_layers": 48, "num_attention_heads": 40, "num_key_value_heads": 8, "head_dim": 128, "vocab_size": 202048, "intermediate_size": 8192, "intermediate_size_mlp": 16384, "torch_dtype": "bfloat16", "num_local_experts": 16, "num_experts_per_tok": 1, "interleave_moe_layer_step": 1, "max_position_embeddings": 10485760}, "vision_config": {"model_type": "llama4_vision_model"}},
+    "RedHatAI/Llama-4-Scout-17B-16E-Instruct-FP8-dynamic": {"model_type": "llama4", "torch_dtype": "bfloat16", "quantization_config": {"quant_method": "compressed-tensors", "config_groups": {"group_0": {"input_activations": {"actorder": None, "block_structure": None, "dynamic": True, "group_size": None, "num_bits": 8, "observer": None, "observer_kwargs": {}, "strategy": "token", "symmetric": True, "type": "float"}, "output_activations": None, "targets": ["Linear"], "weights": {"actorder": None, "block_structure": None, "dynamic": False, "group_size": None, "num_bits": 8, "observer": "mse", "observer_kwargs": {}, "strategy": "channel", "symmetric": True, "type": "float"}}}, "ignore": ["vision_model.patch_embedding.linear", "vision_model.model.layers.0.self_attn.q_proj", "vision_model.model.layers.0.self_attn.k_proj", "vision_model.model.layers.0.self_attn.v_proj", "vision_model.model.layers.0.self_attn.o_proj", "vision_model.model.layers.0.mlp.fc1", "... (449 entries in total; list truncated here)"]}, "text_config": {"model_type": "llama4_text", "hidden_size": 5120, "num_hidden_layers": 48, "num_attention_heads": 40, "num_key_value_heads": 8, "head_dim": 128, "vocab_size": 202048, "intermediate_size": 8192, "intermediate_size_mlp": 16384, "torch_dtype": "bfloat16", "num_local_experts": 16, "num_experts_per_tok": 1, "interleave_moe_layer_step": 1, "max_position_embeddings": 10485760}, "vision_config": {"hidden_size": 1408, "intermediate_size": 5632, "model_type": "llama4_vision_model", "num_hidden_layers": 34}},
     # ai-dynamo/aiconfigurator@095f58a51c4ca8e61b66ec108d86f223f8d559ce:aic-core/src/aiconfigurator_core/model_configs/deepseek-ai--DeepSeek-R1_config.json
     "deepseek-ai/DeepSeek-R1": {"model_type": "deepseek_v3", "hidden_size": 7168, "num_hidden_layers": 61, "num_attention_heads": 128, "num_key_value_heads": 128, "vocab_size": 129280, "tie_word_embeddings": False, "intermediate_size": 18432, "torch_dtype": "bfloat16", "kv_lora_rank": 512, "qk_rope_head_dim": 64, "qk_nope_head_dim": 128, "v_head_dim": 128, "q_lora_rank": 1536, "n_routed_experts": 256, "num_experts_per_tok": 8, "moe_intermediate_size": 2048, "n_shared_experts": 1, "first_k_dense_replace": 3, "moe_layer_freq": 1, "max_position_embeddings": 163840, "quantization_config": {"quant_method": "fp8", "fmt": "e4m3", "activation_scheme": "dynamic", "weight_block_size": [128, 128]}},
     # ai-dynamo/aiconfigurator@095f58a51c4ca8e61b66ec108d86f223f8d559ce:aic-core/src/aiconfigurator_core/model_configs/deepseek-ai--DeepSeek-V3_config.json
@@ -1667,7 +1725,7 @@ BUILTIN_MODEL_CONFIGS: Dict[str, dict] = {
     # inference-sim/inference-sim@f90a1e3a6787da17c2cd463dab6fb2660b1b1760:model_configs/llama-3.1-8b-instruct/config.json
     "meta-llama/Llama-3.1-8B-Instruct": {"model_type": "llama", "hidden_size": 4096, "num_hidden_layers": 32, "num_attention_heads": 32, "num_key_value_heads": 8, "vocab_size": 128256, "tie_word_embeddings": False, "intermediate_size": 14336, "torch_dtype": "bfloat16", "max_position_embeddings": 131072},
     # NVIDIA/TensorRT-LLM@191b07a7e003d653914047ec1ed5e2caa54a0242:tests/unittest/_torch/modeling/test_modeling_mllama.py LLAMA_3_2_11B_VISION_CONFIG (transcribed; only shape fields kept; the dict is a to_dict() dump with generation defaults)
-    "meta-llama/Llama-3.2-11B-Vision-Instruct": {"model_type": "mllama", "torch_dtype": "bfloat16", "text_config": {"model_type": "mllama_text_model", "hidden_size": 4096, "num_hidden_layers": 40, "num_attention_heads": 32, "num_key_value_heads": 8, "vocab_size": 128256, "tie_word_embeddings": False, "intermediate_size": 14336, "torch_dtype": "bfloat16", "max_position_embeddings": 131072}, "vision_config": {"model_type": "mllama_vision_model"}},
+    "meta-llama/Llama-3.2-11B-Vision-Instruct": {"model_type": "mllama", "torch_dtype": "bfloat16", "text_config": {"model_type": "mllama_text_model", "hidden_size": 4096, "num_hidden_layers": 40, "num_attention_heads": 32, "num_key_value_heads": 8, "vocab_size": 128256, "tie_word_embeddings": False, "intermediate_size": 14336, "torch_dtype": "bfloat16", "max_position_embeddings": 131072}, "vision_config": {"model_type": "mllama_vision_model", "hidden_size": 1280, "intermediate_size": 5120, "num_hidden_layers": 32, "num_global_layers": 8}},
     # mlc-ai/mlc-llm@79d603f085f50500e9509fa01785ffa7ecfaaa93:python/mlc_llm/model/model_preset.py MODEL_PRESETS['llama3_2_1b'] (vendored HF config; MLC-only keys such as context_window_size/prefill_chunk_size/sliding_window_size may be added)
     "meta-llama/Llama-3.2-1B-Instruct": {"model_type": "llama", "hidden_size": 2048, "num_hidden_layers": 16, "num_attention_heads": 32, "num_key_value_heads": 8, "head_dim": 64, "vocab_size": 128256, "tie_word_embeddings": True, "intermediate_size": 8192, "torch_dtype": "bfloat16", "max_position_embeddings": 131072},
     # mlc-ai/mlc-llm@79d603f085f50500e9509fa01785ffa7ecfaaa93:python/mlc_llm/model/model_preset.py MODEL_PRESETS['llama3_2_3b'] (vendored HF config; MLC-only keys such as context_window_size/prefill_chunk_size/sliding_window_size may be added)
@@ -1695,7 +1753,7 @@ BUILTIN_MODEL_CONFIGS: Dict[str, dict] = {
     # inference-sim/inference-sim@f90a1e3a6787da17c2cd463dab6fb2660b1b1760:model_configs/mistral-nemo-instruct-2407/config.json
     "mistralai/Mistral-Nemo-Instruct-2407": {"model_type": "mistral", "hidden_size": 5120, "num_hidden_layers": 40, "num_attention_heads": 32, "num_key_value_heads": 8, "head_dim": 128, "vocab_size": 131072, "tie_word_embeddings": False, "intermediate_size": 14336, "torch_dtype": "bfloat16", "max_position_embeddings": 131072},
     # NVIDIA/TensorRT-LLM@0373e5a1d2d9e154bb878d6dce47f52194a4963e:tests/unittest/_torch/modeling/test_modeling_mistral.py fixture mistral_small_3_1_24b_config (transcribed)
-    "mistralai/Mistral-Small-3.1-24B-Instruct-2503": {"model_type": "mistral3", "torch_dtype": "bfloat16", "text_config": {"model_type": "mistral", "hidden_size": 5120, "num_hidden_layers": 40, "num_attention_heads": 32, "num_key_value_heads": 8, "head_dim": 128, "vocab_size": 131072, "intermediate_size": 32768, "max_position_embeddings": 131072}, "vision_config": {"model_type": "pixtral"}},
+    "mistralai/Mistral-Small-3.1-24B-Instruct-2503": {"model_type": "mistral3", "torch_dtype": "bfloat16", "text_config": {"model_type": "mistral", "hidden_size": 5120, "num_hidden_layers": 40, "num_attention_heads": 32, "num_key_value_heads": 8, "head_dim": 128, "vocab_size": 131072, "intermediate_size": 32768, "max_position_embeddings": 131072}, "vision_config": {"model_type": "pixtral", "hidden_size": 1024, "intermediate_size": 4096, "num_hidden_layers": 24}},
     # inference-sim/inference-sim@59649ee4320aa98bbc5607a84df1f09f1e80eedf:model_configs/mixtral-8x22b-instruct-v0.1/config.json
     "mistralai/Mixtral-8x22B-Instruct-v0.1": {"model_type": "mixtral", "hidden_size": 6144, "num_hidden_layers": 56, "num_attention_heads": 48, "num_key_value_heads": 8, "vocab_size": 32768, "tie_word_embeddings": False, "intermediate_size": 16384, "torch_dtype": "bfloat16", "num_local_experts": 8, "num_experts_per_tok": 2, "max_position_embeddings": 65536},
     # ai-dynamo/aiconfigurator@095f58a51c4ca8e61b66ec108d86f223f8d559ce:aic-core/src/aiconfigurator_core/model_configs/mistralai--Mixtral-8x22B-v0.1_config.json
@@ -1863,6 +1921,7 @@ class CapacityPlan:
             "max_model_len": self.max_model_len,
             "max_concurrency": self.max_concurrency,
             "usd_per_hour": self.hardware.price_per_hour * self.num_devices,
+            **({"unpriced": self.model.unpriced} if self.model.unpriced else {}),
             **({"drafter": self.drafter.name, "draft_weight_bytes": self.drafter.weight_bytes,
                 "draft_kv_bytes_per_token": self.drafter.kv_bytes_per_token} if self.drafter is not None else {}),
         }
@@ -1914,7 +1973,7 @@ def plan_capacity(hardware: Hardware, model: ModelSpec, gpu_memory_utilization: 
     reserve = hardware.reserve_gib * GIB
     model = model.sharded(tensor_parallel_size, pipeline_parallel_size, expert_parallel_size)
     window_bytes = max_num_seqs * min(model.sliding_window, max_model_len) * model.sliding_kv_bytes_per_token
-    draft_bytes = drafter.weight_bytes if drafter is not None else 0.0
+    draft_bytes = (drafter.weight_bytes if drafter is not None else 0.0) + model.encoder_bytes  # NOTE: beside the decoder
     free = budget - model.weight_bytes - draft_bytes - reserve - window_bytes
     if budget - model.weight_bytes - draft_bytes - reserve <= 0:
         raise _weights_do_not_fit(hardware, model, budget, reserve + draft_bytes, gpu_memory_utilization)
@@ -14494,7 +14553,12 @@ def format_capacity(plan: CapacityPlan) -> List[str]:
     where = hardware.name if n == 1 else f"{n} x {hardware.name}, {_parallel_text(model)} (figures per device)"
     lines = [f"capacity {model.name} on {where} gpu-memory-utilization {plan.gpu_memory_utilization:.2f}"]
     lines += [f"{label:<16}{value:<12}{detail}".rstrip() for label, value, detail in rows]
+    lines += [unpriced_line(model.unpriced)] if model.unpriced else []
     return lines + (_parallel_lines(plan) if n > 1 else [])
+
+
+def unpriced_line(unpriced: str) -> str:
+    return f"not priced: {unpriced}; each image's or clip's encoding time is left out of every step"
 
 
 def _parallel_text(model: ModelSpec) -> str:
@@ -14647,6 +14711,7 @@ def format_simulation(report: dict) -> List[str]:
         lines += format_replicas(report["replicas"])
     lines += [step_cost_line(report["step_cost"])] if report.get("step_cost") else []
     lines += sensitivity_lines(report["sensitivity"]) if report.get("sensitivity") else []
+    lines += [unpriced_line(report["capacity"]["unpriced"])] if report["capacity"].get("unpriced") else []
     return lines + [engine["cost_model"]["text"]]
 
 

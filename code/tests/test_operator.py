@@ -1,5 +1,6 @@
 """What an operator of vLLM, SGLang or llama.cpp types, taken as they mean it."""
 
+import dataclasses
 import json
 import os
 import shutil
@@ -195,3 +196,76 @@ class ModelNamesTest(unittest.TestCase):
                           "--rate", "2", "--requests", "20", "--no-sensitivity")
         self.assertEqual(report["settings"]["model"], "llama-3.1-70b-instruct")
         self.assertEqual(report["capacity"]["tensor_parallel_size"], 4)
+
+
+# The shape fields of real configs (public copies: AI21-Jamba-1.5-Mini in sdpython/experimental-experiment,
+# falcon-mamba-7b and Nemotron-H-56B-Base-8K as the hub has them), a VLM's encoder and decoder
+JAMBA = {"architectures": ["JambaForCausalLM"], "model_type": "jamba", "hidden_size": 4096, "num_hidden_layers": 32,
+         "num_attention_heads": 32, "num_key_value_heads": 8, "intermediate_size": 14336, "vocab_size": 65536,
+         "torch_dtype": "bfloat16", "num_experts": 16, "num_experts_per_tok": 2, "attn_layer_period": 8,
+         "attn_layer_offset": 4, "expert_layer_period": 2, "expert_layer_offset": 1, "mamba_d_state": 16,
+         "mamba_d_conv": 4, "mamba_expand": 2, "mamba_dt_rank": 256}
+FALCON_MAMBA = {"architectures": ["FalconMambaForCausalLM"], "model_type": "falcon_mamba", "hidden_size": 4096,
+                "num_hidden_layers": 64, "intermediate_size": 8192, "vocab_size": 65024, "torch_dtype": "bfloat16",
+                "state_size": 16, "conv_kernel": 4, "expand": 16, "time_step_rank": 256}
+NEMOTRON_H = {"architectures": ["NemotronHForCausalLM"], "model_type": "nemotron_h", "hidden_size": 8192,
+              "num_hidden_layers": 118, "num_attention_heads": 64, "num_key_value_heads": 8, "intermediate_size": 32768,
+              "vocab_size": 131072, "torch_dtype": "bfloat16", "hybrid_override_pattern": "M-M-M-M*-" * 10,
+              "mamba_num_heads": 256, "mamba_head_dim": 64, "n_groups": 8, "ssm_state_size": 256}
+
+
+class ArchitecturesTest(unittest.TestCase):
+
+    def write_config(self, config):
+        folder = tempfile.mkdtemp()
+        self.addCleanup(shutil.rmtree, folder)
+        with open(os.path.join(folder, "config.json"), "w") as handle:
+            json.dump(config, handle)
+        return folder
+
+    def test_a_model_with_mamba_or_linear_attention_layers_exits_2_naming_its_architecture(self):
+        for config, architecture in ((JAMBA, "JambaForCausalLM"), (FALCON_MAMBA, "FalconMambaForCausalLM"),
+                                     (NEMOTRON_H, "NemotronHForCausalLM")):
+            with self.subTest(architecture=architecture):
+                code, out, err = run_cli("capacity", "--model", self.write_config(config))
+                self.assertEqual((code, out), (2, ""))
+                self.assertIn(architecture, err)
+                self.assertIn("state-space or linear-attention layers", err)
+                self.assertEqual(len(err.splitlines()), 1)
+
+    def test_a_linear_attention_layer_kind_is_refused_though_the_type_is_new(self):
+        config = dict(SMALL_CONFIG, model_type="brand_new", layer_types=["linear_attention", "full_attention"] * 2)
+        with self.assertRaises(main.UsageError) as caught:
+            main.model_from_config_data(config, "test", "x")
+        self.assertIn("layer_types 'linear_attention'", str(caught.exception))
+
+    def test_an_attention_model_with_sliding_layers_is_not_refused(self):
+        config = dict(SMALL_CONFIG, sliding_window=128, layer_types=["sliding_attention", "full_attention"] * 2)
+        self.assertEqual(main.model_from_config_data(config, "test", "x").num_sliding_layers, 2)
+
+    def test_a_vision_language_model_sizes_its_decoder_and_encoder_within_two_percent_of_the_published_total(self):
+        published_b = {"meta-llama/Llama-3.2-11B-Vision-Instruct": 10.6, "Qwen/Qwen2.5-VL-7B-Instruct": 8.29,
+                       "mistralai/Mistral-Small-3.1-24B-Instruct-2503": 24.0}
+        for model_id, billions in published_b.items():
+            with self.subTest(model_id=model_id):
+                model = main.model_by_name(model_id)
+                total = model.params + model.encoder_bytes / model.bytes_per_param
+                self.assertAlmostEqual(total / 1e9, billions, delta=billions * 0.02)
+                self.assertIn("vision encoder", model.unpriced)
+
+    def test_the_encoder_is_held_in_memory_and_said_not_priced(self):
+        code, out, err = run_cli("capacity", "--model", "Qwen/Qwen2.5-VL-7B-Instruct")
+        self.assertEqual((code, err), (0, ""))
+        self.assertIn("not priced: the vision encoder (0.63 B params, held in the memory plan); each image's or clip's "
+                      "encoding time is left out of every step", out)
+        with_encoder = main.model_by_name("Qwen/Qwen2.5-VL-7B-Instruct")
+        without = dataclasses.replace(with_encoder, encoder_bytes=0.0, unpriced="")
+        hardware = main.HARDWARE["l4-24gb"]
+        plans = [main.plan_capacity(hardware, model, 0.9, 16, None, 4096) for model in (with_encoder, without)]
+        self.assertAlmostEqual(plans[1].kv_cache_bytes - plans[0].kv_cache_bytes, with_encoder.encoder_bytes,
+                               delta=16 * with_encoder.kv_bytes_per_token)  # whole blocks
+
+    def test_a_text_model_says_nothing_of_encoders(self):
+        code, out, _ = run_cli("capacity", "--model", "meta-llama/Llama-3.1-8B-Instruct")
+        self.assertNotIn("not priced", out)
+        self.assertNotIn("unpriced", json.dumps(run_json("capacity", "--model", "meta-llama/Llama-3.1-8B-Instruct")))
