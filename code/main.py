@@ -200,6 +200,7 @@ import csv
 import dataclasses
 import datetime
 import errno
+import functools
 import gc
 import heapq
 import http.client
@@ -11126,6 +11127,590 @@ class Profiler:
 
 
 # =============================================================================
+# Server command lines: vllm serve, SGLang's and llama-server's flags as servesim's
+# =============================================================================
+
+# Every flag of the servers' own parsers, as tokens "[~]NAME,ALIAS[=|=+|=?][!NEGATION,...]":
+# "=" takes a value, "=+" one or more, "=?" one or none, nothing a switch (its negations set
+# it off); "~" marks a flag that changes nothing a simulation sees (network, logging,
+# tokenizer, loading). Read from the parsers themselves: `vllm serve` of vLLM 0.34
+# (vllm/engine/arg_utils.py and vllm/entrypoints/openai/cli_args.py, every action's option
+# strings) and sglang.launch_server of SGLang 0.5.23 (sglang/srt/server_args.py); llama-server's
+# from llama.cpp's tools/server/README.md, the flags its users commonly give.
+VLLM_SERVE_OPTIONS = (
+    "~--headless ~--headless-client-handshake-address= ~--api-server-count,-asc= ~--config= ~--grpc "
+    "--lora-modules=+ ~--chat-template= ~--chat-template-content-format= "
+    "~--trust-request-chat-template!--no-trust-request-chat-template "
+    "~--trust-request-mm-kwargs!--no-trust-request-mm-kwargs ~--default-chat-template-kwargs= "
+    "~--reasoning-effort-map= ~--response-role= ~--return-tokens-as-token-ids!--no-return-tokens-as-token-ids "
+    "~--enable-auto-tool-choice!--disable-auto-tool-choice,--no-enable-auto-tool-choice "
+    "~--exclude-tools-when-tool-choice-none!--no-exclude-tools-when-tool-choice-none ~--tool-call-parser= "
+    "~--tool-parser-plugin= ~--tool-strict-level= ~--tool-server= ~--max-log-len= "
+    "~--enable-prompt-tokens-details!--disable-prompt-tokens-details,--no-enable-prompt-tokens-details "
+    "~--enable-per-request-metrics!--disable-per-request-metrics,--no-enable-per-request-metrics "
+    "~--enable-server-load-tracking!--disable-server-load-tracking,--no-enable-server-load-tracking "
+    "~--enable-force-include-usage!--disable-force-include-usage,--no-enable-force-include-usage "
+    "~--sse-keep-alive-interval= "
+    "~--enable-tokenizer-info-endpoint!--disable-tokenizer-info-endpoint,--no-enable-tokenizer-info-endpoint "
+    "~--enable-log-outputs!--disable-log-outputs,--no-enable-log-outputs "
+    "~--enable-log-deltas!--disable-log-deltas,--no-enable-log-deltas "
+    "~--cohere-is-reasoning-model!--no-cohere-is-reasoning-model ~--cohere-format= "
+    "~--anthropic-disabled-thinking-effort= ~--log-error-stack!--no-log-error-stack "
+    "~--tokens-only!--no-tokens-only ~--enable-scale-out!--disable-scale-out,--no-enable-scale-out "
+    "~--fingerprint-mode= ~--fingerprint-value= ~--host= ~--port= ~--grpc-port= ~--data-parallel-supervisor-port= "
+    "~--dp-supervisor-probe-interval-s= ~--dp-supervisor-probe-timeout-s= "
+    "~--dp-supervisor-probe-failure-threshold= ~--uds= ~--uvicorn-log-level= "
+    "~--disable-uvicorn-access-log!--enable-uvicorn-access-log,--no-disable-uvicorn-access-log "
+    "~--disable-access-log-for-endpoints= ~--allow-credentials!--no-allow-credentials ~--allowed-origins= "
+    "~--allowed-methods= ~--allowed-headers= ~--api-key=+ ~--ssl-keyfile= ~--ssl-certfile= ~--ssl-ca-certs= "
+    "~--enable-ssl-refresh!--disable-ssl-refresh,--no-enable-ssl-refresh ~--ssl-cert-reqs= ~--ssl-ciphers= "
+    "~--root-path= ~--middleware= "
+    "~--enable-request-id-headers!--disable-request-id-headers,--no-enable-request-id-headers "
+    "~--disable-fastapi-docs!--enable-fastapi-docs,--no-disable-fastapi-docs ~--h11-max-incomplete-event-size= "
+    "~--h11-max-header-count= ~--enable-offline-docs!--disable-offline-docs,--no-enable-offline-docs "
+    "~--enable-flash-late-interaction!--disable-flash-late-interaction,--no-enable-flash-late-interaction "
+    "--model= ~--runner= ~--convert= ~--tokenizer= ~--tokenizer-mode= ~--trust-remote-code!--no-trust-remote-code "
+    "--dtype= ~--seed= ~--hf-config-path= ~--allowed-local-media-path= ~--allowed-media-domains=+ ~--revision= "
+    "~--code-revision= ~--tokenizer-revision= --max-model-len= --quantization,-q= --quantization-config= "
+    "~--allow-deprecated-quantization!--no-allow-deprecated-quantization --enforce-eager!--no-enforce-eager "
+    "~--enable-return-routed-experts!--disable-return-routed-experts,--no-enable-return-routed-experts "
+    "~--return-sampling-mask!--no-return-sampling-mask ~--max-logprobs= ~--logprobs-mode= "
+    "~--use-fp64-gumbel!--no-use-fp64-gumbel "
+    "~--enable-trace-replay!--disable-trace-replay,--no-enable-trace-replay "
+    "--disable-sliding-window!--enable-sliding-window,--no-disable-sliding-window "
+    "--disable-cascade-attn!--enable-cascade-attn,--no-disable-cascade-attn "
+    "~--skip-tokenizer-init!--no-skip-tokenizer-init "
+    "~--enable-prompt-embeds!--disable-prompt-embeds,--no-enable-prompt-embeds ~--served-model-name=+ "
+    "~--config-format= ~--hf-token=? ~--hf-overrides= ~--model-class-overrides= ~--pooler-config= "
+    "~--generation-config= ~--override-generation-config= "
+    "~--enable-sleep-mode!--disable-sleep-mode,--no-enable-sleep-mode ~--sleep-mode-backend= "
+    "~--sleep-mode-offload-cudagraph!--no-sleep-mode-offload-cudagraph ~--sleep-preserve-parameter-names=+ "
+    "~--enable-cumem-allocator!--disable-cumem-allocator,--no-enable-cumem-allocator "
+    "--enable-nccl-comm-suspend!--disable-nccl-comm-suspend,--no-enable-nccl-comm-suspend "
+    "~--checkpoint-prepare-on-startup!--no-checkpoint-prepare-on-startup ~--model-impl= ~--logits-processors=+ "
+    "~--io-processor-plugin= ~--renderer-num-workers= ~--load-format= ~--download-dir= "
+    "~--safetensors-load-strategy= ~--safetensors-prefetch-num-threads= ~--safetensors-prefetch-block-size= "
+    "~--model-loader-extra-config= ~--ignore-patterns=+ ~--use-tqdm-on-load!--no-use-tqdm-on-load "
+    "~--pt-load-map-location= ~--shuffle-safetensors-files!--no-shuffle-safetensors-files --attention-backend= "
+    "--mamba-backend= --mamba-ssu-algorithm= "
+    "--enable-mamba-cache-stochastic-rounding!--disable-mamba-cache-stochastic-rounding,--no-enable-mamba-cache-stochastic-rounding "
+    "--mamba-cache-philox-rounds= ~--reasoning-parser= ~--reasoning-parser-plugin= "
+    "~--distributed-executor-backend= --pipeline-parallel-size,-pp= ~--master-addr= ~--master-port= ~--nnodes,-n= "
+    "~--node-rank,-r= ~--distributed-timeout-seconds= ~--cpu-distributed-timeout-seconds= "
+    "~--numa-bind!--no-numa-bind ~--numa-bind-nodes=+ ~--numa-bind-cpus=+ ~--device-ids= "
+    "--tensor-parallel-size,-tp= --decode-context-parallel-size,-dcp= --dcp-comm-backend= "
+    "--dcp-q-replicate!--no-dcp-q-replicate --dcp-kv-cache-interleave-size= --cp-kv-cache-interleave-size= "
+    "--prefill-context-parallel-size,-pcp= --data-parallel-size,-dp= ~--data-parallel-rank,-dpn= "
+    "~--data-parallel-start-rank,-dpr= ~--data-parallel-size-local,-dpl= ~--data-parallel-address,-dpa= "
+    "~--data-parallel-rpc-port,-dpp= ~--data-parallel-backend,-dpb= "
+    "--data-parallel-hybrid-lb,-dph!--no-data-parallel-hybrid-lb "
+    "--data-parallel-external-lb,-dpe!--no-data-parallel-external-lb --data-parallel-multi-port-external-lb,-dpm "
+    "--enable-hc-sp!--disable-hc-sp,--no-enable-hc-sp "
+    "--enable-expert-parallel,-ep!--disable-expert-parallel,--no-enable-expert-parallel "
+    "--enable-batch-sharded-sampling!--disable-batch-sharded-sampling,--no-enable-batch-sharded-sampling "
+    "--enable-ep-weight-filter!--disable-ep-weight-filter,--no-enable-ep-weight-filter --all2all-backend= "
+    "--enable-dbo!--disable-dbo,--no-enable-dbo "
+    "--enable-shm-tensor-arena!--disable-shm-tensor-arena,--no-enable-shm-tensor-arena --ubatch-size= "
+    "--enable-elastic-ep!--disable-elastic-ep,--no-enable-elastic-ep --elastic-ep-max-dp-size= "
+    "--dbo-decode-token-threshold= --dp-sync-interval= --dbo-prefill-token-threshold= "
+    "--disable-nccl-for-dp-synchronization!--enable-nccl-for-dp-synchronization,--no-disable-nccl-for-dp-synchronization "
+    "--enable-eplb!--disable-eplb,--no-enable-eplb --eplb-config= --expert-placement-strategy= "
+    "~--max-parallel-loading-workers= ~--ray-workers-use-nsight!--no-ray-workers-use-nsight "
+    "--disable-custom-all-reduce!--enable-custom-all-reduce,--no-disable-custom-all-reduce ~--worker-cls= "
+    "~--worker-extension-cls= --enable-fault-tolerance!--disable-fault-tolerance,--no-enable-fault-tolerance "
+    "--fault-tolerance-config= --block-size= --device-memory-utilization,--gpu-memory-utilization= "
+    "--kv-cache-memory-bytes= "
+    "--enable-extensible-kv-cache!--disable-extensible-kv-cache,--no-enable-extensible-kv-cache --kv-cache-dtype= "
+    "--num-gpu-blocks-override= --enable-prefix-caching!--disable-prefix-caching,--no-enable-prefix-caching "
+    "~--prefix-caching-hash-algo= --prefix-cache-retention-interval= --kv-cache-dtype-skip-layers=+ "
+    "--kv-sharing-fast-prefill!--no-kv-sharing-fast-prefill --swa-bounded-replay!--no-swa-bounded-replay "
+    "--mamba-cache-dtype= --mamba-ssm-cache-dtype= --mamba-block-size= --prefix-match-unit= --mamba-cache-mode= "
+    "--enable-mamba-shared-prefix-checkpoint!--disable-mamba-shared-prefix-checkpoint,--no-enable-mamba-shared-prefix-checkpoint "
+    "--replayssm-buffer-len= --use-replayssm!--no-use-replayssm --kv-offloading-size= --kv-offloading-backend= "
+    "--offload-backend= --cpu-offload-gb= --cpu-offload-params=+ --offload-group-size= --offload-num-in-group= "
+    "--offload-prefetch-step= --offload-params=+ --language-model-only!--no-language-model-only "
+    "~--limit-mm-per-prompt= ~--enable-mm-embeds!--disable-mm-embeds,--no-enable-mm-embeds ~--media-io-kwargs= "
+    "~--mm-processor-kwargs= ~--mm-processor-cache-gb= ~--mm-processor-cache-type= ~--mm-hasher-algorithm= "
+    "~--mm-shm-cache-max-object-size-mb= ~--mm-encoder-only!--no-mm-encoder-only ~--mm-encoder-tp-mode= "
+    "~--mm-encoder-attn-backend= ~--mm-encoder-attn-dtype= ~--mm-encoder-fp8-scale-path= "
+    "~--mm-encoder-fp8-scale-save-path= ~--mm-encoder-fp8-scale-save-margin= "
+    "~--interleave-mm-strings!--no-interleave-mm-strings --skip-mm-profiling!--no-skip-mm-profiling "
+    "~--video-pruning-rate= ~--video-pruning-method= ~--mm-tensor-ipc= ~--mm-processor-device= "
+    "~--mm-ipc-gpu-memory-gb= ~--mm-device-do-normalize!--no-mm-device-do-normalize "
+    "--enable-lora!--disable-lora,--no-enable-lora --max-loras= --max-lora-rank= --lora-dtype= "
+    "--enable-tower-connector-lora!--disable-tower-connector-lora,--no-enable-tower-connector-lora "
+    "--max-cpu-loras= --fully-sharded-loras!--no-fully-sharded-loras --lora-target-modules=+ --default-mm-loras= "
+    "--specialize-active-lora!--no-specialize-active-lora "
+    "--enable-mixed-moe-lora-format!--disable-mixed-moe-lora-format,--no-enable-mixed-moe-lora-format "
+    "--enable-moe-shared-loras!--disable-moe-shared-loras,--no-enable-moe-shared-loras --max-lora-cls-labels= "
+    "~--logging-config= ~--log-level= ~--log-config-file= ~--show-hidden-metrics-for-version= "
+    "~--otlp-traces-endpoint= ~--collect-detailed-traces=+ ~--per-request-spec-decode-metrics= "
+    "~--kv-cache-metrics!--no-kv-cache-metrics ~--kv-cache-metrics-sample= ~--custom-histogram-buckets= "
+    "~--cudagraph-metrics!--no-cudagraph-metrics "
+    "~--enable-layerwise-nvtx-tracing!--disable-layerwise-nvtx-tracing,--no-enable-layerwise-nvtx-tracing "
+    "~--enable-mfu-metrics!--disable-mfu-metrics,--no-enable-mfu-metrics "
+    "~--enable-logging-iteration-details!--disable-logging-iteration-details,--no-enable-logging-iteration-details "
+    "~--jit-monitor-mode= ~--jit-monitor-verbose!--no-jit-monitor-verbose --max-num-batched-tokens= "
+    "--max-num-scheduled-tokens= --max-num-seqs= --max-num-active-seqs= --max-num-inflight-kv-loads= "
+    "--max-num-queued-reqs= --max-num-queued-tokens= --long-prefill-token-threshold= "
+    "--long-prefill-token-threshold-adaptive!--no-long-prefill-token-threshold-adaptive --scheduling-policy= "
+    "--enable-chunked-prefill!--disable-chunked-prefill,--no-enable-chunked-prefill "
+    "--disable-chunked-mm-input!--enable-chunked-mm-input,--no-disable-chunked-mm-input --scheduler-cls= "
+    "--scheduler-reserve-full-isl!--no-scheduler-reserve-full-isl --watermark= --prefill-schedule-interval= "
+    "--cache-aware-admission-window= --cache-aware-admission-threshold= "
+    "--disable-hybrid-kv-cache-manager!--enable-hybrid-kv-cache-manager,--no-disable-hybrid-kv-cache-manager "
+    "--async-scheduling!--no-async-scheduling --stream-interval= --cudagraph-capture-sizes=+ "
+    "--max-cudagraph-capture-size= --ir-op-priority= "
+    "--enable-flashinfer-autotune!--disable-flashinfer-autotune,--no-enable-flashinfer-autotune "
+    "--monokernel!--no-monokernel --moe-backend= --linear-backend= --sparse-indexer-topk-backend= "
+    "--speculative-config,-sc= --spec-method= --spec-model= --spec-tokens= --watermark-config= "
+    "--diffusion-config,-dc= --kv-transfer-config= ~--kv-events-config= --ec-transfer-config= "
+    "--ec-manager-config= --compilation-config,-cc= --attention-config,-ac= --engram-config= ~--reasoning-config= "
+    "--kernel-config= --additional-config= --structured-outputs-config= --aux-output-config= ~--profiler-config= "
+    "~--watchdog-config= --optimization-level= --performance-mode= --weight-transfer-config= ~--disable-log-stats "
+    "~--aggregate-engine-logging ~--fail-on-environ-validation!--no-fail-on-environ-validation "
+    "~--shutdown-timeout= --gdn-prefill-backend= --kda-prefill-backend= --kda-decode-backend= "
+    "~--enable-log-requests!--disable-log-requests,--no-enable-log-requests "
+)
+SGLANG_SERVER_OPTIONS = (
+    "--abort-on-priority-when-disabled ~--admin-api-key= ~--allow-auto-truncate ~--allowed-media-domains=+ "
+    "~--api-key= --asr-max-buffer-seconds= --asr-max-concurrent-sessions= --attention-backend= "
+    "--attention-context-parallel-size,--attn-cp-size= --attention-data-parallel-size,--attn-dp-size= "
+    "--base-gpu-id= --batch-notify-size= --bf16-gemm-backend= --boundary-reduction= "
+    "~--bucket-e2e-request-latency=+ ~--bucket-inter-token-latency=+ ~--bucket-time-to-first-token=+ "
+    "--c128-page-size= ~--chat-template= --checkpoint-engine-wait-weights-before-ready --chunked-prefill-size= "
+    "--completion-template= ~--config= --constrained-json-disable-any-whitespace "
+    "--constrained-json-max-whitespace-cnt= --constrained-json-whitespace-pattern= --context-length= "
+    "--cp-strategy= --cpu-offload-gb= ~--crash-dump-folder= --cuda-graph-backend-decode= "
+    "--cuda-graph-backend-prefill= --cuda-graph-bs-decode=+ --cuda-graph-bs-prefill=+ --cuda-graph-config= "
+    "--cuda-graph-max-bs-decode= --cuda-graph-max-bs-prefill= --cuda-graph-max-seq-len-prefill= "
+    "--context-bucket,--cuda-graph-prefill-max-context= ~--custom-weight-loader=+ --dcp-comm-backend= "
+    "--dcp-replicate-q-proj,--no-dcp-replicate-q-proj --dcp-size,--decode-context-parallel-size= "
+    "--debug-cuda-graph ~--debug-tensor-dump-input-file= ~--debug-tensor-dump-layers=+ "
+    "~--debug-tensor-dump-output-folder= --decode-attention-backend= ~--decode-log-interval= "
+    "--decoupled-spec-bind-endpoint= --decoupled-spec-connect-endpoints= --decoupled-spec-rank= "
+    "--decoupled-spec-role= --decrypted-config-file= --decrypted-draft-config-file= --deepep-config= "
+    "--deepep-dispatcher-output-dtype= --deepep-mode= --deepep-v2-mode= ~--default-chat-template-kwargs= "
+    "--default-priority-value= ~--delete-ckpt-after-loading --detokenizer-worker-num= --device= "
+    "--disable-aiter-allreduce-fusion-in-decode --disable-aiter-allreduce-fusion-in-prefill "
+    "--disable-attn-tp-gather --disable-chunked-prefix-cache --disable-cuda-graph --disable-cuda-graph-padding "
+    "--disable-custom-all-reduce --disable-decode-cuda-graph --disable-fast-image-processor "
+    "--disable-flashinfer-autotune --disable-flashinfer-cutlass-moe-fp4-allgather --disable-hybrid-swa-memory "
+    "--disable-outlines-disk-cache --disable-overlap-schedule --disable-prefill-cuda-graph "
+    "--disable-priority-preemption --disable-radix-cache --disable-shared-experts-fusion "
+    "--disable-tokenizer-batch-decode --disaggregation-bootstrap-port= --disaggregation-decode-allocation-policy= "
+    "--disaggregation-decode-enable-offload-kvcache --disaggregation-decode-enable-radix-cache "
+    "--disaggregation-decode-extra-slots= --disaggregation-decode-host-receive-threshold= "
+    "--disaggregation-decode-polling-interval= --disaggregation-decode-retraction-backup= "
+    "--disaggregation-enable-kv-checksum --disaggregation-ib-device= --disaggregation-mode= "
+    "--disaggregation-transfer-backend= ~--dist-init-addr,--nccl-init-addr= ~--dist-timeout= --dllm-algorithm= "
+    "--dllm-algorithm-config= --dllm-fdfo,--no-dllm-fdfo ~--download-dir= --data-parallel-size,--dp-size= "
+    "--dsa-decode-backend= --dsa-paged-mqa-logits-backend= --dsa-prefill-backend= --dsa-topk-backend= "
+    "--dsa-triton-union= --dsv4-attn-backend= --dsv4-prefill-backend= --dtype= --dwdp-size= "
+    "--dynamic-batch-tokenizer-batch-size= --dynamic-batch-tokenizer-batch-timeout= --elastic-ep-backend= "
+    "--elastic-ep-initial-size= --elastic-ep-scale-timeout= --enable-adaptive-dispatch-to-encoder "
+    "--enable-aiter-allreduce-fusion --enable-amd-monokernel --monokernel-backend= "
+    "--enable-attn-tp-input-scattered --enable-broadcast-mm-inputs-process ~--enable-cache-report "
+    "--enable-cp-decode-attn-tp --enable-cudagraph-gc ~--enable-custom-logit-processor "
+    "--enable-decoder-swa-bounded-replay,--no-enable-decoder-swa-bounded-replay --enable-deepseek-v4-fp4-indexer "
+    "--enable-dense-mlp-attn-tp --enable-deterministic-inference --enable-dp-attention "
+    "--enable-dp-attention-local-control-broadcast --enable-dp-lm-head --enable-draft-weights-cpu-backup "
+    "--enable-dsa-cache-layer-split --enable-dsa-fused-indexer,--no-enable-dsa-fused-indexer "
+    "--enable-dynamic-batch-tokenizer --enable-dynamic-chunking --enable-elastic-expert-backup "
+    "--enable-encoder-swa-bounded-replay --enable-eplb --enable-flashinfer-allreduce-fusion --enable-flexkv "
+    "--enable-forward-pass-metrics --enable-fp32-lm-head --enable-fused-moe-sum-all-reduce "
+    "--enable-fused-qk-norm-rope,--no-enable-fused-qk-norm-rope --enable-hicache,--enable-hierarchical-cache "
+    "--enable-hisparse --enable-http2 --enable-http-worker-reuseport --enable-int8-mamba-checkpoint "
+    "--enable-kv-cache-sharding --enable-layernorm-sp ~--enable-layerwise-nvtx-marker --enable-lean-attention "
+    "--enable-linear-replayssm --enable-linear-replayssm-spec --enable-linker-mla-dedup --enable-lmcache "
+    "--enable-lora --enable-lora-overlap-loading --enable-mamba-cache-stochastic-rounding "
+    "--enable-megamoe-for-layernorm-sp --enable-memory-saver ~--enable-metrics "
+    "~--enable-metrics-for-all-schedulers ~--enable-mfu-metrics --enable-mis --enable-mixed-chunk "
+    "--enable-mm-global-cache --enable-mscclpp --enable-multi-layer-eagle --enable-multimodal --enable-nccl-nvls "
+    "--enable-nvidia-megakernel --enable-p2p-check --enable-page-major-kv-layout --enable-paged-experts "
+    "--enable-pd-role-switch --enable-pdmux --enable-precise-embedding-interpolation --enable-prefill-cp "
+    "--enable-prefill-delayer --enable-prefix-mm-cache --enable-priority-scheduling --enable-profile-cuda-graph "
+    "--enable-quant-communications ~--enable-request-time-stats-logging --enable-response-store "
+    "--enable-return-aux-hidden-states --enable-return-hidden-states --enable-return-indexer-topk "
+    "~--enable-return-routed-experts --enable-scattered-sconv --enable-session-radix-cache "
+    "--enable-shared-experts-attn-tp --enable-single-batch-overlap ~--enable-ssl-refresh "
+    "--enable-streaming-session --enable-strict-thinking --enable-symm-mem "
+    "--enable-tf32-matmul,--no-enable-tf32-matmul --enable-tokenizer-batch-encode --enable-torch-compile "
+    "--enable-torch-compile-debug-mode --enable-torch-symm-mem "
+    "--enable-tp-lm-head-all-to-all,--no-enable-tp-lm-head-all-to-all ~--enable-trace --enable-two-batch-overlap "
+    "--enable-unified-cache-external-linker --enable-unified-memory --enable-w4a4-mxfp4-megamoe "
+    "--enable-waterfill --enable-watermark --enable-weights-cpu-backup --encoder-bootstrap-port= ~--encoder-only "
+    "--encoder-register-urls=+ --encoder-transfer-backend= --encoder-urls=+ "
+    "--enforce-disable-flashinfer-allreduce-fusion --enforce-shared-experts-fusion --engine-info-bootstrap-port= "
+    "--ep-dispatch-algorithm= --elastic-ep-join-mode= --elastic-ep-join-rank-offset= --ep-num-redundant-experts= "
+    "--ep,--ep-size,--expert-parallel-size= --eplb-algorithm= --eplb-min-rebalancing-utilization-threshold= "
+    "--eplb-rebalance-layers-per-chunk= --eplb-rebalance-num-iterations= --expert-balancedness-report-mode= "
+    "--expert-distribution-recorder-buffer-size= --expert-distribution-recorder-mode= "
+    "--experts-shared-outer-loras,--no-experts-shared-outer-loras ~--export-metrics-to-file "
+    "~--export-metrics-to-file-dir= --extra-metric-labels= --fastapi-root-path= ~--file-storage-path= "
+    "--flashinfer-a2a-dispatch-type= --flashinfer-allreduce-fusion-backend= --flashinfer-autotune-skip-ops=+ "
+    "--flashinfer-mla-disable-ragged --flashinfer-mxfp4-moe-precision= --flexkv-config-file= --forward-hooks= "
+    "--forward-pass-metrics-ipc-name= --forward-pass-metrics-worker-id= --fp4-gemm-backend= --fp8-gemm-backend= "
+    "--fuseep-mode= --gated-launch-port= ~--gc-threshold=+ ~--gc-warning-threshold-secs= "
+    "--generation-tokens-buckets=+ --gpu-id-step= --grammar-backend= ~--grpc-mode ~--grpc-port= "
+    "~--grpc-response-timeout-secs= --hf-chat-template-name= --hicache-host-memory-fraction= "
+    "--hicache-host-memory-mode= --hicache-io-backend= --hicache-mem-layout= --hicache-ratio= --hicache-size= "
+    "--hicache-storage-backend= ~--hicache-storage-backend-extra-config= --hicache-storage-prefetch-policy= "
+    "--hicache-storage-prefetch-retry-max-attempts= --hicache-storage-prefetch-retry-poll-interval= "
+    "--hicache-write-policy= --hierarchical-sparse-attention-extra-config,--hisparse-config= ~--host= "
+    "--http2-initial-connection-window-size= --http2-max-concurrent-streams= --image-processor-backend= "
+    "--incremental-streaming-output --init-expert-location= --int8-mamba-ckpt-size= --is-embedding "
+    "--json-model-override-args= --kt-cpuinfer= --kt-max-deferred-experts-per-token= --kt-method= "
+    "--kt-num-gpu-experts= --kt-threadpool-count= --kt-weight-path= --kv-cache-dtype= --kv-canary= "
+    "--kv-canary-real-data= --kv-canary-sweep-interval= ~--kv-events-config= --language-model-only "
+    "~--language-only ~--limit-mm-data-per-request= --linear-attn-backend= --linear-attn-decode-backend= "
+    "--linear-attn-prefill-backend= --linear-attn-verify-backend= --linear-replayssm-cache-len= "
+    "--lmcache-config-file= --load-balance-method= ~--load-format= --load-publish-endpoint= "
+    "--load-snapshot-publish-interval= ~--log-level= ~--log-level-http= ~--log-requests ~--log-requests-format= "
+    "~--log-requests-level= ~--log-requests-target=+ --lora-backend= --lora-drain-wait-threshold= "
+    "--lora-eviction-policy= --lora-paths=+ --lora-strict-loading,--no-lora-strict-loading "
+    "--lora-target-modules=+ --lora-use-virtual-experts --mamba-backend= --mamba-cache-philox-rounds= "
+    "--mamba-full-memory-ratio= --mamba-max-states-per-path= --mamba-radix-cache-strategy= --mamba-ssm-dtype= "
+    "--mamba-track-interval= --max-ep-size= --max-loaded-loras= --max-lora-chunk-size= --max-lora-rank= "
+    "--max-loras-per-batch= --max-mamba-cache-size= --max-prefill-tokens= --max-queued-requests= "
+    "--max-running-requests= --max-total-tokens= --media-url-max-file-size-mb= --mem-fraction-static= "
+    "--min-free-slots-delay= --mlx-enable-sampling ~--mm-attention-backend= "
+    "~--mm-enable-dp-encoder,--no-mm-enable-dp-encoder ~--mm-feature-transport= ~--mm-global-cache-backend= "
+    "~--mm-io-worker-num= ~--mm-preprocess-cache-size-mb= ~--mm-process-config= ~--mm-processor-worker-num= "
+    "--model-checksum=? --model-config-parser= ~--model-impl= ~--model-loader-extra-config= --model,--model-path= "
+    "--modelexpress-config= --modelopt-checkpoint-restore-path= --modelopt-checkpoint-save-path= "
+    "--modelopt-export-path= --modelopt-quant= --moe-a2a-backend= --moe-dense-tp-size= "
+    "--moe-data-parallel-size,--moe-dp-size= --moe-runner-backend= --mooncake-ib-device= --msprobe-dump-config= "
+    "--nccl-port= ~--nnodes= ~--node-rank= --num-continuous-decode-steps= --num-reserved-decode-tokens= "
+    "--numa-node=+ --offload-group-size= --offload-mode= --offload-num-in-group= --offload-prefetch-step= "
+    "--optimistic-prefill-attempts= ~--otlp-service-name= ~--otlp-traces-endpoint= --page-size= "
+    "--paged-experts-num-resident= --pdmux-config-path= --ple-offload-backend= --ple-offload-dir= "
+    "--no-ple-offload-embedding,--ple-offload-embedding ~--port= --pp-async-batch-depth= "
+    "--pp-max-micro-batch-size= --pipeline-parallel-size,--pp-size= --pre-warm-nccl ~--preferred-sampling-params= "
+    "--prefill-attention-backend= --prefill-decode-interval= --prefill-decode-interval-min-bs= "
+    "--prefill-delayer-forward-passes-buckets=+ --prefill-delayer-max-delay-ms= "
+    "--prefill-delayer-max-delay-passes= --prefill-delayer-queue-min-ratio= "
+    "--prefill-delayer-token-usage-low-watermark= --prefill-delayer-wait-seconds-buckets=+ "
+    "--prefill-kv-cache-dequant-dtype= --prefill-max-requests= --prefill-only-disable-kv-cache "
+    "--priority-scheduling-preemption-threshold= --prompt-tokens-buckets=+ --qsa-indexer-dtype= --quantization= "
+    "~--quantization-param-path= --quantize-and-serve --radix-cache-backend= --radix-eviction-policy= "
+    "--radix-eviction-policy-config= ~--random-seed= ~--reasoning-parser= "
+    "--remote-instance-weight-loader-backend= --remote-instance-weight-loader-seed-instance-ip= "
+    "--remote-instance-weight-loader-seed-instance-service-port= "
+    "--remote-instance-weight-loader-send-weights-group-ports= "
+    "--remote-instance-weight-loader-start-seed-via-transfer-engine --retraction-policy= "
+    "--return-aux-hidden-state-layer-ids=+ --return-hidden-states-mode= --return-input-ids --return-output-ids "
+    "~--revision= --rl-on-policy-target= --rl-quant-profile= --sampling-backend= ~--sampling-defaults= "
+    "--sampling-mask-max-tokens= --schedule-conservativeness= --schedule-low-priority-values-first "
+    "--schedule-policy= --scheduler-recv-interval= ~--served-model-name= --shared-experts-tp-size= "
+    "--show-time-cost --sidecar= --sidecar-args= ~--skip-server-warmup ~--skip-tokenizer-init ~--sleep-on-idle "
+    "--sm-group-num= --smg-grpc-mode ~--grpc-http-sidecar-port,--smg-http-sidecar-port= --soft-watchdog-timeout= "
+    "--spec-trace-dir= --speculative-accept-threshold-acc= --speculative-accept-threshold-single= "
+    "--speculative-adaptive --speculative-adaptive-config= --speculative-algorithm= --speculative-attention-mode= "
+    "--speculative-dflash-block-size= --speculative-domino-candidate-pool-size= "
+    "--speculative-draft-attention-backend= --speculative-draft-kv-cache-dtype= --speculative-draft-load-format= "
+    "--speculative-draft-model,--speculative-draft-model-path= --speculative-draft-model-quantization= "
+    "--speculative-draft-model-revision= --speculative-draft-sink-size= --speculative-draft-window-size= "
+    "--speculative-dsa-topk-backend= --speculative-dspark-align-verify-tokens-to-graph-tier "
+    "--speculative-dspark-block-size= --speculative-dspark-confidence-sts-path= "
+    "--speculative-dspark-sps-table-path= --speculative-eagle-topk= "
+    "--no-speculative-enable-w4a4-mxfp4-megamoe,--speculative-enable-w4a4-mxfp4-megamoe "
+    "--speculative-moe-a2a-backend= --speculative-moe-runner-backend= --speculative-ngram-capacity= "
+    "--speculative-ngram-external-corpus-max-tokens= --speculative-ngram-external-corpus-path= "
+    "--speculative-ngram-external-sam-budget= --speculative-ngram-match-type= "
+    "--speculative-ngram-max-bfs-breadth= --speculative-ngram-max-trie-depth= "
+    "--speculative-ngram-min-bfs-breadth= --speculative-num-draft-tokens= --speculative-num-steps= "
+    "--speculative-token-map= --speculative-use-block-verification --speculative-use-rejection-sampling "
+    "~--ssl-ca-certs= ~--ssl-certfile= ~--ssl-keyfile= ~--ssl-keyfile-password= --startup-weight-load-mode= "
+    "--stream-interval= --stream-response-default-include-usage --strip-thinking-cache --swa-full-tokens-ratio= "
+    "--swa-prefix-tails= --tbo-token-distribution-threshold= ~--tokenizer-backend= "
+    "~--tokenizer-metrics-allowed-custom-labels=+ ~--tokenizer-metrics-custom-labels-header= ~--tokenizer-mode= "
+    "~--tokenizer-path= ~--tokenizer-worker-num= ~--tool-call-parser= ~--tool-server= --torch-compile-max-bs= "
+    "--tensor-parallel-size,--tp-size= --trace-modules= --triton-attention-num-kv-splits= "
+    "--triton-attention-reduce-in-fp32 --triton-attention-split-tile-size= ~--trust-mm-content-hashes "
+    "~--trust-remote-code ~--trust-request-chat-template --unified-cache-external-linker-backend= "
+    "--unified-cache-external-linker-config= --uno-lora-path= --use-ray ~--uvicorn-access-log-exclude-prefixes=+ "
+    "~--warmups= ~--watchdog-timeout= --watermark-config= --weight-cache-mode= --weight-cache-socket= "
+    "--weight-cache-timeout= ~--weight-loader-disable-mmap ~--weight-loader-drop-cache-after-load "
+    "~--weight-loader-prefetch-checkpoints ~--weight-loader-prefetch-num-threads= --weight-version= "
+)
+LLAMA_SERVER_OPTIONS = (
+    "-m,--model= -hf,-hfr,--hf-repo= -c,--ctx-size= -np,--parallel= -b,--batch-size= -ub,--ubatch-size= "
+    "-ngl,--gpu-layers,--n-gpu-layers= -t,--threads= -tb,--threads-batch= ~--host= ~--port= ~--metrics ~--slots "
+    "~--no-slots ~--props ~-a,--alias= ~--api-key= ~--api-key-file= ~--jinja ~--no-jinja ~--chat-template= "
+    "~--chat-template-file= ~-v,--verbose ~--log-disable ~--log-file= ~--log-colors= ~-lv,--verbosity= "
+    "~-to,--timeout= ~--threads-http= ~--no-webui ~--path= ~--api-prefix= ~--ssl-key-file= ~--ssl-cert-file= "
+    "~-s,--seed= ~--temp= ~--top-k= ~--top-p= ~-n,--n-predict= ~--reasoning-format= ~--reasoning-budget= ~--mlock "
+    "~--no-mmap ~-cb,--cont-batching -nocb,--no-cont-batching -fa,--flash-attn=? -ctk,--cache-type-k= "
+    "-ctv,--cache-type-v= -kvu,--kv-unified --no-kv-unified --cache-reuse= --swa-full ~-dev,--device= "
+    "-sm,--split-mode= -ts,--tensor-split= ~-mg,--main-gpu= --embedding,--embeddings --reranking,--rerank --lora=+ "
+    "-md,--model-draft= --draft-max,--draft,--draft-n= --draft-min,--draft-n-min= ~--no-warmup --numa= "
+    "-ot,--override-tensor= --cpu-moe --n-cpu-moe= --mmproj= --context-shift --no-context-shift "
+    "~-sps,--slot-prompt-similarity= ~--slot-save-path= --prio= --poll= ~--no-perf ~-fit,--fit= "
+)
+
+
+def option_table(tokens: str) -> Dict[str, Tuple[str, str, bool, bool]]:
+    """Each spelling of a server's flags (tokens as the tables above write them): (the flag's
+    first long name, how it takes a value: "", "=", "=+" or "=?", the value a switch spelled
+    so sets, whether it changes nothing a simulation sees)."""
+    table = {}
+    for token in tokens.split():
+        no_effect, token = token.startswith("~"), token.lstrip("~")
+        spelled, _, negations = token.partition("!")
+        kind = next((suffix for suffix in ("=+", "=?", "=") if spelled.endswith(suffix)), "")
+        names = spelled[:len(spelled) - len(kind)].split(",")
+        primary = next((name for name in names if name.startswith("--")), names[0])
+        table.update({name: (primary, kind, True, no_effect) for name in names})
+        table.update({name: (primary, "", False, no_effect) for name in negations.split(",") if name})
+    return table
+
+
+def human_int(text: str) -> int:
+    """vLLM's human-readable integers: 32768, 32k (x 1000), 32K (x 1024), 1m, 1M, 1g, 1G."""
+    match = re.fullmatch(r"(\d+(?:\.\d+)?)([kKmMgG]?)", text.strip())
+    if not match:
+        raise ValueError(text)
+    power = {"": 0, "k": 1, "m": 2, "g": 3}[match.group(2).lower()]
+    return int(float(match.group(1)) * (1024 if match.group(2).isupper() else 1000) ** power)
+
+
+KV_DTYPE_OF = {"auto": "auto", "bfloat16": "auto", "bf16": "auto", "float16": "auto", "half": "auto", "f16": "auto",
+               "fp8": "fp8", "fp8_e4m3": "fp8_e4m3", "fp8_e5m2": "fp8_e5m2"}  # servesim's --kv-cache-dtype
+
+# A server flag's first long name -> servesim's flag (a switch: its flags for on and for off;
+# None: off is the default) and how its value is written (None: as given)
+VLLM_TO_SERVESIM = {
+    "--model": ("--model", None), "--tensor-parallel-size": ("--tensor-parallel-size", None),
+    "--pipeline-parallel-size": ("--pipeline-parallel-size", None), "--data-parallel-size": ("--data-parallel-size", None),
+    "--enable-expert-parallel": (("--enable-expert-parallel", None), None), "--max-model-len": ("--max-model-len", human_int),
+    "--max-num-seqs": ("--max-num-seqs", None), "--max-num-batched-tokens": ("--max-num-batched-tokens", human_int),
+    "--device-memory-utilization": ("--gpu-memory-utilization", None), "--block-size": ("--block-size", None),
+    "--num-gpu-blocks-override": ("--num-gpu-blocks-override", None), "--kv-cache-dtype": ("--kv-cache-dtype", KV_DTYPE_OF.get),
+    "--dtype": ("--dtype", None), "--quantization": ("--quantization", None),
+    "--enable-prefix-caching": (("--prefix-caching", "--no-prefix-caching"), None),
+    "--enable-chunked-prefill": ((None, "--no-chunked-prefill"), None),
+    "--long-prefill-token-threshold": ("--long-prefill-token-threshold", None),
+    "--async-scheduling": (("--async-scheduling", "--no-async-scheduling"), None),
+    "--enforce-eager": (("--enforce-eager", None), None), "--speculative-config": ("--speculative-config", None),
+    "--kv-offloading-size": ("--kv-offloading-size", None),
+}
+SGLANG_TO_SERVESIM = {
+    "--model": ("--model", None), "--tensor-parallel-size": ("--tensor-parallel-size", None),
+    "--data-parallel-size": ("--data-parallel-size", None), "--mem-fraction-static": ("--gpu-memory-utilization", None),
+    "--max-running-requests": ("--max-num-seqs", None), "--chunked-prefill-size": ("--max-num-batched-tokens", None),
+    "--context-length": ("--max-model-len", None), "--kv-cache-dtype": ("--kv-cache-dtype", KV_DTYPE_OF.get),
+    "--quantization": ("--quantization", None), "--disable-radix-cache": (("--no-prefix-caching", None), None),
+    "--page-size": ("--block-size", None), "--pp-size": ("--pipeline-parallel-size", None),
+    "--pipeline-parallel-size": ("--pipeline-parallel-size", None),
+}
+LLAMA_SERVER_TO_SERVESIM = {
+    "--model": ("--model", None), "--hf-repo": ("--model", None), "--ctx-size": ("--kv-tokens", None),
+    "--parallel": ("--max-num-seqs", None), "--batch-size": ("--max-num-batched-tokens", None),
+    "--ubatch-size": ("--ubatch-size", None), "--cache-type-k": ("", {"f16": ""}.get),
+    "--cache-type-v": ("", {"f16": ""}.get),
+}
+SERVER_COMMANDS = {  # --vllm, --sglang, --llama-server: (scheduler, option table, mapping, allow prefixes)
+    "vllm": ("vllm", option_table(VLLM_SERVE_OPTIONS), VLLM_TO_SERVESIM),
+    "sglang": ("sglang", option_table(SGLANG_SERVER_OPTIONS), SGLANG_TO_SERVESIM),
+    "llama-server": ("llamacpp", option_table(LLAMA_SERVER_OPTIONS), LLAMA_SERVER_TO_SERVESIM),
+}
+VLLM_NEWEST = (0, 34)  # the release whose defaults a `vllm serve` command takes unless --vllm-version names another
+SERVER_LAUNCHERS = {  # the words that start each server, before its flags
+    "vllm": (("vllm", "serve"), ("-m", "vllm.entrypoints.openai.api_server"), ("vllm/vllm-openai",)),
+    "sglang": (("-m", "sglang.launch_server"), ("sglang", "serve"), ("lmsysorg/sglang",)),
+    "llama-server": (("llama-server",), ("ghcr.io/ggml-org/llama.cpp",)),
+}
+
+
+@dataclass(frozen=True)
+class ServerCommand:
+    """A server's own command line (server_command), read as servesim's flags."""
+
+    engine: str                     # "vllm", "sglang" or "llama-server" (SERVER_COMMANDS)
+    flags: Tuple[str, ...]          # servesim's flags it stands for
+    taken: Tuple[str, ...]          # its flags behind them, as given
+    ignored: Tuple[str, ...]        # its flags that change nothing a simulation sees, as given
+    not_modelled: Tuple[str, ...]   # its flags that change the server in ways servesim does not simulate
+
+
+def _server_words(engine: str, text: str) -> List[str]:
+    """The words of a server command after what starts the server (its launcher), environment
+    assignments before it skipped; UsageError where none of the engine's launchers is there."""
+    try:
+        words = shlex.split(text)
+    except ValueError as error:
+        raise UsageError(f"--{engine} {_shown(text)}: not a command line ({error})") from None
+    for launcher in SERVER_LAUNCHERS[engine]:
+        for start in range(len(words)):
+            here = words[start:start + len(launcher)]
+            if len(here) == len(launcher) and all(word == part or word.endswith("/" + part) or
+                                                  word.split(":")[0] == part for word, part in zip(here, launcher)):
+                return words[start + len(launcher):]
+    shown = " or ".join(" ".join(launcher) for launcher in SERVER_LAUNCHERS[engine])
+    raise UsageError(f"--{engine} {_shown(text)}: expected the server's command line, starting {shown}")
+
+
+def _server_option(table: dict, engine: str, word: str) -> Tuple[str, Tuple[str, str, bool, bool]]:
+    """The flag a word names (a unique prefix of a long flag, as argparse takes one); UsageError if none."""
+    if word in table:
+        return word, table[word]
+    matches = sorted({name for name in table if word.startswith("--") and name.startswith(word)})
+    if len(matches) == 1:
+        return matches[0], table[matches[0]]
+    reason = f"ambiguous ({', '.join(matches[:4])})" if matches else f"not a flag of {engine}'s server"
+    raise UsageError(f"--{engine}: {word} is {reason}; give the server's flags as it takes them")
+
+
+def _server_values(engine: str, name: str, kind: str, inline: Optional[str], rest: List[str]) -> List[str]:
+    """The values a flag takes from the words after it (rest, consumed), or the inline one."""
+    if inline is not None or not kind:
+        return [inline] if inline is not None else []
+    if kind == "=" and not rest:
+        raise UsageError(f"--{engine}: {name} expects a value")
+    count = 1 if kind == "=" else len(list(itertools.takewhile(lambda word: not word.startswith("-"), rest)))
+    count = min(count, 1) if kind == "=?" else count
+    if kind == "=+" and not count:
+        raise UsageError(f"--{engine}: {name} expects one or more values")
+    values = rest[:count]
+    del rest[:count]
+    return values
+
+
+def _mapped_flags(engine: str, mapping: dict, primary: str, on: bool, values: List[str]) -> Optional[List[str]]:
+    """servesim's flags for one mapped flag of a server ([] where it sets a default; None:
+    a value servesim does not model)."""
+    target, convert = mapping[primary]
+    if isinstance(target, tuple):
+        chosen = target[0] if on else target[1]
+        return [chosen] if chosen else []
+    value = values[0] if values else ""
+    if primary == "--max-model-len" and value.lower() == "auto":
+        return []
+    try:
+        value = convert(value) if convert else value
+    except ValueError:
+        raise UsageError(f"--{engine}: {primary} {_shown(value)}: expected a number") from None
+    if value is None:
+        return None
+    return [target, str(value)] if target and value != "" else []
+
+
+def server_command(engine: str, text: str) -> ServerCommand:
+    """A server's command line as servesim's flags: each flag servesim models taken (its
+    value as servesim's flag of the same meaning), each one that changes nothing a
+    simulation sees listed as ignored, each other one listed as not simulated; vllm serve's
+    model given as its first word, and the scheduler the server runs. UsageError naming a
+    flag the server does not have."""
+    scheduler, table, mapping = SERVER_COMMANDS[engine]
+    rest = _server_words(engine, text)
+    flags, taken, ignored, not_modelled = ["--scheduler", scheduler], [], [], []
+    if engine == "vllm" and rest and not rest[0].startswith("-"):  # vllm serve MODEL
+        taken.append(rest[0])
+        flags += ["--model", rest.pop(0)]
+    while rest:
+        word = rest.pop(0)
+        if not word.startswith("-"):
+            raise UsageError(f"--{engine}: {_shown(word)} is neither a flag nor a flag's value")
+        name, _, inline = word.partition("=") if "=" in word else (word, "", None)
+        _, (primary, kind, on, no_effect) = _server_option(table, engine, name)
+        values = _server_values(engine, name, kind, inline, rest)
+        given = " ".join([name] + values)
+        mapped = _mapped_flags(engine, mapping, primary, on, values) if primary in mapping else None
+        if mapped is not None:
+            flags += mapped
+            taken.append(given)
+        else:
+            (ignored if no_effect else not_modelled).append(given)
+    return ServerCommand(engine, tuple(flags), tuple(taken), tuple(ignored), tuple(not_modelled))
+
+
+SERVER_COMMAND_NAMES = {"vllm": "vllm serve", "sglang": "sglang.launch_server", "llama-server": "llama-server"}
+SERVER_DEFAULTS_SHOWN = (  # servesim's flags a server's command may set; how a run shows its value where it does not
+    (("--gpu-memory-utilization",), lambda plan, config: f"--gpu-memory-utilization {plan.gpu_memory_utilization:g}"),
+    (("--block-size",), lambda plan, config: f"--block-size {plan.block_size}"),
+    (("--max-num-seqs",), lambda plan, config: f"--max-num-seqs {config.max_num_seqs:,}"),
+    (("--max-num-batched-tokens",), lambda plan, config: f"--max-num-batched-tokens {config.max_num_batched_tokens:,}"),
+    (("--prefix-caching", "--no-prefix-caching"), lambda plan, config: f"prefix caching {_on(config.prefix_caching)}"),
+    (("--no-chunked-prefill",), lambda plan, config: f"chunked prefill {_on(config.chunked_prefill)}"),
+    (("--async-scheduling", "--no-async-scheduling"),
+     lambda plan, config: f"async scheduling {_on(config.async_scheduling)}"),
+)
+
+
+def _on(value: bool) -> str:
+    return "on" if value else "off"
+
+
+def server_command_report(command: ServerCommand, plan: CapacityPlan, config: Optional[SchedulerConfig],
+                          version: Optional[Tuple[int, int]]) -> dict:
+    """What a server's command line gave a run: its flags taken, the run's values where it
+    is silent (the server's defaults: a vLLM release's, version; of the memory plan alone
+    without a scheduler's config), and its flags ignored or not simulated."""
+    set_by = set(command.flags)
+    shown = SERVER_DEFAULTS_SHOWN[:2 if config is None else 4 if command.engine == "llama-server" else None]
+    whose = f"vLLM {'.'.join(map(str, version or VLLM_NEWEST))}'s defaults" if command.engine == "vllm" else ""
+    return {"engine": command.engine, "taken": list(command.taken), "defaults_of": whose,
+            "defaults": [text(plan, config) for options, text in shown if not set_by & set(options)],
+            "ignored": list(command.ignored), "not_simulated": list(command.not_modelled)}
+
+
+def server_command_lines(report: dict) -> List[str]:
+    """A server command's report (server_command_report) in words."""
+    took = f"the run took {report['defaults_of']}: " if report["defaults_of"] else "the run took "
+    lines = [f"from the {SERVER_COMMAND_NAMES[report['engine']]} command: {' '.join(report['taken']) or 'nothing servesim models'}"
+             + (f"; where it is silent {took}{', '.join(report['defaults'])}" if report["defaults"] else "")]
+    if report["not_simulated"]:
+        lines.append(f"not simulated (the prediction is without them): {', '.join(report['not_simulated'])}")
+    if report["ignored"]:
+        lines.append(f"no effect on a simulation: {', '.join(report['ignored'])}")
+    return lines
+
+
+SERVER_COMMAND_FLAGS = ("--vllm", "--sglang", "--llama-server")
+
+
+def _option_dests(parser: argparse.ArgumentParser) -> Dict[str, str]:
+    """Each option spelling of a subcommand's parser -> the field it sets."""
+    return {option: action.dest for action in parser._actions for option in action.option_strings}
+
+
+def with_server_command(argv: List[str], parser: argparse.ArgumentParser) -> List[str]:
+    """argv with a pasted server command (--vllm, --sglang, --llama-server) read as servesim's
+    flags beside it (server_command; those the subcommand does not take dropped; a vllm
+    command takes VLLM_NEWEST's defaults unless --vllm-version names a release); UsageError
+    where a flag it sets is given on the command line too, or two commands are given."""
+    found = [(index, word) for index, word in enumerate(argv) if word.split("=")[0] in SERVER_COMMAND_FLAGS]
+    if len(found) != 1:
+        if found:
+            raise UsageError(f"{found[0][1].split('=')[0]} and {found[1][1].split('=')[0]}: give one server's command")
+        return argv
+    index, word = found[0]
+    flag = word.split("=")[0]
+    if "=" not in word and index + 1 >= len(argv):
+        raise UsageError(f"{flag}: expected the server's command line, quoted")
+    text = word.split("=", 1)[1] if "=" in word else argv[index + 1]
+    command = server_command(flag[2:], text)
+    subcommand = next(action for action in parser._actions if isinstance(action, argparse._SubParsersAction))
+    dests = _option_dests(subcommand.choices[argv[0]]) if argv and argv[0] in subcommand.choices else {}
+    rest = argv[:index] + argv[index + (1 if "=" in word else 2):]
+    given = {dests[word.split("=")[0]] for word in rest if word.split("=")[0] in dests}
+    added, words = [], list(command.flags)
+    if command.engine == "vllm" and "vllm_version" not in given:
+        words += ["--vllm-version", ".".join(map(str, VLLM_NEWEST))]
+    while words:
+        option = words.pop(0)
+        value = [words.pop(0)] if words and not words[0].startswith("--") else []
+        if option not in dests:
+            continue  # NOTE: a knob this subcommand does not take (capacity has no scheduler)
+        if dests[option] in given and option != "--vllm-version":
+            raise UsageError(f"{option}: given twice, on the command line and by the {flag[2:]} command's flags; "
+                             f"give it once")
+        added += [option] + value
+    return argv + added
+
+
+# =============================================================================
 # Runs: from parsed flags to an engine and a workload
 # =============================================================================
 
@@ -11622,6 +12207,7 @@ class RunSpec:
     outputs: RunOutputs = RunOutputs()
     sensitivity: bool = False           # run again at SENSITIVITY_STEP_FACTORS
     disaggregated: Optional[DisaggregatedSpec] = None
+    server_command: Optional[dict] = None  # what a pasted server command gave (server_command_report)
 
     @property
     def num_engines(self) -> int:
@@ -11765,6 +12351,10 @@ def build_run_spec(args, spec: EngineSpec, concurrency: Optional[int] = None, ra
                   flag("router", "round-robin"), fleet_policy(args, spec.plan), flag("request_timeout"),
                   RunOutputs(flag("csv"), flag("prometheus"), bool(flag("html") or flag("svg")), _shows_progress(args)),
                   bool(flag("sensitivity", False)))
+    command = flag("vllm") or flag("sglang") or flag("llama_server")
+    if command is not None:
+        run = dataclasses.replace(run, server_command=server_command_report(command, spec.plan, spec.config,
+                                                                            flag("vllm_version")))
     if run.num_replicas * run.data_parallel_size > MAX_REPLICAS:
         raise UsageError(f"--replicas {run.num_replicas} x --data-parallel-size {run.data_parallel_size}: expected at "
                          f"most {MAX_REPLICAS} engines")
@@ -11808,6 +12398,8 @@ def run_simulation(run: RunSpec) -> dict:
         settings.update(prompt_tokens=list(workload.prompt_tokens), output_tokens=list(workload.output_tokens),
                         seed=workload.seed, shared_prefix_tokens=workload.shared_prefix_tokens)
     report = dict(settings=settings, capacity=plan.to_dict(), **report)
+    if run.server_command is not None:
+        report["server_command"] = run.server_command
     report["step_cost"] = mean_step_cost(spec, report["engine"])
     if run.sensitivity:
         report["sensitivity"] = sensitivity(run_figures(report["summary"]), *(
@@ -14712,6 +15304,7 @@ def format_simulation(report: dict) -> List[str]:
     lines += [step_cost_line(report["step_cost"])] if report.get("step_cost") else []
     lines += sensitivity_lines(report["sensitivity"]) if report.get("sensitivity") else []
     lines += [unpriced_line(report["capacity"]["unpriced"])] if report["capacity"].get("unpriced") else []
+    lines += server_command_lines(report["server_command"]) if report.get("server_command") else []
     return lines + [engine["cost_model"]["text"]]
 
 
@@ -15804,14 +16397,18 @@ def loadgen_charts(records: Sequence, scrapes: Sequence[Tuple[float, Dict[str, l
 # =============================================================================
 
 def cmd_capacity(args) -> int:
-    plan = build_plan(engine_args(args))
+    flags = engine_args(args)
+    plan = build_plan(flags)
+    command = args.vllm or args.sglang or args.llama_server
+    told = server_command_report(command, plan, None, flags.vllm_version) if command else None
     if args.json:
         hardware, model = plan.hardware, plan.model
         _print_json({"capacity": plan.to_dict(),
                      "decode_step_ms": step_seconds(hardware, model, 1, 1) * 1000,
-                     "critical_batch_tokens": critical_batch(hardware, model)})
+                     "critical_batch_tokens": critical_batch(hardware, model),
+                     **({"server_command": told} if told else {})})
     else:
-        _print_lines(format_capacity(plan))
+        _print_lines(format_capacity(plan) + (server_command_lines(told) if told else []))
     return 0
 
 
@@ -16947,10 +17544,12 @@ def _add_slo_flags(parser: argparse.ArgumentParser) -> None:
 
 
 def _add_planning_flags(parser: argparse.ArgumentParser, workload: bool = True) -> None:
-    """What every subcommand that simulates takes: device, output, scheduler, [workload, SLO]."""
+    """What every subcommand that simulates takes: device, output, scheduler, a server's own
+    command line, [workload, SLO]."""
     _add_hardware_flags(parser)
     _add_output_flags(parser)
     _add_scheduler_flags(parser)
+    _add_server_command_flags(parser)
     if workload:
         _add_workload_flags(parser)
         _add_slo_flags(parser)
@@ -16980,6 +17579,18 @@ def _capacity_flags(parser: argparse.ArgumentParser) -> None:
     _add_hardware_flags(parser)
     _add_output_flags(parser)
     _add_max_model_len_flag(parser, for_capacity=True)
+    _add_server_command_flags(parser)
+
+
+def _add_server_command_flags(parser: argparse.ArgumentParser) -> None:
+    """A server's own command line in place of servesim's flags for it (with_server_command)."""
+    group = parser.add_mutually_exclusive_group()
+    for engine, example in (("vllm", "vllm serve meta-llama/Llama-3.1-8B-Instruct --max-num-seqs 256"),
+                            ("sglang", "python -m sglang.launch_server --model-path MODEL --tp 2"),
+                            ("llama-server", "llama-server -m model.gguf -c 4096 -np 4")):
+        group.add_argument(f"--{engine}", metavar="COMMAND", type=functools.partial(server_command, engine),
+                           help=f"the {engine} command line the server was started with, quoted (e.g. \"{example}\"): "
+                                f"its model and every flag servesim models taken, the rest listed")
 
 
 def _add_run_flags(parser: argparse.ArgumentParser) -> None:
@@ -17385,7 +17996,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         return 0
     try:
         known = {name for name, *_ in SUBCOMMANDS}
-        args = build_parser(argv[0] if argv and argv[0] in known else None).parse_args(argv)
+        parser = build_parser(argv[0] if argv and argv[0] in known else None)
+        args = parser.parse_args(with_server_command(argv, parser))
         _refuse_flags_beside(args, args.command)
         return args.run(args)
     except ServesimError as error:

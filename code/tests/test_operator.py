@@ -3,6 +3,7 @@
 import dataclasses
 import json
 import os
+import shlex
 import shutil
 import tempfile
 import unittest
@@ -269,3 +270,116 @@ class ArchitecturesTest(unittest.TestCase):
         code, out, _ = run_cli("capacity", "--model", "meta-llama/Llama-3.1-8B-Instruct")
         self.assertNotIn("not priced", out)
         self.assertNotIn("unpriced", json.dumps(run_json("capacity", "--model", "meta-llama/Llama-3.1-8B-Instruct")))
+
+
+ACCEPTANCE_VLLM = ("vllm serve meta-llama/Llama-3.1-70B-Instruct --tensor-parallel-size 4 --max-num-seqs 256 "
+                   "--enable-prefix-caching --kv-cache-dtype fp8")
+
+
+class ServerCommandTest(unittest.TestCase):
+    # Each server's flag (its own documented spelling) and the servesim flags it stands for
+    MAPPINGS = {
+        "vllm": [("--tensor-parallel-size 2", ["--tensor-parallel-size", "2"]), ("-tp 2", ["--tensor-parallel-size", "2"]),
+                 ("--pipeline-parallel-size 2", ["--pipeline-parallel-size", "2"]),
+                 ("-pp 2", ["--pipeline-parallel-size", "2"]), ("--data-parallel-size 2", ["--data-parallel-size", "2"]),
+                 ("--enable-expert-parallel", ["--enable-expert-parallel"]), ("-ep", ["--enable-expert-parallel"]),
+                 ("--max-model-len 32k", ["--max-model-len", "32000"]), ("--max-model-len 32K", ["--max-model-len", "32768"]),
+                 ("--max-model-len auto", []), ("--max-num-seqs 64", ["--max-num-seqs", "64"]),
+                 ("--max-num-batched-tokens 4096", ["--max-num-batched-tokens", "4096"]),
+                 ("--gpu-memory-utilization 0.8", ["--gpu-memory-utilization", "0.8"]),
+                 ("--block-size 32", ["--block-size", "32"]), ("--num-gpu-blocks-override 100", ["--num-gpu-blocks-override", "100"]),
+                 ("--kv-cache-dtype fp8_e5m2", ["--kv-cache-dtype", "fp8_e5m2"]), ("--kv-cache-dtype bfloat16", ["--kv-cache-dtype", "auto"]),
+                 ("--dtype half", ["--dtype", "half"]), ("--quantization fp8", ["--quantization", "fp8"]),
+                 ("-q awq", ["--quantization", "awq"]), ("--enable-prefix-caching", ["--prefix-caching"]),
+                 ("--no-enable-prefix-caching", ["--no-prefix-caching"]), ("--disable-prefix-caching", ["--no-prefix-caching"]),
+                 ("--no-enable-chunked-prefill", ["--no-chunked-prefill"]), ("--enable-chunked-prefill", []),
+                 ("--long-prefill-token-threshold 512", ["--long-prefill-token-threshold", "512"]),
+                 ("--async-scheduling", ["--async-scheduling"]), ("--no-async-scheduling", ["--no-async-scheduling"]),
+                 ("--enforce-eager", ["--enforce-eager"]), ("--kv-offloading-size 64", ["--kv-offloading-size", "64"]),
+                 ('--speculative-config {"method":"ngram","num_speculative_tokens":3}',
+                  ["--speculative-config", '{"method":"ngram","num_speculative_tokens":3}'])],
+        "sglang": [("--tp-size 2", ["--tensor-parallel-size", "2"]), ("--tp 2", ["--tensor-parallel-size", "2"]),
+                   ("--dp-size 2", ["--data-parallel-size", "2"]), ("--mem-fraction-static 0.8", ["--gpu-memory-utilization", "0.8"]),
+                   ("--max-running-requests 64", ["--max-num-seqs", "64"]),
+                   ("--chunked-prefill-size 4096", ["--max-num-batched-tokens", "4096"]),
+                   ("--context-length 8192", ["--max-model-len", "8192"]), ("--kv-cache-dtype fp8_e4m3", ["--kv-cache-dtype", "fp8_e4m3"]),
+                   ("--quantization fp8", ["--quantization", "fp8"]), ("--disable-radix-cache", ["--no-prefix-caching"]),
+                   ("--page-size 16", ["--block-size", "16"])],
+        "llama-server": [("-c 4096", ["--kv-tokens", "4096"]), ("--ctx-size 4096", ["--kv-tokens", "4096"]),
+                         ("-np 4", ["--max-num-seqs", "4"]), ("--parallel 4", ["--max-num-seqs", "4"]),
+                         ("-b 1024", ["--max-num-batched-tokens", "1024"]), ("-ub 256", ["--ubatch-size", "256"]),
+                         ("--cache-type-k f16", [])],
+    }
+    HEADS = {"vllm": "vllm serve m", "sglang": "python -m sglang.launch_server --model-path m",
+             "llama-server": "llama-server -m m.gguf"}
+
+    def test_each_mapped_flag_becomes_the_servesim_flag_of_the_same_meaning(self):
+        for engine, cases in self.MAPPINGS.items():
+            for given, expected in cases:
+                with self.subTest(engine=engine, flag=given):
+                    flag, _, value = given.partition(" ")
+                    command = main.server_command(engine, f"{self.HEADS[engine]} {flag} {shlex.quote(value)}"
+                                                  if value else f"{self.HEADS[engine]} {flag}")
+                    model_words = 4  # --scheduler S --model M
+                    self.assertEqual(list(command.flags[model_words:]), expected)
+                    self.assertEqual(command.not_modelled, ())
+
+    def test_the_acceptance_command_runs_alone_and_says_what_it_took(self):
+        code, out, err = run_cli("simulate", "--vllm", ACCEPTANCE_VLLM, "--rate", "10", "--requests", "500")
+        self.assertEqual((code, err), (0, ""))
+        self.assertIn("from the vllm serve command: meta-llama/Llama-3.1-70B-Instruct --tensor-parallel-size 4 "
+                      "--max-num-seqs 256 --enable-prefix-caching --kv-cache-dtype fp8; where it is silent the run "
+                      "took vLLM", out)
+        report = run_json("simulate", "--vllm", ACCEPTANCE_VLLM, "--rate", "10", "--requests", "50", "--no-sensitivity")
+        config, capacity = report["settings"]["scheduler"], report["capacity"]
+        self.assertEqual((config["max_num_seqs"], config["prefix_caching"], capacity["tensor_parallel_size"]),
+                         (256, True, 4))
+        self.assertEqual(capacity["kv_bytes_per_token"], 2 * 80 * 2 * 128 * 1)  # a shard's 2 of 8 KV heads, FP8
+        self.assertEqual(report["settings"]["model"], "llama-3.1-70b-instruct")
+
+    def test_an_sglang_and_a_llama_server_command_run_with_their_own_schedulers(self):
+        sglang = run_json("simulate", "--sglang", "python3 -m sglang.launch_server --model-path Qwen/Qwen3-8B --tp 2 "
+                          "--max-running-requests 64 --port 30000", "--rate", "4", "--requests", "20", "--no-sensitivity")
+        self.assertEqual((sglang["settings"]["scheduler"]["scheduler"], sglang["settings"]["scheduler"]["max_num_seqs"]),
+                         ("sglang", 64))
+        self.assertEqual(sglang["server_command"]["ignored"], ["--port 30000"])
+        gguf = os.path.join(FIXTURES_DIR, "..", "..", "code", "fixtures", "gpu", "Llama-3.1-8B-Instruct", "config.json")
+        llama = run_json("simulate", "--llama-server", f"llama-server -m {gguf} -c 8192 -np 4 -ngl 99", "--hardware",
+                         "l4-24gb", "--concurrency", "4", "--requests", "8", "--no-sensitivity")
+        self.assertEqual((llama["settings"]["scheduler"]["scheduler"], llama["capacity"]["num_kv_tokens"]),
+                         ("llamacpp", 8192))
+        self.assertEqual(llama["server_command"]["not_simulated"], ["-ngl 99"])
+
+    def test_other_launchers_and_environment_assignments_are_read_too(self):
+        for text in ("CUDA_VISIBLE_DEVICES=0,1 vllm serve m -tp 2",
+                     "python3 -m vllm.entrypoints.openai.api_server --model m -tp 2",
+                     "docker run --gpus all -p 8000:8000 vllm/vllm-openai:latest --model m -tp 2"):
+            with self.subTest(text=text):
+                command = main.server_command("vllm", text)
+                self.assertIn("--model", command.flags)
+                self.assertEqual(command.flags[command.flags.index("--tensor-parallel-size") + 1], "2")
+
+    def test_a_flag_the_server_does_not_have_exits_2_naming_it(self):
+        for engine, text, flag in (("vllm", "vllm serve m --max-num-seq-s 3", "--max-num-seq-s"),
+                                   ("sglang", "python -m sglang.launch_server --tpx 2", "--tpx"),
+                                   ("llama-server", "llama-server -m m.gguf --frobnicate", "--frobnicate")):
+            with self.subTest(engine=engine):
+                code, out, err = run_cli("capacity", f"--{engine}", text)
+                self.assertEqual((code, out), (2, ""))
+                self.assertIn(f"--{engine}: {flag} is not a flag of {engine}'s server", err)
+
+    def test_a_knob_set_by_the_command_and_a_flag_both_exits_2(self):
+        code, _, err = run_cli("simulate", "--vllm", "vllm serve m --max-num-seqs 8", "--max-num-seqs", "16",
+                               "--rate", "1")
+        self.assertEqual(code, 2)
+        self.assertIn("--max-num-seqs: given twice", err)
+
+    def test_something_that_is_not_a_server_command_exits_2(self):
+        code, _, err = run_cli("capacity", "--vllm", "python train.py --epochs 3")
+        self.assertEqual(code, 2)
+        self.assertIn("expected the server's command line, starting vllm serve", err)
+
+    def test_flags_that_change_the_server_in_ways_not_simulated_are_listed_not_dropped(self):
+        command = main.server_command("vllm", "vllm serve m --enable-lora --cpu-offload-gb 8 --port 8000 --host ::")
+        self.assertEqual(command.not_modelled, ("--enable-lora", "--cpu-offload-gb 8"))
+        self.assertEqual(command.ignored, ("--port 8000", "--host ::"))
