@@ -129,6 +129,8 @@ class FakeEngine:
         self.num_decode_calls = 0
         self.num_busy_slots = 0
         self.max_tokens_asked = []  # each request's max_tokens, in the order they came
+        self.clock = time.perf_counter  # when streams are submitted and admitted
+        self.virtual = False  # True while virtual_time.VirtualTime takes the steps instead of the thread
 
     def step_ms(self, num_decoding, num_prefill_tokens):
         decode = self.decode_ms[num_decoding] if num_decoding else 0.0
@@ -137,7 +139,7 @@ class FakeEngine:
 
     def submit(self, prompt_tokens, max_tokens):
         stream = _Stream(prompt_tokens, max_tokens)
-        stream.submitted_s = time.perf_counter()
+        stream.submitted_s = self.clock()
         with self.lock:
             self.max_tokens_asked.append(max_tokens)
             self.waiting.append(stream)
@@ -160,39 +162,53 @@ class FakeEngine:
                     f"llamacpp:requests_processing {len(self.running)}\n"
                     f"llamacpp:requests_deferred {len(self.waiting)}\n")
 
+    def has_work(self):
+        return bool(self.waiting or self.running)
+
+    def begin_step(self):
+        """Under the lock: admit waiting streams into free slots; (the streams that decode,
+        those just admitted, the step's cost in seconds)."""
+        admitted = self.waiting[:self.slots - len(self.running)]
+        del self.waiting[:len(admitted)]
+        decoding = list(self.running)
+        self.running += admitted
+        self.num_decode_calls += 1
+        self.num_busy_slots += len(self.running)
+        context = sum(stream.prompt_tokens + stream.generated for stream in decoding)
+        cost_s = (self.step_ms(len(decoding), sum(s.prompt_tokens for s in admitted))
+                  + self.context_us_per_token * context / 1000) / 1000
+        for stream in admitted:
+            stream.prompt_ms = cost_s * 1000
+            stream.admitted_s = self.clock()
+        return decoding, admitted, cost_s
+
+    def end_step(self, decoding, admitted):
+        """Under the lock, as the step ends: a token for every stream the step carried; the
+        streams that reached their max_tokens end."""
+        for stream in decoding + admitted:
+            stream.generated += 1
+            stream.events.put("token")
+            if stream.generated >= stream.max_tokens:  # counted before its client can see the end
+                self.num_ended += 1
+                self.queue_s += stream.admitted_s - stream.submitted_s
+                self.prefill_s += stream.prompt_ms / 1000
+                stream.events.put("end")
+                self.running.remove(stream)
+
     def _loop(self):
         deadline = None
         while True:
             with self.lock:
-                while not self.closing and not (self.waiting or self.running):
+                while not self.closing and (self.virtual or not self.has_work()):
                     deadline = None
                     self.lock.wait(0.1)
                 if self.closing:
                     return
-                admitted = self.waiting[:self.slots - len(self.running)]
-                del self.waiting[:len(admitted)]
-                decoding = list(self.running)
-                self.running += admitted
-                self.num_decode_calls += 1
-                self.num_busy_slots += len(self.running)
-            context = sum(stream.prompt_tokens + stream.generated for stream in decoding)
-            cost_s = (self.step_ms(len(decoding), sum(s.prompt_tokens for s in admitted))
-                      + self.context_us_per_token * context / 1000) / 1000
-            for stream in admitted:
-                stream.prompt_ms = cost_s * 1000
-                stream.admitted_s = time.perf_counter()
+                decoding, admitted, cost_s = self.begin_step()
             deadline = (deadline or time.perf_counter()) + cost_s
             time.sleep(max(0.0, deadline - time.perf_counter()))
             with self.lock:
-                for stream in decoding + admitted:
-                    stream.generated += 1
-                    stream.events.put("token")
-                    if stream.generated >= stream.max_tokens:  # counted before its client can see the end
-                        self.num_ended += 1
-                        self.queue_s += stream.admitted_s - stream.submitted_s
-                        self.prefill_s += stream.prompt_ms / 1000
-                        stream.events.put("end")
-                        self.running.remove(stream)
+                self.end_step(decoding, admitted)
 
     def __enter__(self):
         self.httpd = fake_server.ListeningServer(("127.0.0.1", 0), _Handler)

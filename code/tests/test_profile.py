@@ -12,18 +12,31 @@ from unittest import mock
 
 from fake_engine import FakeEngine
 from fake_server import FakeServer
+from virtual_time import FRONT_END_S, VirtualTime
 from support import FIXTURES_DIR, ScratchTest, main, new_scheduler, run_cli, run_json, start_interruptible
 from test_fast_engine import differences
 
 DECODE_MS = {1: 9.0, 2: 19.0, 3: 31.0, 4: 27.0}  # not monotone: CPU matrix kernels tile
 QUICK_DECODE_MS = {1: 2.0, 2: 3.0, 3: 4.0, 4: 5.0}  # for tests that send many requests and read no step
 PREFILL_MS_PER_TOKEN = 0.02                        # 2 ms per 100 tokens
-OVERLAP_MS = 4.0  # what a prefill beside decodes saves: half the 400-token prompt's 8 ms, far above clock noise
+OVERLAP_MS = 4.0  # what a prefill beside decodes saves: half the 400-token prompt's 8 ms
+EXACT = 1e-6  # ms: in virtual time a profile reads the fake's steps to the float
 GEMMA = ("--hardware", "cpu-2vcpu", "--model", "gemma-3-270m-q4_k_m")
 
 
+def virtual_profile(engine, *argv, send_gap_s=0.0):
+    """profile --json --quiet of engine in virtual time (see virtual_time.py); it must exit 0
+    and print nothing on stderr."""
+    with VirtualTime(engine, send_gap_s):
+        code, out, err = run_cli("profile", "--url", engine.url, *argv, "--json", "--quiet")
+    if (code, err) != (0, ""):
+        raise AssertionError(f"exit {code}: {err}")
+    return json.loads(out)
+
+
 class ProfileOfAKnownServerTest(ScratchTest):
-    """One profile of a fake server whose steps cost a known, non-monotone table."""
+    """One profile of a fake server whose steps cost a known, non-monotone table, taken in
+    virtual time: what it measures is the fake's table itself, however loaded the machine."""
 
     @classmethod
     def setUpClass(cls):
@@ -31,9 +44,10 @@ class ProfileOfAKnownServerTest(ScratchTest):
         cls.path = os.path.join(os.path.dirname(os.path.abspath(__file__)), "__pycache__", "known.profile.json")
         os.makedirs(os.path.dirname(cls.path), exist_ok=True)
         # no context point (ContextCostTest measures one)
-        cls.code, cls.out, cls.err = run_cli("profile", "--url", cls.engine.url, "--output-tokens", "12",
-                                             "--repeat", "2", "--prefill-tokens", "100,200,400,800",
-                                             "--context-tokens", "0", "--out", cls.path)
+        with VirtualTime(cls.engine):
+            cls.code, cls.out, cls.err = run_cli("profile", "--url", cls.engine.url, "--output-tokens", "12",
+                                                 "--repeat", "2", "--prefill-tokens", "100,200,400,800",
+                                                 "--context-tokens", "0", "--out", cls.path)
         with open(cls.path, encoding="utf-8") as handle:
             cls.profile = json.load(handle)
 
@@ -47,28 +61,27 @@ class ProfileOfAKnownServerTest(ScratchTest):
         self.assertEqual(len([line for line in self.err.splitlines() if line.startswith("profile: ")]), 4 * 2 + 4 + 1)
         self.assertIn(f"wrote {self.path}; use it with --step-profile {self.path}", self.out)
 
-    def test_every_decode_point_is_recovered_within_3_percent(self):
+    def test_every_decode_point_is_recovered_exactly(self):
         measured = {point["batch"]: point["step_ms"] for point in self.profile["decode"]}
         self.assertEqual(sorted(measured), [1, 2, 3, 4])  # the four slots /props reports
         for batch, truth in DECODE_MS.items():
-            self.assertAlmostEqual(measured[batch], truth, delta=0.03 * truth)
+            self.assertAlmostEqual(measured[batch], truth, delta=EXACT)
 
-    def test_every_prefill_point_is_recovered_within_3_percent(self):
+    def test_every_prefill_point_and_the_front_end_are_recovered_exactly(self):
         self.assertEqual(len(self.profile["prefill"]), 4)
         for point in self.profile["prefill"]:
             truth = PREFILL_MS_PER_TOKEN * point["prompt_tokens"]
-            self.assertAlmostEqual(point["step_ms"], truth, delta=0.03 * truth)
-            self.assertGreater(point["ttft_ms"], point["step_ms"])  # TTFT also pays the front end
+            self.assertAlmostEqual(point["step_ms"], truth, delta=EXACT)
+            self.assertAlmostEqual(point["ttft_ms"], truth + FRONT_END_S * 1000, delta=EXACT)  # TTFT also pays it
+        self.assertAlmostEqual(self.profile["request_overhead_ms"], FRONT_END_S * 1000, delta=EXACT)
 
     def test_a_prefill_beside_decodes_costs_what_it_adds_to_their_step(self):
         (point,) = self.profile["mixed"]
         decoding = {p["batch"]: p["step_ms"] for p in self.profile["decode"]}[point["decode_batch"]]
         truth = DECODE_MS[3] + PREFILL_MS_PER_TOKEN * point["prompt_tokens"] - OVERLAP_MS
         self.assertEqual((point["decode_batch"], point["num_steps"]), (3, 1))  # one step carried both
-        # NOTE: one step timed on a real clock: a late wake-up on a loaded machine adds a few ms,
-        # and the overlap is a difference of differences (a 1 ms overlap came out 1.85 under CI)
-        self.assertAlmostEqual(decoding + point["added_ms"], truth, delta=0.03 * truth + 3.0)
-        self.assertAlmostEqual(self.profile["mixed_overlap_ms"], OVERLAP_MS, delta=OVERLAP_MS / 2)
+        self.assertAlmostEqual(decoding + point["added_ms"], truth, delta=EXACT)
+        self.assertAlmostEqual(self.profile["mixed_overlap_ms"], OVERLAP_MS, delta=EXACT)
 
     def test_each_point_carries_its_repeats_and_range(self):
         for points, runs in ((self.profile["decode"], 2), (self.profile["prefill"], 5)):  # prefills are cheap
@@ -84,13 +97,21 @@ class ProfileOfAKnownServerTest(ScratchTest):
         self.assertTrue(self.profile["machine"]["cpu"])
         self.assertTrue(self.profile["complete"])
 
+    def test_prompts_prefilled_in_one_step_give_the_batched_prefill_factor(self):
+        # sent at once, each batch's prompts are admitted in one step, which costs what one
+        # prompt as long as all of them costs: a factor of 1
+        self.assertEqual(self.profile["prefill_batch_factors"],
+                         [{"num_prompts": n, "factor": 1.0} for n in (2, 3, 4)])
+        self.assertEqual([note for note in self.profile["notes"] if "prefilled in one step" in note], [])
+
     def test_prompts_that_were_not_prefilled_in_one_step_give_no_batched_prefill_factor(self):
-        # the fake admits each request as it comes, so a batch's prompts join over several steps
-        noted = [note for note in self.profile["notes"] if "were never prefilled in one step" in note]
-        measured = [factor["num_prompts"] for factor in self.profile["prefill_batch_factors"]]
-        self.assertEqual(len(noted) + len(measured), 3)
-        for factor in self.profile["prefill_batch_factors"]:
-            self.assertAlmostEqual(factor["factor"], 1.0, delta=0.05)
+        # sent 1 ms apart, the first prompt starts a step alone and the rest join over later steps
+        profile = virtual_profile(self.engine, "--output-tokens", "12", "--repeat", "1", "--prefill-tokens", "100",
+                                  "--context-tokens", "0", send_gap_s=0.001)
+        self.assertEqual(profile["prefill_batch_factors"], [])
+        self.assertEqual([note for note in profile["notes"] if "were never prefilled in one step" in note],
+                         [f"decode batch {n}: its prompts were never prefilled in one step, so what {n} prompts "
+                          f"together cost was not measured" for n in (2, 3, 4)])
 
     def test_simulate_with_the_profile_reproduces_the_tpot_at_each_batch_within_3_percent(self):
         for batch, truth in DECODE_MS.items():
@@ -796,10 +817,10 @@ class ContextCostTest(ScratchTest):
 
     def test_profile_recovers_the_cost_of_context_and_simulate_charges_it(self):
         with FakeEngine(QUICK_DECODE_MS, context_us_per_token=20.0) as engine:
-            profile = run_json("profile", "--url", engine.url, "--output-tokens", "12", "--repeat", "1",
-                               "--prefill-tokens", "100", "--context-tokens", "600", "--quiet")
+            profile = virtual_profile(engine, "--output-tokens", "12", "--repeat", "1", "--prefill-tokens", "100",
+                                      "--context-tokens", "600")
         self.assertEqual((profile["context"]["batch"], profile["context"]["prompt_tokens"]), (4, 600))
-        self.assertAlmostEqual(profile["context_ms_per_token"], 0.020, delta=0.002)
+        self.assertAlmostEqual(profile["context_ms_per_token"], 0.020, delta=EXACT)
         path = self.write("context.profile.json", profile)
         steps = [run_json("simulate", "--step-profile", path, *GEMMA, "--kv-tokens", "16384", "--max-num-seqs", "4",
                           "--prompt-tokens", str(prompt), "--output-tokens", "64", "--requests", "4",
@@ -808,12 +829,14 @@ class ContextCostTest(ScratchTest):
 
     def test_a_vllm_servers_request_path_is_its_ttft_less_its_own_queue_and_prefill_time(self):
         with FakeEngine(QUICK_DECODE_MS, PREFILL_MS_PER_TOKEN, kind="vllm", request_path_ms=15.0) as engine:
-            profile = run_json("profile", "--url", engine.url, "--output-tokens", "8", "--repeat", "1",
-                               "--prefill-tokens", "400", "--context-tokens", "0", "--max-num-seqs", "4",
-                               "--quiet")  # one point: no intercept; the cap given, so no crowding probe
-        self.assertAlmostEqual(profile["request_overhead_ms"], 15.0, delta=5.0)  # the path, its HTTP and a scrape's
+            # one point: no intercept; the cap given, so no crowding probe
+            profile = virtual_profile(engine, "--output-tokens", "8", "--repeat", "1", "--prefill-tokens", "400",
+                                      "--context-tokens", "0", "--max-num-seqs", "4")
+        # the fake's path and its HTTP; queue and prefill time are the histograms' in /metrics
+        self.assertAlmostEqual(profile["request_overhead_ms"], 15.0 + FRONT_END_S * 1000, delta=EXACT)
+        self.assertEqual(len(profile["prefill"]), 1)
         for point in profile["prefill"]:
-            self.assertAlmostEqual(point["step_ms"], PREFILL_MS_PER_TOKEN * point["prompt_tokens"], delta=3.0)
+            self.assertAlmostEqual(point["step_ms"], PREFILL_MS_PER_TOKEN * point["prompt_tokens"], delta=EXACT)
 
     def test_a_context_point_that_passes_the_servers_context_is_refused(self):
         with FakeEngine(DECODE_MS, slot_context_tokens=512) as engine:
@@ -827,8 +850,8 @@ class SequenceCapProbeTest(ScratchTest):
 
     def test_profile_finds_a_vllm_servers_sequence_cap_and_compare_simulates_it(self):
         with FakeEngine(QUICK_DECODE_MS, slots=3, kind="vllm") as engine:
-            profile = run_json("profile", "--url", engine.url, "--endpoint", "/v1/completions", "--output-tokens", "6",
-                               "--repeat", "1", "--prefill-tokens", "100,200", "--quiet")
+            profile = virtual_profile(engine, "--endpoint", "/v1/completions", "--output-tokens", "6", "--repeat", "1",
+                                      "--prefill-tokens", "100,200")
             path = self.write("vllm.profile.json", profile)
             report = self.write("c4.json", run_json("loadgen", "--url", engine.url, "--endpoint", "/v1/completions",
                                                     "--requests", "6", "--concurrency", "4", "--max-tokens", "6",
@@ -843,8 +866,7 @@ class SequenceCapProbeTest(ScratchTest):
 
     def test_a_server_that_states_its_slots_is_not_crowded(self):
         with FakeEngine(DECODE_MS, slots=2) as engine:
-            profile = run_json("profile", "--url", engine.url, "--output-tokens", "4", "--repeat", "1",
-                               "--prefill-tokens", "100", "--quiet")
+            profile = virtual_profile(engine, "--output-tokens", "4", "--repeat", "1", "--prefill-tokens", "100")
         self.assertEqual((profile["settings"]["cap_probe_requests"], "max_num_seqs" in profile["server"]), (0, False))
         self.assertEqual([point["batch"] for point in profile["decode"]], [1, 2])
 
@@ -869,10 +891,12 @@ class ProfileStopsTest(ScratchTest):
 
     def test_the_budget_skips_the_points_it_cannot_fit_and_says_so(self):
         with FakeEngine(DECODE_MS) as engine:
-            result = run_json("profile", "--url", engine.url, "--output-tokens", "8", "--repeat", "1",
-                              "--prefill-tokens", "100", "--budget-s", "0.2", "--quiet")
-        self.assertEqual([point["batch"] for point in result["decode"]][:1], [1])
-        self.assertTrue(any("skipped: it would pass --budget-s 0.2" in note for note in result["notes"]))
+            result = virtual_profile(engine, "--output-tokens", "8", "--repeat", "1", "--prefill-tokens", "100",
+                                     "--budget-s", "0.2")
+        # the warm-up and batch 1 take 0.15 s of the fake's steps; batch 2 would take 0.11 s more
+        self.assertEqual([point["batch"] for point in result["decode"]], [1])
+        self.assertEqual([note for note in result["notes"] if note.startswith("decode batch") and "(run" in note],
+                         [f"decode batch {batch} (run 1) skipped: it would pass --budget-s 0.2" for batch in (2, 3, 4)])
 
 
 if __name__ == "__main__":
