@@ -26,8 +26,9 @@ import main  # noqa: E402  (the path above makes it importable)
 TEST_TIME_LIMIT_S = int(os.environ.get("SERVESIM_TEST_TIME_LIMIT_S", "120"))
 
 
-class TestTimeout(Exception):
-    """A test ran past TEST_TIME_LIMIT_S."""
+class TestTimeout(BaseException):
+    """A test ran past TEST_TIME_LIMIT_S. NOTE: not an Exception, so that main()'s net for
+    an internal error (a test runs the CLI in process) does not catch it and run on."""
 
 
 def _limited_run(run):
