@@ -79,13 +79,36 @@ def wait_until(condition, timeout_s=30.0):
     return True
 
 
-def start_interruptible(*argv):
+class LateClock:
+    """An injected clock for a LoadRun: it moves only when the code under test sleeps, and
+    each sleep ends late_s late (a loaded machine's late wake-up, the same every time)."""
+
+    def __init__(self, late_s=0.0):
+        self.now, self.late_s = 0.0, late_s
+
+    def clock(self):
+        return self.now
+
+    def sleep(self, seconds):
+        self.now += seconds + self.late_s
+
+
+# main.py's entry with another grace after Ctrl-C (finish_in_flight's default: its first argument is the run)
+WITH_GRACE = ("import sys; sys.path.insert(0, {code!r}); import main; "
+              "main.finish_in_flight.__defaults__ = ({grace_s!r},) + main.finish_in_flight.__defaults__[1:]; "
+              "sys.exit(main.main())")
+
+
+def start_interruptible(*argv, grace_s=None):
     """main.py argv in a child process (pipes for stdout and stderr) that SIGINT reaches as
     Ctrl-C, even when this suite itself ignores SIGINT (a background job of a script does):
-    a child inherits an ignored signal, and Python then leaves it ignored."""
+    a child inherits an ignored signal, and Python then leaves it ignored. grace_s, when
+    given, is how long loadgen's streams in flight get after the first Ctrl-C."""
+    entry = ([os.path.join(CODE_DIR, "main.py")] if grace_s is None
+             else ["-c", WITH_GRACE.format(code=CODE_DIR, grace_s=float(grace_s))])
     previous = signal.signal(signal.SIGINT, signal.default_int_handler)
     try:
-        return subprocess.Popen([sys.executable, os.path.join(CODE_DIR, "main.py"), *map(str, argv)],
+        return subprocess.Popen([sys.executable, *entry, *map(str, argv)],
                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     finally:
         signal.signal(signal.SIGINT, previous)
