@@ -10215,6 +10215,28 @@ def _label_count(labels: Dict[str, str], name: str) -> Optional[int]:
     return _positive_int(int(text)) if text.isascii() and text.isdigit() and len(text) <= 12 else None
 
 
+def scraped_settings(scrape: Dict[str, list]) -> dict:
+    """What a vLLM scrape says of its server: the model it serves (the model_name label of
+    its series) and its cache (vllm:cache_config_info's block_size, num_gpu_blocks,
+    gpu_memory_utilization and cache_dtype), under EngineArgs' names; {} where it says none."""
+    names = {labels.get("model_name") for name, samples in scrape.items() if name.startswith("vllm:")
+             for labels, _ in samples}
+    names.discard(None)
+    configs = scrape.get(series_name("cache_config"), [])
+    labels = configs[0][0] if configs else {}
+    found = {"model": names.pop() if len(names) == 1 else None, "block_size": _label_count(labels, "block_size")}
+    blocks = _label_count(labels, "num_gpu_blocks")
+    if blocks and found["block_size"]:
+        found["num_gpu_blocks_override"] = blocks
+    try:
+        share = float(labels.get("gpu_memory_utilization", ""))
+        found["gpu_memory_utilization"] = share if 0 < share <= 1 else None
+    except ValueError:
+        pass
+    found["kv_cache_dtype"] = labels.get("cache_dtype") if labels.get("cache_dtype") in KV_CACHE_DTYPES else None
+    return {name: value for name, value in found.items() if value is not None}
+
+
 def _vllm_models(endpoint: Endpoint, headers: Dict[str, str], timeout_s: float) -> dict:
     """vLLM's max_model_len from GET /v1/models, and its KV cache from the labels of
     vllm:cache_config_info in /metrics (num_gpu_blocks x block_size)."""
@@ -14370,6 +14392,10 @@ def what_if_base(evidence: Evidence, flags: EngineArgs,
               if getattr(flags, name) is not None]
     if evidence.value("prefix_caching"):
         pairs.append(("prefix_caching", True))
+    named = {name for name, _ in pairs} | {"hardware", "hardware_file", "model", "model_file", "max_num_seqs",
+                                           "max_num_batched_tokens", "prefix_caching"}
+    pairs += [(field.name, getattr(flags, field.name)) for field in dataclasses.fields(EngineArgs)
+              if field.name not in named and getattr(flags, field.name) != field.default]  # TP, the scheduler, ...
     what = (f"{flag[2:]} {amount:g}, {num_requests} requests of {prompt:,.0f} + {output:,.0f} tokens"
             + (f", {evidence.value('shared_prefix_tokens'):,.0f} of them shared" if evidence.value("shared_prefix_tokens")
                else ""))
@@ -14398,7 +14424,8 @@ def flags_text(pairs: Sequence[Tuple[str, Any]]) -> List[str]:
         elif isinstance(value, bool):
             parts.append(flag if value else "--no-" + flag[2:])
         else:
-            parts += [flag, f"{value:g}" if name in ("rate", "concurrency") else str(value)]
+            parts += [flag, f"{value:g}" if name in ("rate", "concurrency") else
+                      ".".join(map(str, value)) if isinstance(value, tuple) else str(value)]
     return parts
 
 
@@ -14415,8 +14442,45 @@ def what_if_run(pairs: Sequence[Tuple[str, Any]]) -> RunSpec:
                    sensitivity=values.get("sensitivity", True))
 
 
+BASELINE_TOLERANCE = 0.25  # a what-if's "as it is" run this far from what it was shown says so
+
+
+def shown_latencies(evidence: Evidence) -> Dict[str, Tuple[float, str]]:
+    """The TTFT and TPOT an input showed, each with its statistic ("mean": a scrape's
+    histogram means; "p50": a report's): given, or a scrape's request phases added up
+    (queue + prefill; decode over the tokens after the first)."""
+    found = {}
+    for name in ("ttft_ms", "tpot_ms"):
+        if name in evidence:
+            found[name] = (evidence.value(name), "mean" if "mean" in evidence[name].source else "p50")
+    queue, prefill, decode = (evidence.value(name) for name in ("queue_ms", "prefill_ms", "decode_ms"))
+    output = evidence.value("mean_output_tokens")
+    if "ttft_ms" not in found and queue is not None and prefill is not None:
+        found["ttft_ms"] = (queue + prefill, "mean")
+    if "tpot_ms" not in found and decode is not None and output and output > 1:
+        found["tpot_ms"] = (decode / (output - 1), "mean")
+    return found
+
+
+def baseline_disagreement(evidence: Evidence, simulated: dict, workload: str) -> Optional[str]:
+    """Where the simulated "as it is" run's TTFT or TPOT is more than BASELINE_TOLERANCE
+    from what the input showed (its mean where the input gave means, a scrape's histograms;
+    else its p50), what that says and which inputs would explain it; None where they agree."""
+    far, shown_of = [], shown_latencies(evidence)
+    for name, label in (("ttft_ms", "TTFT"), ("tpot_ms", "TPOT")):
+        shown, stat = shown_of.get(name, (None, None))
+        value = (simulated.get(name) or {}).get(stat)
+        if shown and value is not None and abs(value / shown - 1) > BASELINE_TOLERANCE:
+            far.append(f"{label} {stat} {value:,.1f} ms against {shown:,.1f} ms shown ({value / shown - 1:+.0%})")
+    if not far:
+        return None
+    return (f"the simulated server as it is disagrees with what it was shown: {'; '.join(far)}; the what-ifs move "
+            f"from that baseline, so read their changes, not their figures. Likely inputs to check: the arrival rate or "
+            f"clients, the request lengths and the shared prefix ({workload}), and the hardware and flags")
+
+
 def what_if(evidence: Evidence, flags: EngineArgs, load: Optional[Tuple[str, float]], verdict: dict,
-            plan: Optional[CapacityPlan]) -> dict:
+            plan: Optional[CapacityPlan], why_not: Optional[str] = None) -> dict:
     """The server as it is, simulated, beside each change the advice names (each a variant
     of one run: what_if_run). Each entry: the knob, its flags, the before and after
     summaries (simulate's) and the preemptions of both; a change the simulation cannot
@@ -14431,13 +14495,14 @@ def what_if(evidence: Evidence, flags: EngineArgs, load: Optional[Tuple[str, flo
                       if flags.speculative_config else
                       Trial("turn speculative decoding off", unsupported="give explain the server's --speculative-config"))
     base, what = what_if_base(evidence, flags, load) if plan is not None else (
-        None, "no --hardware and --model that fit to simulate")
+        None, why_not or "no --hardware and --model to simulate (give both)")
     unsupported = [{"knob": trial.knob, "why": trial.unsupported} for trial in trials if trial.unsupported]
     shown = flags_text(base) if base is not None else None
     if base is None or not trials:
         return {"workload": what, "base_flags": shown, "entries": [], "unsupported": unsupported,
                 "not_simulated": what if base is None else None}
     before = run_simulation(what_if_run(base))
+    baseline = baseline_disagreement(evidence, before["summary"], what)
     entries = []
     for trial in (trial for trial in trials if not trial.unsupported):
         try:
@@ -14449,7 +14514,7 @@ def what_if(evidence: Evidence, flags: EngineArgs, load: Optional[Tuple[str, flo
                         "after": after["summary"], "preemptions": {"before": before["engine"]["num_preemptions"],
                                                                    "after": after["engine"]["num_preemptions"]}})
     return {"workload": what, "base_flags": shown, "entries": entries, "unsupported": unsupported,
-            "not_simulated": None}
+            "not_simulated": None, "baseline": baseline}
 
 
 # =============================================================================
@@ -16013,6 +16078,7 @@ def what_if_lines(entries: List[dict], run: dict, number: int) -> List[str]:
         lines.append(f"   {label:40} {_ms(ttft):>10} {_ms(tpot):>9} {summary['output_tok_per_s']:>10,.1f} "
                      f"{preempted:>10,}  {' '.join(flags)}".rstrip())
     lines += [f"   not simulated: {item['knob']}: {item['why']}" for item in run["unsupported"]]
+    lines += [f"   {run['baseline']}"] if run.get("baseline") else []
     if run["base_flags"]:
         lines.append("   as it is: servesim simulate " + " ".join(shlex.quote(flag) for flag in run["base_flags"]))
     return lines
@@ -17072,7 +17138,7 @@ def _explain_inputs(args) -> Tuple[Evidence, dict, str]:
         scrapes, what = _scrape_live(args)
         evidence = evidence_from_scrapes(scrapes)
         evidence_from_server(evidence, discover_server(Endpoint.parse(args.url), {}, 5.0), "the server's own")
-        return evidence, {}, what
+        return evidence, {"server": scraped_settings(scrapes[-1])}, what
     if not args.inputs:
         raise UsageError("explain: give a scrape file, a --json report, or --url")
     texts = [read_text_file(path, path) for path in args.inputs]
@@ -17089,7 +17155,23 @@ def _explain_inputs(args) -> Tuple[Evidence, dict, str]:
     for path, scrape in zip(args.inputs, scrapes):
         if not scrape:
             raise UsageError(f"{path}: neither a --json report nor a Prometheus /metrics scrape")
-    return evidence_from_scrapes(scrapes), {}, f"/metrics scrape{'s' if len(scrapes) > 1 else ''} {', '.join(args.inputs)}"
+    return (evidence_from_scrapes(scrapes), {"server": scraped_settings(scrapes[-1])},
+            f"/metrics scrape{'s' if len(scrapes) > 1 else ''} {', '.join(args.inputs)}")
+
+
+def explained_engine_args(args, settings: dict) -> EngineArgs:
+    """The server explain simulates: the flags, else what the report or the scrape says of
+    it (its hardware and model, a vLLM scrape's model name and cache config)."""
+    said = settings.get("server", {})
+    flags = engine_args(args, hardware=args.hardware or settings.get("hardware"),
+                        model=args.model or (None if args.model_file else settings.get("model") or said.get("model")),
+                        prefix_caching=None)  # NOTE: what the server had is evidence; the what-ifs set it
+    unset = {field.name: field.default for field in dataclasses.fields(EngineArgs)}
+    changes = {name: value for name, value in said.items()
+               if name != "model" and getattr(flags, name) == unset[name]}
+    if changes.get("num_gpu_blocks_override") and (flags.kv_tokens or flags.num_gpu_blocks_override):
+        changes.pop("num_gpu_blocks_override")  # NOTE: a cache the flags fix wins over the scrape's
+    return dataclasses.replace(flags, **changes)
 
 
 def cmd_explain(args) -> int:
@@ -17101,19 +17183,22 @@ def cmd_explain(args) -> int:
         if value is not None:
             evidence.put(name, value, flag)
     if args.prefix_caching is not None:
-        evidence.put("prefix_caching", 1 if args.prefix_caching == "on" else 0, "--prefix-caching")
-    flags = engine_args(args, hardware=args.hardware or settings.get("hardware"),
-                        model=args.model or (None if args.model_file else settings.get("model")),
-                        prefix_caching=None)  # NOTE: explain's --prefix-caching says what the server had (on/off)
-    plan = None
+        evidence.put("prefix_caching", 1 if args.prefix_caching else 0, "--prefix-caching")
+    flags = explained_engine_args(args, settings)
+    plan, why_not = None, None
     if (flags.hardware or flags.hardware_file) and (flags.model or flags.model_file):
         try:
             plan = build_plan(flags)
         except CapacityError as error:
             evidence.put("does_not_fit", 1, str(error))
+            why_not = f"the server as told does not fit: {error}"
+        except UsageError as error:
+            if args.model or args.model_file:
+                raise
+            why_not = f"the model the scrape names is not one servesim can size ({error}); give --model"
     result = diagnose(evidence, plan)
     result["input"] = what
-    trials = what_if(evidence, flags, settings.get("load"), result["binding"], plan)
+    trials = what_if(evidence, flags, settings.get("load"), result["binding"], plan, why_not)
     result["what_if"] = trials.pop("entries")
     result["what_if_run"] = trials
     if args.json:
@@ -17722,14 +17807,11 @@ def _explain_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--scrapes", type=positive_int, default=2, help="scrapes to take with --url (default 2)")
     parser.add_argument("--scrape-interval", type=positive_float, default=5.0,
                         help="seconds between scrapes with --url (default 5)")
-    _add_hardware_flags(parser, of_server=True)
-    _add_scheduler_flags(parser, of_server=True)
+    _add_planning_flags(parser, workload=False)  # NOTE: the server's, as simulate takes them
     parser.add_argument("--prompt-tokens", type=positive_float, help="mean prompt tokens per request")
     parser.add_argument("--output-tokens", type=positive_float, help="mean output tokens per request")
     parser.add_argument("--shared-prefix-tokens", type=non_negative_int,
                         help="leading prompt tokens every request shares (a system prompt)")
-    _add_speculative_flags(parser, of_server=True)
-    _add_output_flags(parser, "the diagnosis and its what-if runs")
 
 
 def _compare_flags(parser: argparse.ArgumentParser) -> None:

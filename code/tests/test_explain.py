@@ -269,7 +269,7 @@ class WhatIfTest(ScratchTest):
     def test_without_a_model_to_simulate_nothing_is_simulated_and_it_says_why(self):
         result = run_json("explain", *self.MONDAY, "--max-num-seqs", "256")
         self.assertEqual(result["what_if"], [])
-        self.assertEqual(result["what_if_run"]["not_simulated"], "no --hardware and --model that fit to simulate")
+        self.assertEqual(result["what_if_run"]["not_simulated"], "no --hardware and --model to simulate (give both)")
 
     def test_a_change_is_made_by_dropping_the_field_and_giving_it_anew(self):
         pairs = (("max_num_seqs", 1), ("prefix_caching", True), ("block_size", 2))
