@@ -157,9 +157,12 @@ sweep takes lists: --concurrency 1,8,32 or --rate 1,2,4 (or one --trace), and
 --tolerance. plan takes lists (--hardware, --tensor-parallel-size, --replicas,
 --max-num-seqs, --max-num-batched-tokens, --prefix-caching on,off), --disaggregate,
 --jobs, --emit DIR (a job file per point, run anywhere with simulate --job FILE) and
---collect DIR (the same answer from their results). explain: the server's flags (--max-num-seqs, --max-num-batched-tokens,
---prefix-caching on|off, ...) and the traffic (--prompt-tokens, --output-tokens,
---shared-prefix-tokens); see its --help.
+--collect DIR (the same answer from their results). explain: the server's flags, as simulate
+takes them (--tensor-parallel-size, --max-num-seqs, --prefix-caching or --no-prefix-caching,
+--vllm "vllm serve ...", ...) and the traffic (--prompt-tokens, --output-tokens,
+--shared-prefix-tokens); see its --help. Every planning command takes the server's own
+command line: --vllm "vllm serve MODEL ...", --sglang "python -m sglang.launch_server ...",
+--llama-server "llama-server -m FILE ..."; --model takes a Hugging Face id. --version.
 
 Trace formats (--trace, told apart by content or named by --trace-format):
   servesim   JSON Lines, one request per line:
@@ -11525,6 +11528,7 @@ SGLANG_TO_SERVESIM = {
     "--quantization": ("--quantization", None), "--disable-radix-cache": (("--no-prefix-caching", None), None),
     "--page-size": ("--block-size", None), "--pp-size": ("--pipeline-parallel-size", None),
     "--pipeline-parallel-size": ("--pipeline-parallel-size", None),
+    "--disable-overlap-schedule": (("--no-async-scheduling", None), None),
 }
 LLAMA_SERVER_TO_SERVESIM = {
     "--model": ("--model", None), "--hf-repo": ("--model", None), "--ctx-size": ("--kv-tokens", None),
@@ -11537,7 +11541,11 @@ SERVER_COMMANDS = {  # --vllm, --sglang, --llama-server: (scheduler, option tabl
     "sglang": ("sglang", option_table(SGLANG_SERVER_OPTIONS), SGLANG_TO_SERVESIM),
     "llama-server": ("llamacpp", option_table(LLAMA_SERVER_OPTIONS), LLAMA_SERVER_TO_SERVESIM),
 }
-VLLM_NEWEST = (0, 34)  # the release whose defaults a `vllm serve` command takes unless --vllm-version names another
+# The release whose defaults a `vllm serve` command takes unless --vllm-version names another:
+# the newest servesim models whole (0.34's on-by-default extensible KV cache, which grows into
+# all of the device's memory, and its 64-token blocks are not)
+VLLM_NEWEST = (0, 33)
+SERVER_COMMAND_NAMES = {"vllm": "vllm serve", "sglang": "sglang.launch_server", "llama-server": "llama-server"}
 SERVER_LAUNCHERS = {  # the words that start each server, before its flags
     "vllm": (("vllm", "serve"), ("-m", "vllm.entrypoints.openai.api_server"), ("vllm/vllm-openai",)),
     "sglang": (("-m", "sglang.launch_server"), ("sglang", "serve"), ("lmsysorg/sglang",)),
@@ -11574,13 +11582,16 @@ def _server_words(engine: str, text: str) -> List[str]:
 
 
 def _server_option(table: dict, engine: str, word: str) -> Tuple[str, Tuple[str, str, bool, bool]]:
-    """The flag a word names (a unique prefix of a long flag, as argparse takes one); UsageError if none."""
+    """The flag a word names: exactly, or for vLLM and SGLang (argparse parsers) a unique
+    prefix of a long flag, and for vLLM with "_" for "-"; UsageError if none."""
+    word = word.replace("_", "-") if engine == "vllm" and word.startswith("--") else word
     if word in table:
         return word, table[word]
-    matches = sorted({name for name in table if word.startswith("--") and name.startswith(word)})
+    matches = sorted({name for name in table if engine != "llama-server" and word.startswith("--")
+                      and name.startswith(word)})
     if len(matches) == 1:
         return matches[0], table[matches[0]]
-    reason = f"ambiguous ({', '.join(matches[:4])})" if matches else f"not a flag of {engine}'s server"
+    reason = f"ambiguous ({', '.join(matches[:4])})" if matches else f"not a flag of {SERVER_COMMAND_NAMES[engine]}"
     raise UsageError(f"--{engine}: {word} is {reason}; give the server's flags as it takes them")
 
 
@@ -11609,6 +11620,8 @@ def _mapped_flags(engine: str, mapping: dict, primary: str, on: bool, values: Li
     value = values[0] if values else ""
     if primary == "--max-model-len" and value.lower() == "auto":
         return []
+    if primary == "--chunked-prefill-size" and value == "-1":  # SGLang's way to turn chunked prefill off
+        return ["--no-chunked-prefill"]
     try:
         value = convert(value) if convert else value
     except ValueError:
@@ -11647,7 +11660,6 @@ def server_command(engine: str, text: str) -> ServerCommand:
     return ServerCommand(engine, tuple(flags), tuple(taken), tuple(ignored), tuple(not_modelled))
 
 
-SERVER_COMMAND_NAMES = {"vllm": "vllm serve", "sglang": "sglang.launch_server", "llama-server": "llama-server"}
 SERVER_DEFAULTS_SHOWN = (  # servesim's flags a server's command may set; how a run shows its value where it does not
     (("--gpu-memory-utilization",), lambda plan, config: f"--gpu-memory-utilization {plan.gpu_memory_utilization:g}"),
     (("--block-size",), lambda plan, config: f"--block-size {plan.block_size}"),
@@ -11697,6 +11709,20 @@ def _option_dests(parser: argparse.ArgumentParser) -> Dict[str, str]:
     return {option: action.dest for action in parser._actions for option in action.option_strings}
 
 
+def vllm_release_flags(rest: List[str], given: set, command: ServerCommand) -> List[str]:
+    """What a vllm command adds for the release it stands for: --vllm-version (VLLM_NEWEST
+    unless given), and that release's --gpu-memory-utilization where neither the command
+    nor a flag sets it (0.9 before 0.20, 0.92 from it)."""
+    named = next((word for before, word in zip(rest, rest[1:]) if before == "--vllm-version"),
+                 next((word.split("=", 1)[1] for word in rest if word.startswith("--vllm-version=")), None))
+    match = re.match(r"(\d+)\.(\d+)", named or "")
+    version = (int(match.group(1)), int(match.group(2))) if match else VLLM_NEWEST
+    words = [] if "vllm_version" in given else ["--vllm-version", ".".join(map(str, VLLM_NEWEST))]
+    if "gpu_memory_utilization" not in given and "--gpu-memory-utilization" not in command.flags:
+        words += ["--gpu-memory-utilization", "0.92" if version >= (0, 20) else "0.9"]
+    return words
+
+
 def with_server_command(argv: List[str], parser: argparse.ArgumentParser) -> List[str]:
     """argv with a pasted server command (--vllm, --sglang, --llama-server) read as servesim's
     flags beside it (server_command; those the subcommand does not take dropped; a vllm
@@ -11718,8 +11744,8 @@ def with_server_command(argv: List[str], parser: argparse.ArgumentParser) -> Lis
     rest = argv[:index] + argv[index + (1 if "=" in word else 2):]
     given = {dests[word.split("=")[0]] for word in rest if word.split("=")[0] in dests}
     added, words = [], list(command.flags)
-    if command.engine == "vllm" and "vllm_version" not in given:
-        words += ["--vllm-version", ".".join(map(str, VLLM_NEWEST))]
+    if command.engine == "vllm":
+        words += vllm_release_flags(rest, given, command)
     while words:
         option = words.pop(0)
         value = [words.pop(0)] if words and not words[0].startswith("--") else []

@@ -366,7 +366,7 @@ class ServerCommandTest(unittest.TestCase):
             with self.subTest(engine=engine):
                 code, out, err = run_cli("capacity", f"--{engine}", text)
                 self.assertEqual((code, out), (2, ""))
-                self.assertIn(f"--{engine}: {flag} is not a flag of {engine}'s server", err)
+                self.assertIn(f"--{engine}: {flag} is not a flag of {main.SERVER_COMMAND_NAMES[engine]}", err)
 
     def test_a_knob_set_by_the_command_and_a_flag_both_exits_2(self):
         code, _, err = run_cli("simulate", "--vllm", "vllm serve m --max-num-seqs 8", "--max-num-seqs", "16",
@@ -378,6 +378,27 @@ class ServerCommandTest(unittest.TestCase):
         code, _, err = run_cli("capacity", "--vllm", "python train.py --epochs 3")
         self.assertEqual(code, 2)
         self.assertIn("expected the server's command line, starting vllm serve", err)
+
+    def test_vllm_takes_underscores_and_prefixes_llama_server_exact_names_only(self):
+        self.assertIn("--max-num-seqs", main.server_command("vllm", "vllm serve m --max_num_seqs 8").flags)
+        self.assertIn("--max-num-seqs", main.server_command("vllm", "vllm serve m --max-num-seq 8").flags)
+        with self.assertRaises(main.UsageError):
+            main.server_command("llama-server", "llama-server -m m.gguf --ctx 4096")
+
+    def test_sglang_turns_chunked_prefill_off_with_minus_one_and_overlap_off_with_its_flag(self):
+        command = main.server_command("sglang", "python -m sglang.launch_server --model-path m "
+                                                "--chunked-prefill-size -1 --disable-overlap-schedule")
+        self.assertEqual(command.flags[4:], ("--no-chunked-prefill", "--no-async-scheduling"))
+
+    def test_a_vllm_command_takes_its_releases_memory_share_unless_told(self):
+        for version, share in (("0.15", 0.9), ("0.20", 0.92)):
+            with self.subTest(version=version):
+                argv = main.with_server_command(["simulate", "--vllm", "vllm serve m", "--vllm-version", version],
+                                                main.build_parser("simulate"))
+                self.assertEqual(argv[argv.index("--gpu-memory-utilization") + 1], str(share))
+        argv = main.with_server_command(["simulate", "--vllm", "vllm serve m", "--gpu-memory-utilization", "0.8"],
+                                        main.build_parser("simulate"))
+        self.assertEqual(argv.count("--gpu-memory-utilization"), 1)
 
     def test_flags_that_change_the_server_in_ways_not_simulated_are_listed_not_dropped(self):
         command = main.server_command("vllm", "vllm serve m --enable-lora --cpu-offload-gb 8 --port 8000 --host ::")
