@@ -12448,6 +12448,9 @@ def run_simulation(run: RunSpec) -> dict:
     report = dict(settings=settings, capacity=plan.to_dict(), **report)
     if run.server_command is not None:
         report["server_command"] = run.server_command
+    warnings = run_warnings(run, len(requests))
+    if warnings:
+        report["warnings"] = warnings
     report["step_cost"] = mean_step_cost(spec, report["engine"])
     if run.sensitivity:
         report["sensitivity"] = sensitivity(run_figures(report["summary"]), *(
@@ -12456,6 +12459,35 @@ def run_simulation(run: RunSpec) -> dict:
                                      workload_requests(run.workload, run.load))["summary"])
             for factor in SENSITIVITY_STEP_FACTORS))
     return report
+
+
+WARM_UP_ROUNDS = 4  # requests per closed-loop client below which the run is mostly its first wave
+
+
+def run_warnings(run: RunSpec, num_requests: int) -> List[str]:
+    """What in a run's input makes its figures an artefact of that input rather than of the
+    server, each with the way out: closed-loop clients in lockstep (every request one
+    length), a run too short to leave its first wave, a first wave the KV cache cannot hold."""
+    workload, clients, plan = run.workload, run.load.concurrency, run.engine.plan
+    warnings = []
+    if clients and clients > 1 and not workload.trace:
+        (p_low, p_high), (o_low, o_high) = workload.prompt_tokens, workload.output_tokens
+        if p_low == p_high and o_low == o_high:
+            warnings.append(f"{clients} closed-loop clients sending requests of one length ({p_low:,} + {o_low:,} "
+                            f"tokens) move in lockstep: they prefill and finish together, so TTFT and queue time "
+                            f"follow the waves, not a steady state; give ranges (--prompt-tokens "
+                            f"{max(1, p_low // 2)}-{p_low * 3 // 2}) to see one")
+        if num_requests < WARM_UP_ROUNDS * clients:
+            warnings.append(f"{num_requests:,} requests for {clients} clients: the first wave (every client starting "
+                            f"at once) is a large share of the run; give --requests {WARM_UP_ROUNDS * clients:,} or more")
+        longest = workload.prompt_tokens[1] + workload.output_tokens[1]
+        engines = run.fleet.initial_replicas if run.fleet else run.num_engines
+        held = plan.num_kv_tokens * engines
+        if clients * longest > held and clients * sum(workload.prompt_tokens) / 2 > held:
+            warnings.append(f"the {clients} clients' first requests alone need more KV cache than the "
+                            f"{held:,} tokens there are (their prompts, about {clients * sum(workload.prompt_tokens) // 2:,} "
+                            f"tokens): the run queues and preempts from its start")
+    return warnings
 
 
 def mean_step_cost(spec: EngineSpec, engine: dict) -> Optional[dict]:
@@ -15396,6 +15428,7 @@ def format_simulation(report: dict) -> List[str]:
     lines += sensitivity_lines(report["sensitivity"]) if report.get("sensitivity") else []
     lines += [unpriced_line(report["capacity"]["unpriced"])] if report["capacity"].get("unpriced") else []
     lines += server_command_lines(report["server_command"]) if report.get("server_command") else []
+    lines += [f"warning: {warning}" for warning in report.get("warnings", ())]
     return lines + [engine["cost_model"]["text"]]
 
 

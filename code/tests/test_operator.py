@@ -404,3 +404,33 @@ class ServerCommandTest(unittest.TestCase):
         command = main.server_command("vllm", "vllm serve m --enable-lora --cpu-offload-gb 8 --port 8000 --host ::")
         self.assertEqual(command.not_modelled, ("--enable-lora", "--cpu-offload-gb 8"))
         self.assertEqual(command.ignored, ("--port 8000", "--host ::"))
+
+
+class RunWarningsTest(unittest.TestCase):
+
+    def warnings(self, *argv):
+        return run_json("simulate", "--no-sensitivity", *argv).get("warnings", [])
+
+    def test_closed_loop_clients_with_requests_of_one_length_are_warned_of_lockstep(self):
+        found = self.warnings("--concurrency", "8", "--requests", "64", "--prompt-tokens", "500", "--output-tokens", "50")
+        self.assertEqual(len(found), 1)
+        self.assertIn("8 closed-loop clients sending requests of one length (500 + 50 tokens) move in lockstep", found[0])
+
+    def test_a_run_of_few_requests_per_client_is_warned_of_its_first_wave(self):
+        found = self.warnings("--concurrency", "16", "--requests", "32")
+        self.assertEqual(found, ["32 requests for 16 clients: the first wave (every client starting at once) is a large "
+                                 "share of the run; give --requests 64 or more"])
+
+    def test_a_first_wave_past_the_kv_cache_is_warned_of(self):
+        found = self.warnings("--hardware", "l4-24gb", "--concurrency", "64", "--requests", "256",
+                              "--prompt-tokens", "2000-3000")
+        self.assertEqual(len(found), 1)
+        self.assertIn("the 64 clients' first requests alone need more KV cache than the", found[0])
+
+    def test_an_ordinary_run_has_no_warning(self):
+        for argv in (("--concurrency", "8", "--requests", "64"), ("--rate", "5", "--requests", "50"),
+                     ("--concurrency", "1", "--requests", "4", "--prompt-tokens", "100", "--output-tokens", "10")):
+            with self.subTest(argv=argv):
+                self.assertEqual(self.warnings(*argv), [])
+        code, out, _ = run_cli("simulate", "--concurrency", "8", "--requests", "64", "--no-sensitivity")
+        self.assertNotIn("warning", out)
