@@ -30,6 +30,13 @@ day      (only when named) a day of autoscaling: 24 h of --rate-schedule 0:2,216
          memory, the replicas it used and the day's bill
 fuzz     (only when named) --cases N seeded fuzz cases (--seed S) of the fuzz test's families:
          tracebacks, hangs, wrong exit codes, the API key shown; exits 1 if any
+check    (only when named) the whole seeded sets the unit tests run a share of: every
+         fast-engine workload against the step engine (300, and a fifth of them with each
+         shortcut off), the fuzz test's 300 cases, both engines behind every router under
+         each load, the scheduler's invariants over 2,500 random cases, a RunPool beside a
+         BlockPool over 400 random lives; prints each set's count and what failed, and
+         exits 1 if anything did (a case past 60 s counts as hung). A test, not a figure:
+         it is here because the whole sets take a minute where the suite takes seconds
 loadgen  loadgen's timing accuracy against a stub server in its own process that
          streams 256 tokens, one every 5 ms, and stamps its send time in each event
          (perf_counter is CLOCK_MONOTONIC on Linux, so comparable across processes);
@@ -44,6 +51,7 @@ import itertools
 import json
 import os
 import selectors
+import signal
 import socket
 import statistics
 import subprocess
@@ -476,10 +484,17 @@ def bench_jobs(repeat):
           f"(min {ceiling[1]:.2f}, max {ceiling[2]:.2f}): what a second core gives here now")
 
 
+def tests_importable():
+    """code/tests on the path, so that fuzz and check run the tests' own generators and comparisons."""
+    tests = os.path.join(os.path.dirname(os.path.abspath(__file__)), "tests")
+    if tests not in sys.path:
+        sys.path.insert(0, tests)
+
+
 def bench_fuzz(num_cases, seed):
     """The fuzz test's families, as many cases as asked: what went wrong, by kind."""
     import tempfile
-    sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "tests"))
+    tests_importable()
     import fuzz_cases
     import test_fuzz
     counts = {"traceback": 0, "hung": 0, "exit": 0, "stderr": 0, "key": 0}
@@ -502,6 +517,132 @@ def bench_fuzz(num_cases, seed):
     return 1 if any(counts.values()) else 0
 
 
+CASE_LIMIT_S = 60  # a check's case past this has hung (the slowest takes about a second)
+
+
+class CaseTimeout(BaseException):
+    """A check's case ran past CASE_LIMIT_S (not an Exception: main()'s net would take it)."""
+
+
+class Limited:
+    """function(*case) in a pool's worker, stopped by an alarm past CASE_LIMIT_S (a scheduler
+    that never admits its head loops for ever): then hung(case) is its outcome."""
+
+    def __init__(self, function, hung):
+        self.function, self.hung = function, hung
+
+    def __call__(self, *case):
+        if not hasattr(signal, "SIGALRM"):
+            return self.function(*case)
+
+        def expire(signum, frame):
+            raise CaseTimeout
+        previous = signal.signal(signal.SIGALRM, expire)
+        signal.alarm(CASE_LIMIT_S)
+        try:
+            return self.function(*case)
+        except CaseTimeout:
+            return self.hung(case)
+        finally:
+            signal.alarm(0)
+            signal.signal(signal.SIGALRM, previous)
+
+
+def in_processes(function, hung, cases):
+    """Limited(function, hung)(*case) for every case, on every CPU (spawned: no fork of threads)."""
+    import multiprocessing
+    with multiprocessing.get_context("spawn").Pool(min(4, os.cpu_count() or 1)) as pool:
+        return pool.starmap(Limited(function, hung), cases, chunksize=10)
+
+
+def workload_hung(case):
+    import test_fast_engine
+    seed, switch = case
+    return False, [f"{' '.join(test_fast_engine.workload(seed))}{f' ({switch} off)' if switch else ''}: "
+                   f"ran past {CASE_LIMIT_S} s"]
+
+
+def fuzz_case_hung(case):
+    return [f"{case[0].describe()}: ran past {CASE_LIMIT_S} s"]
+
+
+def check_fast_engine():
+    """Every fast-engine workload against the step engine: (cases, what differs)."""
+    import test_fast_engine
+    cases = test_fast_engine.all_cases()
+    outcomes = in_processes(test_fast_engine.compare_engines, workload_hung, cases)
+    failures = [failure for _, found in outcomes for failure in found]  # a run that failed says so
+    num_off = sum(switch is not None for _, switch in cases)
+    return (f"{len(cases)} fast-engine workloads against the step engine ({len(cases) - num_off} with every shortcut "
+            f"on, {num_off} with one off)"), failures
+
+
+def check_fuzz():
+    """The fuzz test's cases, all of them: (cases, what went wrong)."""
+    import fuzz_cases
+    import test_fuzz
+    cases = fuzz_cases.generate(test_fuzz.SEED, test_fuzz.NUM_CASES, *test_fuzz.reference_reports())
+    failures = [problem for found in in_processes(test_fuzz.problems_of, fuzz_case_hung, [(case,) for case in cases])
+                for problem in found]
+    return f"{len(cases)} fuzz cases (seed {test_fuzz.SEED})", failures
+
+
+def check_routers():
+    """Both engines behind every router under each load: (cases, what differs)."""
+    import test_deployment
+    cases = test_deployment.router_cases()
+    return (f"{len(cases)} router and load pairs in both engines",
+            [difference for case in cases for difference in test_deployment.engines_disagree(*case)])
+
+
+def assertion_failures(cases, run):
+    """run(test, *case) for every case, test a TestCase whose assertions raise: what failed."""
+    import unittest
+    test, failures = unittest.TestCase(), []
+    for case in cases:
+        try:
+            run(test, *case)
+        except AssertionError as error:
+            failures.append(f"{case}: {str(error)[:300]}")
+    return failures
+
+
+def check_scheduler_invariants():
+    """The scheduler's invariants after every step of every random case: (cases, what broke)."""
+    import test_scheduler_invariants
+    checker = test_scheduler_invariants.SchedulerInvariantTest("run_case")  # its checks, outside a test run
+    seeds = range(test_scheduler_invariants.NUM_SEEDS)
+    return (f"{len(seeds)} random schedulers checked after every step",
+            assertion_failures([(seed,) for seed in seeds], lambda _, seed: checker.run_case(seed)))
+
+
+def check_run_pool():
+    """A RunPool against a BlockPool over every random life: (cases, what differs)."""
+    import test_run_pool
+    cases = [(seed, racing) for racing in (False, True) for seed in test_run_pool.lives(racing)]
+    return (f"{len(cases)} random lives of a RunPool beside a BlockPool",
+            assertion_failures(cases, test_run_pool.live))
+
+
+CHECKS = (check_fast_engine, check_fuzz, check_routers, check_scheduler_invariants, check_run_pool)
+
+
+def bench_check() -> int:
+    """Every CHECKS set: its count and what failed; 1 if anything did."""
+    tests_importable()
+    num_failed = 0
+    for check in CHECKS:
+        start = time.perf_counter()
+        what, failures = check()
+        num_failed += len(failures)
+        print(f"check    {what}: {'ok' if not failures else f'{len(failures)} FAILED'} "
+              f"({time.perf_counter() - start:.1f} s)", flush=True)
+        for failure in failures[:20]:
+            print(f"check      {failure[:400]}", flush=True)
+    print(f"check    {'all passed' if not num_failed else f'{num_failed} failures'}")
+    return 1 if num_failed else 0
+
+
 BENCHMARKS = {"sweep": bench_sweep, "poisson": bench_poisson, "traces": bench_traces, "jobs": bench_jobs,
               "loadgen": bench_loadgen, "workers": bench_workers}
 
@@ -520,6 +661,8 @@ def main_bench(argv=None) -> int:
     args = parser.parse_args(argv)
     if args.names == ["fuzz"]:
         return bench_fuzz(args.cases, args.seed)
+    if args.names == ["check"]:
+        return bench_check()
     if args.names == ["million"]:
         bench_million(max(1, (args.repeat + 1) // 2), args.step)
         return 0

@@ -6,13 +6,13 @@ tensor parallelism, disaggregation, replicas behind each router, production trac
 open and closed loop; and one in ten loaded (dozens decoding, a request arriving at nearly
 every step), where the fast engine keeps the decoding requests as one group. Each runs with
 --engine step (the reference) and --engine fast; the two --json reports must agree: counts
-exactly, times to 1e-9 relative.
+exactly, times to 1e-9 relative. The suite runs the share of the 300 workloads that shows
+every mode three times (suite_cases); `python3 code/bench.py check` runs them all (all_cases).
 """
 
 import dataclasses
 import json
 import math
-import multiprocessing
 import os
 import random
 import tempfile
@@ -21,7 +21,15 @@ from unittest import mock
 
 from support import FIXTURES_DIR, main, run_cli
 
-NUM_WORKLOADS = 300
+NUM_WORKLOADS = 300  # the whole set, which bench.py check runs
+SUITE_COVERAGE = 3   # the suite's share shows each of MODES (and a loaded run) this many times
+MODES = ("--prefix-caching", "--no-chunked-prefill", "--max-tokens-in-flight", "--disaggregate",
+         "--tensor-parallel-size", "--pipeline-parallel-size", "--enable-expert-parallel", "--trace", "mooncake",
+         "--rate", "--burstiness 0.3", "--concurrency", "--step-profile", "--kv-tokens 512", "--replicas",
+         "round-robin", "least-loaded", "prefix-affinity", "vllm-dp", "--request-timeout", "--no-async-scheduling",
+         "--speculative-config", "eagle", "ngram", "draft_model", "--acceptance-rate 0 ", "--acceptance-rate 1 ",
+         "--kv-offloading-size", "--hardware-file", "qwen3-30b-a3b", "cpu-4vcpu", "--scheduler sglang",
+         "--step-cost kernels", "--long-prefill-token-threshold")
 L4_8B = (main.HARDWARE["l4-24gb"], main.MODELS["llama-3.1-8b"])
 PROFILE = os.path.join(FIXTURES_DIR, "llamacpp", "profile.json")
 TRACES = [os.path.join(FIXTURES_DIR, name) for name in ("burst.jsonl", "mixed.jsonl", "burst.jsonl", "mixed.jsonl",
@@ -188,18 +196,53 @@ def compare_engines(seed, switched_off=None):
     return True, [f"{' '.join(argv)}{label}: {d}" for d in differences(reference, fast)[:3]]
 
 
+def modes_of(seed):
+    """The MODES a workload shows, and "loaded" for one of the loaded ones."""
+    argv = " ".join(workload(seed)) + " "
+    return {mode for mode in MODES if mode in argv} | ({"loaded"} if seed % 10 == 9 else set())
+
+
+def suite_seeds():
+    """The suite's share of the workloads: in seed order, each one that shows a mode (or a
+    loaded run) fewer than SUITE_COVERAGE of those before it showed."""
+    counts = dict.fromkeys(MODES + ("loaded",), 0)
+    seeds = []
+    for seed in range(NUM_WORKLOADS):
+        modes = modes_of(seed)
+        if any(counts[mode] < SUITE_COVERAGE for mode in modes):
+            seeds.append(seed)
+            for mode in modes:
+                counts[mode] += 1
+    return seeds
+
+
+def switched_off(seed):
+    """Whether a workload also runs with each shortcut off: a fifth of them."""
+    return seed % 5 == 0
+
+
+def all_cases():
+    """Every workload with every shortcut on, and a fifth of them with each one off."""
+    cases = [(seed, None) for seed in range(NUM_WORKLOADS)]
+    return cases + [(seed, switch) for switch in SWITCHES for seed in range(NUM_WORKLOADS) if switched_off(seed)]
+
+
+def suite_cases():
+    """The suite's share of all_cases: its workloads with every shortcut on, and those of
+    them that run with the shortcuts off with each one off."""
+    seeds = suite_seeds()
+    return [(seed, None) for seed in seeds] + [(seed, switch) for switch in SWITCHES for seed in seeds
+                                               if switched_off(seed)]
+
+
 class FastEngineTest(unittest.TestCase):
 
     def test_every_figure_of_the_fast_engine_is_the_step_engines(self):
-        """Every workload with every shortcut on, and a fifth of them with each one off."""
-        cases = [(seed, None) for seed in range(NUM_WORKLOADS)]
-        cases += [(seed, switch) for switch in SWITCHES for seed in range(0, NUM_WORKLOADS, 5)]
-        # NOTE: the workloads are independent, so they run on every CPU (spawned: no fork of threads)
-        with multiprocessing.get_context("spawn").Pool(min(4, os.cpu_count() or 1)) as pool:
-            outcomes = pool.starmap(compare_engines, cases, chunksize=10)
+        """The suite's share (suite_cases); bench.py check runs every workload (all_cases)."""
+        outcomes = [compare_engines(seed, switch) for seed, switch in suite_cases()]
         failures = [failure for _, found in outcomes for failure in found]
         self.assertEqual(failures, [], "\n".join(failures[:10]))
-        self.assertEqual(sum(ran for ran, _ in outcomes), len(cases))
+        self.assertEqual(sum(ran for ran, _ in outcomes), len(outcomes))
 
     def test_each_switch_turns_its_shortcut_off(self):
         def steps_taken(engine):
@@ -228,6 +271,16 @@ class FastEngineTest(unittest.TestCase):
                      "--hardware-file"):
             self.assertGreaterEqual(sum(mode in argv for argv in argvs), 10, mode)
         self.assertEqual(sum(int(argv.split()[2]) >= 30 for argv in argvs), 30)  # the loaded ones
+
+    def test_the_suites_share_shows_every_mode_three_times_and_is_part_of_the_whole_set(self):
+        seeds = suite_seeds()
+        shown = [mode for seed in seeds for mode in modes_of(seed)]
+        for mode in MODES + ("loaded",):
+            self.assertGreaterEqual(shown.count(mode), SUITE_COVERAGE, mode)
+        self.assertLess(len(seeds), NUM_WORKLOADS // 4)  # a share: bench.py check runs the rest
+        cases = suite_cases()
+        self.assertLessEqual(set(cases), set(all_cases()))
+        self.assertGreaterEqual(min(sum(switch == name for _, switch in cases) for name in SWITCHES), 5)
 
     def test_a_cohort_moves_its_decoding_requests_on_together_and_writes_them_back_exactly(self):
         def engine(fast, caching):

@@ -113,16 +113,30 @@ class Life:
             self.same(lambda pool: len(pool.lookup(probe)))
 
 
+NUM_LIVES, NUM_RACING = 300, 100  # the whole sets, which bench.py check runs
+SUITE_SHARE = 3  # the suite lives every third of them
+
+
+def lives(racing, share=1):
+    """The seeds of the random lives (racing: of one prefix), every share-th of them."""
+    return range(0, NUM_RACING if racing else NUM_LIVES, share)
+
+
+def live(test, seed, racing):
+    """One random life, checked by test's assertions."""
+    Life(test, seed, racing).run(200 if racing else 120)
+
+
 class RunPoolTest(unittest.TestCase):
     def test_a_run_pool_gives_every_figure_of_a_block_pool_over_random_lives(self):
-        for seed in range(300):
+        for seed in lives(False, SUITE_SHARE):
             with self.subTest(seed=seed):
-                Life(self, seed).run(120)
+                live(self, seed, False)
 
     def test_racing_requests_of_one_prefix_give_every_figure_of_a_block_pool(self):
-        for seed in range(100):
+        for seed in lives(True, SUITE_SHARE):
             with self.subTest(seed=seed):
-                Life(self, seed, racing=True).run(200)
+                live(self, seed, True)
 
     def test_a_free_run_is_evicted_from_its_last_block_down(self):
         pool = main.RunPool(6)

@@ -6,7 +6,8 @@ import unittest
 
 from support import free_blocks, keys_held, main, make_scheduler, ref_counts
 
-NUM_SEEDS = 2500
+NUM_SEEDS = 2500  # the whole set, which bench.py check runs
+SUITE_SHARE = 5   # the suite checks every fifth of them
 
 
 def random_case(rng, extend=None):
@@ -109,7 +110,7 @@ class SchedulerInvariantTest(unittest.TestCase):
         self.assertEqual(scheduler.pool.free_count(), scheduler.pool.num_blocks)
 
     def test_invariants_hold_after_every_step_for_many_seeds(self):
-        for seed in range(NUM_SEEDS):
+        for seed in range(0, NUM_SEEDS, SUITE_SHARE):
             with self.subTest(seed=seed):
                 self.run_case(seed)
 
