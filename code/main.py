@@ -14689,6 +14689,7 @@ class PlanPoint:
     max_num_batched_tokens: int   # --max-num-batched-tokens
     prefix_caching: bool          # --prefix-caching
     disaggregate: bool = False    # a prefill engine and a decode engine, each of tensor_parallel_size devices
+    quantization: Optional[str] = None  # --quantization: the weights' format (None: the model's own)
 
     @property
     def num_devices(self) -> int:
@@ -14708,18 +14709,19 @@ class PlanPoint:
         """One engine of the point: its devices and knobs."""
         devices = self.hardware if self.tensor_parallel_size == 1 else f"{self.tensor_parallel_size} x {self.hardware}"
         return (f"{devices}, max-num-seqs {self.max_num_seqs}, max-num-batched-tokens "
-                f"{self.max_num_batched_tokens}, prefix caching {'on' if self.prefix_caching else 'off'}")
+                f"{self.max_num_batched_tokens}, prefix caching {'on' if self.prefix_caching else 'off'}"
+                + (f", {self.quantization} weights" if self.quantization else ""))
 
 
 def plan_points(args) -> List[PlanPoint]:
     """Every combination of the grid flags, colocated first, then disaggregated if asked."""
     knobs = (args.hardware, args.tensor_parallel_size, args.max_num_seqs, args.max_num_batched_tokens,
-             args.prefix_caching)
-    points = [PlanPoint(hardware, tp, replicas, seqs, tokens, prefix)
-              for hardware, tp, seqs, tokens, prefix in itertools.product(*knobs) for replicas in args.replicas]
+             args.prefix_caching, args.quantization)
+    points = [PlanPoint(hardware, tp, replicas, seqs, tokens, prefix, quantization=weights)
+              for hardware, tp, seqs, tokens, prefix, weights in itertools.product(*knobs) for replicas in args.replicas]
     if args.disaggregate:
-        points += [PlanPoint(hardware, tp, 1, seqs, tokens, prefix, True)
-                   for hardware, tp, seqs, tokens, prefix in itertools.product(*knobs)]
+        points += [PlanPoint(hardware, tp, 1, seqs, tokens, prefix, True, weights)
+                   for hardware, tp, seqs, tokens, prefix, weights in itertools.product(*knobs)]
     return points
 
 
@@ -14798,8 +14800,8 @@ def build_plan_spec(args) -> PlanSpec:
     and what a plan does not take (a hardware file, a fixed cache, llama.cpp's scheduler, a
     step profile, a cap on tokens in flight) at their defaults."""
     flags = engine_args(args, hardware=None, tensor_parallel_size=1, max_num_seqs=None, max_num_batched_tokens=None,
-                        prefix_caching=None, hardware_file=None, kv_tokens=None, scheduler="vllm", ubatch_size=None,
-                        step_profile=None, max_tokens_in_flight=None)
+                        prefix_caching=None, quantization=None, hardware_file=None, kv_tokens=None, scheduler="vllm",
+                        ubatch_size=None, step_profile=None, max_tokens_in_flight=None)
     load = LoadSpec(None, args.rate, args.rate_schedule, schedule_duration_s(args))
     targets = tuple(args.scale_target) if args.scale_target else None
     return PlanSpec(flags, workload_spec(args), load, slo_from_args(args), args.router, args.kv_link_gbs,
@@ -14811,7 +14813,8 @@ def point_engine_args(plan: PlanSpec, point: PlanPoint) -> EngineArgs:
     """The engine flags of one point of the plan."""
     return dataclasses.replace(plan.flags, hardware=point.hardware, tensor_parallel_size=point.tensor_parallel_size,
                                max_num_seqs=point.max_num_seqs, max_num_batched_tokens=point.max_num_batched_tokens,
-                               prefix_caching=point.prefix_caching, disaggregate=point.disaggregate)
+                               prefix_caching=point.prefix_caching, disaggregate=point.disaggregate,
+                               quantization=point.quantization)
 
 
 def point_run(plan: PlanSpec, point: PlanPoint) -> RunSpec:
@@ -16008,7 +16011,8 @@ def format_plan(report: dict) -> List[str]:
         cheaper = points[report["next_cheaper"]]
         lines.append(f"the next cheaper, {PlanPoint(**cheaper['point']).text()}, misses: "
                      f"{_plan_figures(cheaper['result'], slo)}")
-    header = ["$/M out", "$/h", "hardware", "tp", "replicas", "seqs", "tokens", "prefix"]
+    weighed = any(entry["point"].get("quantization") for entry in points)  # NOTE: a grid over the weights' format
+    header = ["$/M out", "$/h", "hardware", "tp", "replicas", "seqs", "tokens", "prefix"] + (["weights"] if weighed else [])
     header += [f"{name[:-3]} p{slo.percentile:g}" for name in slo.objectives()] + ["slo", "binding", "step cost"]
     rows = []
     for index in report["pareto_front"]:
@@ -16016,6 +16020,7 @@ def format_plan(report: dict) -> List[str]:
         result, cost = entry["result"], entry["result"]["summary"].get("cost") or {}
         rows.append([_usd(cost.get("usd_per_million_output_tokens")), f"{cost.get('usd_per_hour', 0):.2f}"]
                     + PlanPoint(**entry["point"]).cells()
+                    + ([entry["point"].get("quantization") or "own"] if weighed else [])
                     + [_ms(value if value != math.inf else None) for value in latencies_at_slo(result, slo)]
                     + ["met" if entry["meets"] else "missed", result["binding"]["budget"],
                        evidence_label(result["engine"].get("cost_model"))])
@@ -17392,14 +17397,16 @@ def _quantization(text: str) -> str:
     return text.lower()
 
 
-def _add_precision_flags(parser: argparse.ArgumentParser, of_server: bool = False) -> None:
-    """The formats of the weights and of the KV cache, under vLLM's flag names."""
+def _add_precision_flags(parser: argparse.ArgumentParser, of_server: bool = False, quantization: bool = True) -> None:
+    """The formats of the weights and of the KV cache, under vLLM's flag names (quantization
+    False: the caller takes --quantization itself, as plan's grid does)."""
     whose = "the server's " if of_server else ""
     parser.add_argument("--dtype", choices=tuple(DTYPES), default="auto",
                         help=f"{whose}16/32-bit weight width (default auto: the model's own)")
-    parser.add_argument("--quantization", "-q", type=_quantization, metavar="METHOD",
-                        help=f"{whose}weight format: {', '.join(QUANTIZATIONS)}, or a ggml type such as q4_k "
-                             f"(default: the model's own)")
+    if quantization:
+        parser.add_argument("--quantization", "-q", type=_quantization, metavar="METHOD",
+                            help=f"{whose}weight format: {', '.join(QUANTIZATIONS)}, or a ggml type such as q4_k "
+                                 f"(default: the model's own)")
     parser.add_argument("--kv-cache-dtype", choices=tuple(KV_CACHE_DTYPES), default="auto",
                         help=f"{whose}KV cache format: fp8 stores one byte per number (default auto: the model's)")
 
@@ -17936,6 +17943,17 @@ def _parse_hardware_list(text: str) -> Optional[List[str]]:
     return names if all(name in HARDWARE for name in names) else None
 
 
+def _parse_quantization_list(text: str) -> Optional[List[Optional[str]]]:
+    """Weight formats separated by commas, "own" for the model's own (None)."""
+    values = []
+    for value in (value.strip() for value in text.split(",")):
+        try:
+            values.append(None if value == "own" else _quantization(value))
+        except argparse.ArgumentTypeError:
+            return None
+    return values
+
+
 def _parse_on_off_list(text: str) -> Optional[List[bool]]:
     values = [value.strip() for value in text.split(",")]
     return [value == "on" for value in values] if set(values) <= {"on", "off"} else None
@@ -17944,6 +17962,9 @@ def _parse_on_off_list(text: str) -> Optional[List[bool]]:
 hardware_list = _flag_type("hardware_list", _parse_hardware_list, bool,
                            f"hardware presets separated by commas, from {', '.join(HARDWARE)}")
 on_off_list = _flag_type("on_off_list", _parse_on_off_list, bool, "on, off, or on,off")
+quantization_list = _flag_type("quantization_list", _parse_quantization_list, bool,
+                               f"weight formats separated by commas, from own (the model's), {', '.join(QUANTIZATIONS)} "
+                               f"or a ggml type")
 PRICED_HARDWARE = [name for name, hardware in HARDWARE.items() if hardware.price_per_hour > 0]
 
 
@@ -17959,6 +17980,8 @@ def _add_grid_flags(parser: argparse.ArgumentParser) -> None:
                       help="tokens per step, prefill chunks included (default 8192)")
     grid.add_argument("--prefix-caching", type=on_off_list, default=[False],
                       help="prefix caching on, off, or on,off for both (default off)")
+    grid.add_argument("--quantization", "-q", type=quantization_list, default=[None],
+                      help="weight formats, own being the model's (e.g. own,fp8; default own)")
     grid.add_argument("--disaggregate", action="store_true",
                       help="also try a prefill engine and a decode engine of each hardware x tensor-parallel size")
     grid.add_argument("--kv-link-gbs", type=positive_float, default=50.0,
@@ -17971,7 +17994,7 @@ def _plan_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model-file", type=name_text,
                         help="read the model from a GGUF file or a Hugging Face config.json instead")
     _add_grid_flags(parser)
-    _add_precision_flags(parser)
+    _add_precision_flags(parser, quantization=False)
     parser.add_argument("--price-per-hour", type=non_negative_float, metavar="USD",
                         help="USD per device-hour for every --hardware (default: each preset's on-demand price)")
     parser.add_argument("--interconnect-gbs", type=positive_float,

@@ -434,3 +434,31 @@ class RunWarningsTest(unittest.TestCase):
                 self.assertEqual(self.warnings(*argv), [])
         code, out, _ = run_cli("simulate", "--concurrency", "8", "--requests", "64", "--no-sensitivity")
         self.assertNotIn("warning", out)
+
+
+class PlanQuantizationTest(unittest.TestCase):
+
+    def test_plan_puts_the_weights_format_on_its_grid_and_echoes_it(self):
+        argv = ("plan", "--model", "llama-3.1-70b", "--hardware", "h100-sxm-80gb", "--tensor-parallel-size", "2",
+                "--replicas", "1", "--quantization", "own,fp8", "--rate", "2", "--requests", "30",
+                "--slo-ttft-ms", "5000", "--quiet")
+        report = run_json(*argv)
+        formats = [entry["point"]["quantization"] for entry in report["points"]]
+        self.assertEqual(formats, [None, "fp8"])
+        weights = [entry["result"]["summary"]["cost"]["usd_per_hour"] for entry in report["points"]]
+        self.assertEqual(weights[0], weights[1])  # the same devices, priced alike
+        code, out, err = run_cli(*argv)
+        self.assertEqual((code, err), (0, ""))
+        self.assertIn("weights", out.splitlines()[5])
+        self.assertIn(", fp8 weights", out)
+
+    def test_a_plan_without_the_axis_prints_as_before(self):
+        code, out, _ = run_cli("plan", "--model", "llama-3.1-8b", "--hardware", "l4-24gb", "--tensor-parallel-size",
+                               "1", "--replicas", "1", "--rate", "1", "--requests", "20", "--slo-ttft-ms", "5000",
+                               "--quiet")
+        self.assertNotIn("weights", out)
+
+    def test_a_bad_format_on_the_grid_exits_2(self):
+        code, _, err = run_cli("plan", "--quantization", "own,fp9", "--rate", "1", "--slo-ttft-ms", "100")
+        self.assertEqual(code, 2)
+        self.assertIn("--quantization", err)

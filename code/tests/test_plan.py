@@ -40,7 +40,7 @@ class PlanAnswerTest(unittest.TestCase):
         answer = points[self.report["answer"]]
         self.assertEqual(answer["point"], {"hardware": "h100-sxm-80gb", "tensor_parallel_size": 1, "replicas": 1,
                                            "max_num_seqs": 256, "max_num_batched_tokens": 8192,
-                                           "prefix_caching": False, "disaggregate": False})
+                                           "prefix_caching": False, "disaggregate": False, "quantization": None})
         self.assertTrue(answer["meets"])
         cheaper = [entry for entry in points if self.cost(entry) < self.cost(answer)]
         # L40S TP 1 ($1.40/h, TPOT p95 39 ms), L4 TP 1 (overloaded) and L4 TP 2 ($1.42/h, TPOT 74 ms)
