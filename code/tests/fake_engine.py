@@ -1,4 +1,5 @@
-"""A stdlib OpenAI-compatible server that batches like llama-server, on a real clock.
+"""A stdlib OpenAI-compatible server that batches like llama-server, on a real clock (or,
+inside virtual_time.VirtualTime, on a virtual one that profile's load runs share).
 
     with FakeEngine(decode_ms={1: 9, 2: 19, 3: 31, 4: 27}, prefill_ms_per_token=0.02) as server:
         run_cli("profile", "--url", server.url, ...)

@@ -3,10 +3,6 @@
     with FakeEngine(decode_ms={1: 9, 2: 19}) as engine, VirtualTime(engine):
         run_cli("profile", "--url", engine.url, ...)
 
-A closed loop's clients send at once, so an idle engine admits all of them in one step;
-with send_gap_s they go out that far apart, and the first starts a step alone (as on a
-real clock, where the engine wakes to the first request before the others are in).
-
 A profile times a server's steps; against a fake that sleeps on the real clock, a loaded
 machine's late wake-ups move what it measures (a 9 ms step read as 10). Here the engine's
 steps and the profile's load runs share one clock that jumps from event to event: inside
@@ -17,6 +13,10 @@ thread would (FakeEngine.begin_step and end_step), so its /metrics, /props and t
 still answer over HTTP; main.MetricsSampler's scrapes during a run come every interval_s
 of virtual time; main.Profiler times its budget on the same clock. The network path of
 profile (the stream loop, the SSE parser) is left to the tests that run on the real clock.
+
+A closed loop's clients send at once, so an idle engine admits all of them in one step;
+with send_gap_s they go out that far apart, and the first starts a step alone (as on a
+real clock, where the engine wakes to the first request before the others are in).
 """
 
 import heapq
