@@ -219,6 +219,7 @@ import random
 import re
 import shlex
 import selectors
+import signal
 import socket
 import ssl
 import statistics
@@ -11786,21 +11787,31 @@ class Workers:
             self.pool.terminate() if exc[0] is not None else self.pool.close()
             self.pool.join()
 
+    def stop(self) -> None:
+        """End the workers now, whatever they are running (Ctrl-C: the results so far stand)."""
+        if self.pool is not None:
+            self.pool.terminate()
+            self.pool.join()
+            self.pool = None
+
+    def _pool(self):
+        # NOTE: the workers ignore Ctrl-C: the parent alone hears it, stops them and reports
+        # what is done, where a worker would print its traceback over the report
+        if self.pool is None:
+            self.pool = multiprocessing.Pool(self.jobs, signal.signal, (signal.SIGINT, signal.SIG_IGN))
+        return self.pool
+
     def map(self, function: Callable, argument_tuples: Sequence[tuple]) -> list:
         """[function(*arguments) for each] over the processes."""
         if self.jobs == 1 or len(argument_tuples) <= 1:
             return [function(*arguments) for arguments in argument_tuples]
-        if self.pool is None:
-            self.pool = multiprocessing.Pool(self.jobs)
-        return self.pool.starmap(function, argument_tuples)
+        return self._pool().starmap(function, argument_tuples)
 
     def imap(self, function: Callable, argument_tuples: Sequence[tuple]) -> Iterator:
         """map(), each result as soon as it and those before it are done (for progress)."""
         if self.jobs == 1 or len(argument_tuples) <= 1:
             return (function(*arguments) for arguments in argument_tuples)
-        if self.pool is None:
-            self.pool = multiprocessing.Pool(self.jobs)
-        return self.pool.imap(_call, [(function, arguments) for arguments in argument_tuples])
+        return self._pool().imap(_call, [(function, arguments) for arguments in argument_tuples])
 
 
 @dataclass(frozen=True)
@@ -16616,13 +16627,19 @@ def cmd_sweep(args) -> int:
     progress, reports = RunProgress(len(points), "points", base.outputs.show_progress), []
     base = dataclasses.replace(base, outputs=dataclasses.replace(base.outputs, show_progress=False))  # NOTE: one line a sweep
     with Workers(args.jobs) as workers:
-        for report in workers.imap(run_simulation, [
-                (dataclasses.replace(base, engine=dataclasses.replace(
-                    spec, config=dataclasses.replace(spec.config, max_tokens_in_flight=cap)),
-                    load=dataclasses.replace(base.load, concurrency=concurrency, rate=rate)),)
-                for _, cap, concurrency, rate in points]):
-            reports.append(report)
-            progress.update(len(reports))
+        try:
+            for report in workers.imap(run_simulation, [
+                    (dataclasses.replace(base, engine=dataclasses.replace(
+                        spec, config=dataclasses.replace(spec.config, max_tokens_in_flight=cap)),
+                        load=dataclasses.replace(base.load, concurrency=concurrency, rate=rate)),)
+                    for _, cap, concurrency, rate in points]):
+                reports.append(report)
+                progress.update(len(reports))
+        except KeyboardInterrupt:  # NOTE: the points done are the report; exit 130 after it
+            workers.stop()
+            print(f"servesim: interrupted after {len(reports)} of {len(points)} points", file=sys.stderr)
+            if not reports:
+                raise
     progress.close()
     runs = [(label, cap, report) for (label, cap, _, _), report in zip(points, reports)]
     axis, capped = "trace" if args.trace else "rate" if args.rate else "concurrency", args.max_tokens_in_flight is not None
@@ -16633,7 +16650,7 @@ def cmd_sweep(args) -> int:
         _print_json({"runs": [run for _, _, run in runs]})
     else:
         _print_lines(format_sweep(base, axis, capped, runs))
-    return 0
+    return 0 if len(runs) == len(points) else 130
 
 
 def _read_prompt_file(path: Optional[str]) -> Optional[str]:

@@ -462,3 +462,30 @@ class PlanQuantizationTest(unittest.TestCase):
         code, _, err = run_cli("plan", "--quantization", "own,fp9", "--rate", "1", "--slo-ttft-ms", "100")
         self.assertEqual(code, 2)
         self.assertIn("--quantization", err)
+
+
+def _sigint_ignored():
+    import signal
+    return signal.getsignal(signal.SIGINT) == signal.SIG_IGN
+
+
+class InterruptTest(unittest.TestCase):
+
+    def test_worker_processes_ignore_ctrl_c_so_only_the_parent_reports(self):
+        with main.Workers(2) as workers:
+            self.assertEqual(workers.map(_sigint_ignored, [(), ()]), [True, True])
+
+    def test_a_sweep_interrupted_prints_the_points_done_and_exits_130(self):
+        real, calls = main.run_simulation, []
+
+        def interrupted_on_the_third(run):
+            calls.append(run)
+            if len(calls) == 3:
+                raise KeyboardInterrupt
+            return real(run)
+        with mock.patch.object(main, "run_simulation", interrupted_on_the_third):
+            code, out, err = run_cli("sweep", "--concurrency", "1,2,4,8", "--requests", "16", "--jobs", "1")
+        self.assertEqual(code, 130)
+        self.assertEqual([line.split()[0] for line in out.splitlines()[2:4]], ["1", "2"])
+        self.assertNotIn("          4 ", out)
+        self.assertEqual(err, "servesim: interrupted after 2 of 4 points\n")
