@@ -15690,6 +15690,33 @@ def _share(value: Optional[float]) -> str:
     return "unknown" if value is None else f"{value:.1%}"
 
 
+def unmeasured_cost_notes(spec: EngineSpec, rows: Sequence[dict]) -> List[str]:
+    """Which of compare's figures rest on a cost the step profile never measured, where a
+    profile prices the steps: prompts longer than its longest prefill (or none at all; the
+    roofline prices them, so TTFT is a datasheet guess there), batches past its largest
+    decode batch (the table's last step carried on)."""
+    profile = spec.step_profile
+    if profile is None:
+        return []
+    notes, longest = [], max((tokens for tokens, _ in profile.prefill), default=0)
+    prompts = [row for row in rows if row["prompt_tokens"] > longest]
+    if prompts:
+        measured = f"its longest, {longest:,} tokens" if longest else "none: the profile ran out of budget or skipped them"
+        notes.append(f"TTFT rests on a prefill cost the step profile never measured at {_loads_text(prompts)} "
+                     f"(prompts of {max(row['prompt_tokens'] for row in prompts):,} tokens; {measured}): those "
+                     f"prefills are the roofline's guess; profile again with a larger --budget-s or longer prompts")
+    largest = max((batch for batch, _ in profile.decode), default=0)
+    batched = [row for row in rows if (row["predicted"].get("batch") or 0) > largest > 0]
+    if batched:
+        notes.append(f"TPOT at {_loads_text(batched)} rests on decode batches past the profile's largest ({largest}): "
+                     f"its last step's cost carried on")
+    return notes
+
+
+def _loads_text(rows: Sequence[dict]) -> str:
+    return ", ".join(f"{'concurrency ' if row['concurrency'] else ''}{_load_label(row)}" for row in rows)
+
+
 def _load_label(row: dict) -> str:
     if row.get("trace"):
         return f"trace {row['trace']}"
@@ -16994,7 +17021,7 @@ def cmd_compare(args) -> int:
     named = args.hardware is not None or args.hardware_file is not None
     stand_ins = stand_in_model_notes(names_model(flags, args.model_dir), [report["settings"].get("model") for report in reports]
                                      + [run["served_model"] for run in runs], spec)
-    notes = [note for note in (profile_drift_note(rows),) if note]
+    notes = [note for note in (profile_drift_note(rows),) if note] + unmeasured_cost_notes(spec, rows)
     lines = format_compare(spec, reports, rows, named, notes, stand_ins) if rows else []
     lines += format_inference_perf_compare(spec, runs, run_rows, named, [] if rows else stand_ins) if run_rows else []
     if args.html or args.svg:

@@ -489,3 +489,33 @@ class InterruptTest(unittest.TestCase):
         self.assertEqual([line.split()[0] for line in out.splitlines()[2:4]], ["1", "2"])
         self.assertNotIn("          4 ", out)
         self.assertEqual(err, "servesim: interrupted after 2 of 4 points\n")
+
+
+class UnmeasuredCostTest(unittest.TestCase):
+
+    def spec(self, **changes):
+        profile = main.read_step_profile(os.path.join(FIXTURES_DIR, "llamacpp", "profile.json"))
+        spec = main.build_engine_spec(main.EngineArgs(hardware="cpu-2vcpu", model="gemma-3-270m-q4_k_m"))
+        return dataclasses.replace(spec, step_profile=dataclasses.replace(profile, **changes))
+
+    def row(self, concurrency, prompt_tokens, batch):
+        return {"concurrency": concurrency, "prompt_tokens": prompt_tokens, "predicted": {"batch": batch},
+                "trace": None}
+
+    def test_prompts_longer_than_any_profiled_prefill_are_named(self):
+        notes = main.unmeasured_cost_notes(self.spec(), [self.row(1, 63, 1.0), self.row(4, 2000, 4.0)])
+        self.assertEqual(len(notes), 1)
+        self.assertIn("TTFT rests on a prefill cost the step profile never measured at concurrency 4 (prompts of 2,000 "
+                      "tokens; its longest, 543 tokens)", notes[0])
+
+    def test_a_profile_that_measured_no_prefill_says_so(self):
+        notes = main.unmeasured_cost_notes(self.spec(prefill=()), [self.row(1, 63, 1.0)])
+        self.assertIn("none: the profile ran out of budget or skipped them", notes[0])
+
+    def test_batches_past_the_profiles_largest_are_named(self):
+        notes = main.unmeasured_cost_notes(self.spec(), [self.row(8, 63, 7.5)])
+        self.assertEqual(notes, ["TPOT at concurrency 8 rests on decode batches past the profile's largest (4): its "
+                                 "last step's cost carried on"])
+
+    def test_a_workload_inside_the_profile_gets_no_note(self):
+        self.assertEqual(main.unmeasured_cost_notes(self.spec(), [self.row(1, 63, 1.0), self.row(4, 500, 4.0)]), [])
