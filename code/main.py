@@ -11847,6 +11847,7 @@ class EngineArgs:
     max_num_seqs: Optional[int] = None
     max_num_batched_tokens: Optional[int] = None
     vllm_version: Optional[Tuple[int, int]] = None  # a release's defaults
+    vllm_entry_point: str = "api-server"            # whose budgets: vllm serve's, or the offline LLM class's ("llm")
     chunked_prefill: bool = True
     prefix_caching: Optional[bool] = None
     async_scheduling: Optional[bool] = None
@@ -12024,27 +12025,31 @@ SCHEDULER_DEFAULTS = {  # what each server does when its flags are left out
 SCHEDULERS = ("vllm", "llamacpp", "sglang")  # --scheduler: whose admission rules a run follows
 
 
-def vllm_release_defaults(version: Tuple[int, int], hardware: Hardware) -> dict:
+def vllm_release_defaults(version: Tuple[int, int], hardware: Hardware, offline: bool = False) -> dict:
     """What `vllm serve` of a release (V1, 0.8 on) does on this GPU when its flags are left
     out (vllm/engine/arg_utils.py, read release by release): --max-num-seqs 1024 and
     --max-num-batched-tokens 8192 on a GPU of 70 GiB or more (0.8.0-0.8.3: 1024 sequences on
     any GPU and 8,192 tokens on H100 and H200 only; 0.8.4: both on H100 and H200 only; from
     0.9 the A100 is left out), 16,384 tokens from 160 GiB (0.28 on), else 256 and 2,048; async
-    scheduling on from 0.14."""
+    scheduling on from 0.14. offline: the LLM class's budgets (UsageContext.LLM_CLASS): 16,384
+    tokens where the API server takes 8,192 or more, 8,192 where it takes 2,048."""
     big = hardware.memory_gib >= 70 and not (version >= (0, 9) and hardware.name.startswith("a100"))
     if version <= (0, 8):  # 0.8.x: by name before 0.8.5 (the patch release is not told apart here)
         big = hardware.name.startswith(("h100", "h200"))
     huge = version >= (0, 28) and hardware.memory_gib >= 160
+    tokens = 16384 if huge else 8192 if big else 2048
     return {"max_num_seqs": 1024 if big or version == (0, 8) else 256,
-            "max_num_batched_tokens": 16384 if huge else 8192 if big else 2048,
+            "max_num_batched_tokens": (16384 if huge or big else 8192) if offline else tokens,
             "ubatch_tokens": None, "async_scheduling": version >= (0, 14)}
 
 
-def scheduler_defaults(scheduler: str, hardware: Hardware, vllm_version: Optional[Tuple[int, int]] = None) -> dict:
+def scheduler_defaults(scheduler: str, hardware: Hardware, vllm_version: Optional[Tuple[int, int]] = None,
+                       offline: bool = False) -> dict:
     """What the server the scheduler stands for does on this hardware when its flags are
-    left out (SCHEDULER_DEFAULTS; a vLLM release's when --vllm-version names one)."""
+    left out (SCHEDULER_DEFAULTS; a vLLM release's when --vllm-version names one, the
+    offline LLM class's with offline)."""
     if scheduler == "vllm" and vllm_version is not None and not hardware.is_cpu:
-        return vllm_release_defaults(vllm_version, hardware)
+        return vllm_release_defaults(vllm_version, hardware, offline)
     if scheduler == "sglang":  # its chunked-prefill size by the GPU's memory
         tokens = next(tokens for most_gib, tokens in ((35, 2048), (60, 4096), (160, 8192), (math.inf, 16384))
                       if hardware.memory_gib < most_gib)
@@ -12058,7 +12063,8 @@ def _server_defaults(flags: EngineArgs, server: dict, hardware: Hardware) -> Tup
     under SERVER_FLAGS' names; None: the memory plan's, the scheduler's default)."""
     scheduler = flags.scheduler or ("llamacpp" if server.get("kind") == "llama.cpp" else "vllm")
     slots = (flags.max_num_seqs or server.get("slots") or server.get("max_num_seqs")
-             or scheduler_defaults(scheduler, hardware, flags.vllm_version)["max_num_seqs"])
+             or scheduler_defaults(scheduler, hardware, flags.vllm_version,
+                                   flags.vllm_entry_point == "llm")["max_num_seqs"])
     kv_tokens = server.get("kv_tokens")  # the cache the server allocated: truer than the memory arithmetic
     if scheduler == "llamacpp" and server.get("slot_context_tokens"):
         kv_tokens = slots * server["slot_context_tokens"]  # llama.cpp --ctx-size is split across the slots
@@ -12140,7 +12146,7 @@ def build_engine_spec(flags: EngineArgs, hardware: Optional[Hardware] = None, se
     device = _device_overrides(flags, hardware or _resolve(flags)[0])
     scheduler, slots, kv_tokens, step_tokens = _server_defaults(flags, server, device)
     version = flags.vllm_version
-    defaults = scheduler_defaults(scheduler, device, version)
+    defaults = scheduler_defaults(scheduler, device, version, flags.vllm_entry_point == "llm")
     cap = flags.max_tokens_in_flight
     prefix_caching = (bool(server.get("prefix_caching")) or scheduler == "sglang"  # SGLang's radix cache: on
                       or (scheduler == "vllm" and version is not None)  # a V1 release's default: on
@@ -17627,6 +17633,9 @@ def _add_chunk_flags(parser: argparse.ArgumentParser) -> None:
                         help="take the defaults of that vLLM release where flags are left out: --max-num-seqs and "
                              "--max-num-batched-tokens by GPU memory, async scheduling (0.14 on), prefix caching "
                              "(on); default: servesim's own (256, 8192, async on, prefix caching off)")
+    parser.add_argument("--vllm-entry-point", choices=("api-server", "llm"), default="api-server",
+                        help="with --vllm-version: the defaults of vllm serve (api-server, the default) or of the "
+                             "offline LLM class (llm: 16,384 tokens a step, 8,192 where vllm serve takes 2,048)")
     parser.add_argument("--enforce-eager", action="store_true",
                         help="no CUDA graphs, as vLLM's flag: with --step-cost kernels a step's GEMMs are not padded "
                              "to the next captured size (the launches eager mode adds are not priced)")

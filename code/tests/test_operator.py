@@ -519,3 +519,21 @@ class UnmeasuredCostTest(unittest.TestCase):
 
     def test_a_workload_inside_the_profile_gets_no_note(self):
         self.assertEqual(main.unmeasured_cost_notes(self.spec(), [self.row(1, 63, 1.0), self.row(4, 500, 4.0)]), [])
+
+
+class VllmDefaultsTest(unittest.TestCase):
+
+    def test_the_offline_llm_class_takes_its_own_token_budgets(self):
+        h100, b200, a100 = (main.HARDWARE[name] for name in ("h100-sxm-80gb", "b200-180gb", "a100-sxm-80gb"))
+        cases = [((0, 15), h100, False, (1024, 8192)), ((0, 15), h100, True, (1024, 16384)),
+                 ((0, 15), a100, False, (256, 2048)), ((0, 15), a100, True, (256, 8192)),
+                 ((0, 28), b200, False, (1024, 16384)), ((0, 28), b200, True, (1024, 16384))]
+        for version, hardware, offline, expected in cases:
+            with self.subTest(version=version, hardware=hardware.name, offline=offline):
+                found = main.vllm_release_defaults(version, hardware, offline)
+                self.assertEqual((found["max_num_seqs"], found["max_num_batched_tokens"]), expected)
+
+    def test_the_entry_point_flag_reaches_the_engine(self):
+        report = run_json("simulate", "--rate", "2", "--requests", "10", "--vllm-version", "0.15",
+                          "--vllm-entry-point", "llm", "--no-sensitivity")
+        self.assertEqual(report["settings"]["scheduler"]["max_num_batched_tokens"], 16384)
