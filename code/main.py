@@ -18193,7 +18193,7 @@ def _refuse_flags_beside(args, command: str, allowed: Sequence[str] = ("json", "
     """UsageError when flags other than allowed ones come beside a flag whose file holds
     every setting (simulate --job, plan --collect): they would be silently ignored."""
     dest = SELF_CONTAINED_FLAGS.get(command)
-    value = getattr(args, dest, None) if dest else None
+    value = vars(args).get(dest) if dest else None
     if value is None:
         return
     defaults = vars(build_parser(command).parse_args([command, f"--{dest}", value]))
