@@ -55,10 +55,37 @@ if not getattr(unittest.TestCase.run, "time_limited", False):
     unittest.TestCase.run = _limited_run(unittest.TestCase.run)
 
 
-def kernel_stamps_here() -> bool:
-    """Whether this machine's kernel stamps received packets for loadgen (Linux on x86_64, arm64)."""
-    with socket.socket() as probe:
-        return main.enable_kernel_stamps(probe)
+def connected_pair():
+    """Two ends of a TCP connection on 127.0.0.1: (the client's, the server's)."""
+    with socket.socket() as listener:
+        listener.bind(("127.0.0.1", 0))
+        listener.listen()
+        client = socket.create_connection(listener.getsockname())
+        server, _ = listener.accept()
+    return client, server
+
+
+@contextlib.contextmanager
+def kernel_stamping():
+    """A connected pair whose client end the kernel has stamped a packet for: (client end,
+    server end, a stamped Receiver of the client end); None where the kernel stamps none
+    (only Linux on x86_64 and arm64 does).
+
+    NOTE: the kernel starts stamping a moment after the first socket asks (a deferred
+    switch, later still on a loaded machine) and stops a moment after the last one closes:
+    while this pair is open, every socket that asks has its packets stamped at once."""
+    client, server = connected_pair()
+    with client, server:
+        receiver = main.Receiver(client, time.perf_counter, stamped=True)
+        stamped = False
+        if main.enable_kernel_stamps(client):
+            for _ in range(100):
+                server.sendall(b"x")
+                time.sleep(0.02)
+                if receiver.recv()[2] is not None:
+                    stamped = True
+                    break
+        yield (client, server, receiver) if stamped else None
 
 
 def run_cli(*argv):

@@ -15,8 +15,8 @@ from unittest import mock
 
 from fake_server import (FakeServer, chunk, counting_completion, error_response, reset_connection, sse, stall_for,
                          standard_stream, stream_of, text_chunk)
-from support import (LateClock, kernel_stamps_here, main, records_from_report, run_cli, start_interruptible,
-                     wait_until)
+from support import (LateClock, connected_pair, kernel_stamping, main, records_from_report, run_cli,
+                     start_interruptible, wait_until)
 
 LLAMA_400 = {"error": {"code": 400, "message": "request (1124 tokens) exceeds the available context size "
                                                "(1024 tokens), try increasing it",
@@ -247,16 +247,6 @@ class HttpStreamTest(unittest.TestCase):
         self.assertEqual((record.error, record.output_tokens, len(record.chunk_times)), (None, 3, 3))
 
 
-def connected_pair():
-    """Two ends of a TCP connection on 127.0.0.1: (the client's, the server's)."""
-    with socket.socket() as listener:
-        listener.bind(("127.0.0.1", 0))
-        listener.listen()
-        client = socket.create_connection(listener.getsockname())
-        server, _ = listener.accept()
-    return client, server
-
-
 def lag_report(delay_p99=None, round_p99=None, itl_p50=5.0, decode_lag_p99=None):
     """The parts of a loadgen report that loadgen_warnings reads."""
     def distribution(p99):
@@ -270,18 +260,10 @@ class ReaderLagTest(unittest.TestCase):
     """How loadgen dates bytes it reads late, and when it says its figures are unreliable."""
 
     def test_kernel_stamps_date_bytes_by_their_arrival_not_by_a_late_read(self):
-        client, server = connected_pair()
-        with client, server:
-            if not main.enable_kernel_stamps(client):
+        with kernel_stamping() as stamped:
+            if stamped is None:
                 self.skipTest("no kernel receive stamps here (Linux on x86_64 or arm64 has them)")
-            receiver = main.Receiver(client, time.perf_counter, stamped=True)
-            for _ in range(20):  # NOTE: the kernel starts stamping a moment after the first socket asks
-                server.sendall(b"x")
-                time.sleep(0.02)
-                if receiver.recv()[2] is not None:
-                    break
-            else:
-                self.skipTest("the kernel stamped none of 20 packets")
+            client, server, receiver = stamped
             before_s = time.perf_counter()
             server.sendall(b"data: {}\n\n")
             sent_s = time.perf_counter()
@@ -297,8 +279,6 @@ class ReaderLagTest(unittest.TestCase):
         self.assertGreater(waited_s, 0.15)
 
     def test_a_reader_held_up_still_dates_a_token_by_its_arrival(self):
-        if not kernel_stamps_here():
-            self.skipTest("no kernel receive stamps here (Linux on x86_64 or arm64 has them)")
         held, written, released_s = threading.Event(), threading.Event(), []
 
         def handle(handler, body):
@@ -319,7 +299,9 @@ class ReaderLagTest(unittest.TestCase):
                 released_s.append(time.perf_counter())
 
         record = main.MeasuredRequest(0, sent_s=0.0)
-        with FakeServer(chat=handle) as server, main.StreamLoop() as loop:
+        with kernel_stamping() as stamped, FakeServer(chat=handle) as server, main.StreamLoop() as loop:
+            if stamped is None:
+                self.skipTest("no kernel receive stamps here (Linux on x86_64 or arm64 has them)")
             main.stream_chat(main.Endpoint.parse(server.url), main.chat_body("m", "hi", 2, False, 0.0),
                              {"Content-Type": "application/json"}, record, loop, 10.0, on_event)
         self.assertIsNone(record.error)

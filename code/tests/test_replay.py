@@ -6,7 +6,7 @@ import unittest
 from unittest import mock
 
 from fake_server import FakeServer, counting_chat, counting_completion, word_tokens
-from support import LateClock, ScratchTest, kernel_stamps_here, main, new_scheduler, run_cli
+from support import LateClock, ScratchTest, kernel_stamping, main, new_scheduler, run_cli
 
 
 def rows_text(rows):
@@ -160,7 +160,7 @@ class ReplayTest(ScratchTest):
     def test_workers_split_the_streams_and_merge_one_report(self):
         rows = [{"arrival_s": index * 0.01, "prompt_tokens": 50, "output_tokens": 3} for index in range(12)]
         trace = self.write("t.jsonl", rows_text(rows))
-        with FakeServer(chat=counting_chat(), tokenizer=word_tokens) as server:
+        with kernel_stamping() as stamped, FakeServer(chat=counting_chat(), tokenizer=word_tokens) as server:
             report = self.loadgen(server, trace, "--workers", "2", "--json-requests")
             received = len(server.bodies)
         self.assertEqual(report["summary"]["num_completed"], 12)
@@ -168,7 +168,7 @@ class ReplayTest(ScratchTest):
         self.assertEqual(received, 12 + 1)  # and the one chat that measured the template's tokens
         self.assertEqual(report["settings"]["workers"], 2)
         self.assertGreater(report["reader_round_ms"]["count"], 0)
-        if kernel_stamps_here():  # the workers' kernel-stamped reads come back too
+        if stamped:  # the workers' kernel-stamped reads come back too
             self.assertGreater(report["reader_delay_ms"]["count"], 0)
 
     def test_max_context_cuts_long_requests_and_says_how_many(self):
