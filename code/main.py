@@ -10286,10 +10286,12 @@ def discover_server(endpoint: Endpoint, headers: Dict[str, str], timeout_s: floa
 INTERRUPT_GRACE_S = 2.0  # after Ctrl-C, how long streams in flight get to end before they count as interrupted
 
 
-def finish_in_flight(run: LoadRun, grace_s: float = INTERRUPT_GRACE_S,
+def finish_in_flight(run: LoadRun, grace_s: Optional[float] = None,
                      say: Optional[Callable[[str], None]] = None) -> None:
-    """After Ctrl-C: give streams in flight grace_s to end (a second Ctrl-C ends the wait
-    at once), then mark the rest interrupted. say(text), when given, tells the user so."""
+    """After Ctrl-C: give streams in flight grace_s (default INTERRUPT_GRACE_S, read at the
+    call) to end (a second Ctrl-C ends the wait at once), then mark the rest interrupted.
+    say(text), when given, tells the user so."""
+    grace_s = INTERRUPT_GRACE_S if grace_s is None else grace_s
     try:
         # NOTE: the notice is inside the try: a second Ctrl-C right after it must not escape
         if say is not None:

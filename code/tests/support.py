@@ -120,9 +120,8 @@ class LateClock:
         self.now += seconds + self.late_s
 
 
-# main.py's entry with another grace after Ctrl-C (finish_in_flight's default: its first argument is the run)
-WITH_GRACE = ("import sys; sys.path.insert(0, {code!r}); import main; "
-              "main.finish_in_flight.__defaults__ = ({grace_s!r},) + main.finish_in_flight.__defaults__[1:]; "
+# main.py's entry with another grace after Ctrl-C (main.INTERRUPT_GRACE_S, which finish_in_flight reads)
+WITH_GRACE = ("import sys; sys.path.insert(0, {code!r}); import main; main.INTERRUPT_GRACE_S = {grace_s!r}; "
               "sys.exit(main.main())")
 
 
