@@ -18045,7 +18045,8 @@ def _add_grid_flags(parser: argparse.ArgumentParser) -> None:
 
 def _plan_flags(parser: argparse.ArgumentParser) -> None:
     _add_chart_flags(parser)
-    parser.add_argument("--model", type=name_text, help=f"model preset: {', '.join(MODELS)} (default {DEFAULT_MODEL})")
+    parser.add_argument("--model", type=name_text,
+                        help=f"a preset ({', '.join(MODELS)}; default {DEFAULT_MODEL}), a Hugging Face id or a folder")
     parser.add_argument("--model-file", type=name_text,
                         help="read the model from a GGUF file or a Hugging Face config.json instead")
     _add_grid_flags(parser)
