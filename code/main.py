@@ -11163,8 +11163,9 @@ class Profiler:
 # it off); "~" marks a flag that changes nothing a simulation sees (network, logging,
 # tokenizer, loading). Read from the parsers themselves: `vllm serve` of vLLM 0.34
 # (vllm/engine/arg_utils.py and vllm/entrypoints/openai/cli_args.py, every action's option
-# strings) and sglang.launch_server of SGLang 0.5.23 (sglang/srt/server_args.py); llama-server's
-# from llama.cpp's tools/server/README.md, the flags its users commonly give.
+# strings) and sglang.launch_server of SGLang 0.5.23 (sglang/srt/server_args.py), as
+# code/fixtures/servers/ keeps them and distills them; llama-server's from llama.cpp's
+# tools/server/README.md, the flags its users commonly give.
 VLLM_SERVE_OPTIONS = (
     "~--headless ~--headless-client-handshake-address= ~--api-server-count,-asc= ~--config= ~--grpc "
     "--lora-modules=+ ~--chat-template= ~--chat-template-content-format= "

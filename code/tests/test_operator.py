@@ -537,3 +537,18 @@ class VllmDefaultsTest(unittest.TestCase):
         report = run_json("simulate", "--rate", "2", "--requests", "10", "--vllm-version", "0.15",
                           "--vllm-entry-point", "llm", "--no-sensitivity")
         self.assertEqual(report["settings"]["scheduler"]["max_num_batched_tokens"], 16384)
+
+
+class ServerTablesTest(unittest.TestCase):
+
+    def test_main_ships_the_tables_distilled_from_the_servers_own_parsers(self):
+        import importlib.util
+        path = os.path.join(FIXTURES_DIR, "servers", "distill_options.py")
+        spec = importlib.util.spec_from_file_location("distill_options", path)
+        distill = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(distill)
+        shipped = {}
+        for text in distill.tables().values():
+            exec(text, shipped)
+        self.assertEqual(shipped["VLLM_SERVE_OPTIONS"], main.VLLM_SERVE_OPTIONS)
+        self.assertEqual(shipped["SGLANG_SERVER_OPTIONS"], main.SGLANG_SERVER_OPTIONS)
