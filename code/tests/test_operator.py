@@ -552,3 +552,13 @@ class ServerTablesTest(unittest.TestCase):
             exec(text, shipped)
         self.assertEqual(shipped["VLLM_SERVE_OPTIONS"], main.VLLM_SERVE_OPTIONS)
         self.assertEqual(shipped["SGLANG_SERVER_OPTIONS"], main.SGLANG_SERVER_OPTIONS)
+
+    def test_main_ships_the_model_configurations_distilled_from_their_public_copies(self):
+        import importlib.util
+        path = os.path.join(FIXTURES_DIR, "models", "distill_builtin.py")
+        spec = importlib.util.spec_from_file_location("distill_builtin", path)
+        distill = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(distill)
+        shipped = {}
+        exec("TABLE = {\n" + "".join(text for _, text in distill.entries()) + "}", shipped)
+        self.assertEqual(shipped["TABLE"], main.BUILTIN_MODEL_CONFIGS)
