@@ -6741,6 +6741,7 @@ class Arrivals:
         self.done = done
         self.timeout_s, self.abort = timeout_s, abort
         self.deadlines: List[Tuple[float, int, Request]] = []  # (when its client gives up, order sent, request)
+        self.latest_deadline_s = 0.0  # the last of them
         if isinstance(requests, list):
             self.follow_up = follow_ups(requests)  # turn k-1 -> turn k of a conversation
             later_turns = set(self.follow_up.values())
@@ -6771,6 +6772,7 @@ class Arrivals:
         heapq.heappush(self.in_transit, (sent_s + self.delay_s, order, request))
         if self.timeout_s is not None:
             heapq.heappush(self.deadlines, (sent_s + self.timeout_s, order, request))
+            self.latest_deadline_s = max(self.latest_deadline_s, sent_s + self.timeout_s)
 
     def arrive_until(self, now_s: float) -> None:
         """Hand the engine every request that has reached it by now_s; abort those whose client gave up by then."""
@@ -6976,7 +6978,11 @@ def run_engine(engine: Engine, requests: Iterable[Request], concurrency: Optiona
     virtual clock as they finish; done: called with each request once it has finished,
     been refused or timed out; timeout_s: a client's patience, after which the engine
     aborts its request)."""
-    EventLoop([engine]).run(requests, concurrency, timeout_s, progress, done)
+    loop = EventLoop([engine])
+    loop.run(requests, concurrency, timeout_s, progress, done)
+    # NOTE: one engine's clock ends where its clients' last deadline fell, if later than its
+    # last step (the time the run waited out): a next stage on the same engine starts after it
+    engine.clock_s = max(engine.clock_s, loop.arrivals.latest_deadline_s)
     return engine
 
 
