@@ -2563,6 +2563,26 @@ class StepProfile:
     extra_prompt_s: Tuple[Tuple[int, float], ...] = ()  # (prompts, s each past the first adds); (): none measured
     context_s_per_token: Optional[float] = None  # what a token of context adds to a decode step (None: not measured)
     batch_prefill_s: Tuple[Tuple[int, int, float], ...] = ()  # (prompts, tokens, s for all in one step); (): none
+    noisy: Tuple[Tuple[str, int, float], ...] = ()  # ("decode" or "prefill", size, spread): repeats far apart
+
+
+NOISY_SPREAD = 0.2  # a profiled step whose repeats lie this share of its median apart was measured on a busy machine
+
+
+def noisy_points(kind: str, points: Sequence[JsonObject], size: str) -> List[Tuple[str, int, float]]:
+    """(kind, size, spread) of a profile's points whose repeats (min_ms to max_ms) lie more
+    than NOISY_SPREAD of their median (step_ms) apart; points without repeats say nothing."""
+    found = []
+    for point in points:
+        low, high, middle = (point.number(name, default=None) for name in ("min_ms", "max_ms", "step_ms"))
+        if low is not None and high is not None and middle and (high - low) / middle > NOISY_SPREAD:
+            found.append((kind, point.integer(size, 1), (high - low) / middle))
+    return found
+
+
+def noisy_text(noisy: Sequence[Tuple[str, int, float]]) -> str:
+    return ", ".join(f"{'decode batch' if kind == 'decode' else 'a prefill of'} {size:,}"
+                     f"{'' if kind == 'decode' else ' tokens'} (repeats {spread:.0%} apart)" for kind, size, spread in noisy)
 
 
 def read_step_profile(path: str) -> StepProfile:
@@ -2589,10 +2609,12 @@ def read_step_profile(path: str) -> StepProfile:
     factors = [(point.integer("num_prompts", 2), point.number("factor", above=0))
                for point in data.objects("prefill_batch_factors", [])]
     batches = batch_prefills(prefill, [(k, factor, prompts_of.get(k)) for k, factor in factors])
+    noisy = noisy_points("decode", data.objects("decode"), "batch") + noisy_points(
+        "prefill", data.objects("prefill"), "prompt_tokens")
     return StepProfile(path, tuple(decode), tuple(prefill), data.number("decode_context_tokens", 0, 0.0),
                        data.number("mixed_overlap_ms", default=0.0) / 1000, info["kind"], measured, info,
                        data.number("request_overhead_ms", 0, 0.0) / 1000, extra_prompt_seconds(prefill, batches),
-                       _per_token_s(data.number("context_ms_per_token", 0, None)), batches)
+                       _per_token_s(data.number("context_ms_per_token", 0, None)), batches, tuple(noisy))
 
 
 def batch_prefills(prefill: Sequence[Tuple[int, float]],
@@ -11120,6 +11142,11 @@ class Profiler:
             together_ms = point["prefill_server_ms"] or point["prefill_ttft_ms"] - overhead_ms
             if alone_ms:
                 factors.append({"num_prompts": point["batch"], "factor": together_ms / alone_ms})
+        noisy = noisy_points("decode", [JsonObject(point, "decode") for point in self.decode], "batch") + noisy_points(
+            "prefill", [JsonObject(point, "prefill") for point in self.prefill], "prompt_tokens")
+        notes = self.notes + ([f"the machine was not quiet: {noisy_text(noisy)}; a prediction that rests on these "
+                               f"steps carries their noise (profile again on a quiet machine, or in each round of "
+                               f"the runs)"] if noisy else [])
         return {
             "servesim_step_profile": PROFILE_FORMAT, "date": datetime.datetime.now(datetime.timezone.utc).isoformat(
                 timespec="seconds"), "server": dict(server, url=str(self.endpoint), model=self.model,
@@ -11129,7 +11156,7 @@ class Profiler:
             "decode_context_tokens": statistics.mean(p["context_tokens"] for p in self.decode) if self.decode else 0.0,
             "mixed_overlap_ms": median(overlaps) if overlaps else 0.0, "prefill_batch_factors": factors,
             "context": self.context, "context_ms_per_token": self.context_ms_per_token(),
-            "notes": self.notes,
+            "notes": notes,
         }
 
     def _overlap_ms(self, overlap_ms: float, decode_ms: Optional[float]) -> float:
@@ -12125,7 +12152,7 @@ def read_step_profiles(text: str) -> StepProfile:
                      median_of_known(s for j, _, s in batched if j == k)) for k in sorted({k for k, _, _ in batched}))
     return dataclasses.replace(
         first, path=",".join(profile.path for profile in profiles),
-        measured=f"median of {len(profiles)} profiles, the first {first.measured}",
+        measured=f"median of {len(profiles)} profiles, the first {first.measured}", noisy=(),
         decode=table([p.decode for p in profiles]), prefill=prefill,
         extra_prompt_s=extra_prompt_seconds(prefill, batches), batch_prefill_s=batches,
         decode_context_tokens=median_of_known(p.decode_context_tokens for p in profiles),
@@ -15725,6 +15752,12 @@ def unmeasured_cost_notes(spec: EngineSpec, rows: Sequence[dict]) -> List[str]:
     if batched:
         notes.append(f"TPOT at {_loads_text(batched)} rests on decode batches past the profile's largest ({largest}): "
                      f"its last step's cost carried on")
+    if profile.noisy:
+        batches = {size for kind, size, _ in profile.noisy if kind == "decode"}
+        resting = [row for row in rows if round(row["predicted"].get("batch") or 0) in batches]
+        notes.append(f"the step profile measured {noisy_text(profile.noisy)}: the machine was not quiet"
+                     + (f", and the figures at {_loads_text(resting)} rest on those steps" if resting else "")
+                     + "; profile again on a quiet machine, or in each round of the runs (--step-profile P1,P2,...)")
     return notes
 
 

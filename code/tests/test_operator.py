@@ -494,6 +494,7 @@ class InterruptTest(unittest.TestCase):
 class UnmeasuredCostTest(unittest.TestCase):
 
     def spec(self, **changes):
+        changes.setdefault("noisy", ())  # NOTE: the fixture's prefills were measured on a busy VM; see the tests below
         profile = main.read_step_profile(os.path.join(FIXTURES_DIR, "llamacpp", "profile.json"))
         spec = main.build_engine_spec(main.EngineArgs(hardware="cpu-2vcpu", model="gemma-3-270m-q4_k_m"))
         return dataclasses.replace(spec, step_profile=dataclasses.replace(profile, **changes))
@@ -562,3 +563,23 @@ class ServerTablesTest(unittest.TestCase):
         shipped = {}
         exec("TABLE = {\n" + "".join(text for _, text in distill.entries()) + "}", shipped)
         self.assertEqual(shipped["TABLE"], main.BUILTIN_MODEL_CONFIGS)
+
+
+class NoisyProfileTest(unittest.TestCase):
+    spec, row = UnmeasuredCostTest.spec, UnmeasuredCostTest.row
+
+    def test_a_profile_measured_on_a_busy_machine_says_which_steps_and_the_rows_on_them(self):
+        noisy = (("decode", 3, 0.25), ("prefill", 543, 0.32))
+        notes = main.unmeasured_cost_notes(self.spec(noisy=noisy), [self.row(1, 63, 1.0), self.row(3, 63, 2.7)])
+        self.assertEqual(notes, ["the step profile measured decode batch 3 (repeats 25% apart), a prefill of 543 tokens "
+                                 "(repeats 32% apart): the machine was not quiet, and the figures at concurrency 3 "
+                                 "rest on those steps; profile again on a quiet machine, or in each round of the runs "
+                                 "(--step-profile P1,P2,...)"])
+
+    def test_a_profiles_noisy_points_are_read_from_its_repeats(self):
+        profile = main.read_step_profile(os.path.join(FIXTURES_DIR, "llamacpp", "profile.json"))
+        self.assertEqual([(kind, size) for kind, size, _ in profile.noisy],
+                         [("prefill", 47), ("prefill", 287), ("prefill", 543)])
+        self.assertTrue(all(spread > main.NOISY_SPREAD for _, _, spread in profile.noisy))
+        combined = main.read_step_profiles(",".join([os.path.join(FIXTURES_DIR, "llamacpp", "profile.json")] * 2))
+        self.assertEqual(combined.noisy, ())  # the median of several profiles is the remedy

@@ -909,6 +909,11 @@ class ProfileDriftNoteTest(ScratchTest):
     PROFILE = os.path.join(FIXTURES_DIR, "llamacpp", "profile.json")
     RUN = os.path.join(FIXTURES_DIR, "llamacpp", "c1.json")
 
+    @staticmethod
+    def drift(notes):
+        """compare's notes but the one on the profile's noisy steps (the fixture's prefills were measured on a busy VM)."""
+        return [note for note in notes if not note.startswith("the step profile measured")]
+
     def profile_with_batch_1_at(self, step_ms):
         with open(self.PROFILE, encoding="utf-8") as handle:
             profile = json.load(handle)
@@ -918,7 +923,7 @@ class ProfileDriftNoteTest(ScratchTest):
     @mock.patch.object(main, "TEXT_WIDTH", 10 ** 6)  # one line per table row and note
     def test_a_single_client_decoding_off_its_profile_is_named_with_both_figures(self):
         report = run_json("compare", self.RUN, "--step-profile", self.PROFILE, *GEMMA)
-        self.assertEqual(report["notes"], [
+        self.assertEqual(self.drift(report["notes"]), [
             "at concurrency 1 the server decoded 7% slower than the step profile prices it (26.9 against 25.0 ms "
             "a token), where one sequence's step is what a profile measures: most likely the machine's speed moved "
             "between the profile and the runs, and the other rows carry the same gap; a profile in each round of "
@@ -927,7 +932,7 @@ class ProfileDriftNoteTest(ScratchTest):
 
     def test_a_single_client_within_five_percent_of_its_profile_is_not_remarked_on(self):
         path = self.profile_with_batch_1_at(26.0)  # the run decoded 26.9 ms a token
-        self.assertEqual(run_json("compare", self.RUN, "--step-profile", path, *GEMMA)["notes"], [])
+        self.assertEqual(self.drift(run_json("compare", self.RUN, "--step-profile", path, *GEMMA)["notes"]), [])
 
     def test_with_profiles_from_every_round_the_note_offers_no_more_profiles(self):
         report = run_json("compare", self.RUN, "--step-profile", f"{self.PROFILE},{self.PROFILE}", *GEMMA)
@@ -938,4 +943,4 @@ class ProfileDriftNoteTest(ScratchTest):
 
     def test_a_run_of_several_clients_alone_says_nothing_of_drift(self):
         path = os.path.join(FIXTURES_DIR, "llamacpp", "c2.json")
-        self.assertEqual(run_json("compare", path, "--step-profile", self.PROFILE, *GEMMA)["notes"], [])
+        self.assertEqual(self.drift(run_json("compare", path, "--step-profile", self.PROFILE, *GEMMA)["notes"]), [])
