@@ -583,3 +583,31 @@ class NoisyProfileTest(unittest.TestCase):
         self.assertTrue(all(spread > main.NOISY_SPREAD for _, _, spread in profile.noisy))
         combined = main.read_step_profiles(",".join([os.path.join(FIXTURES_DIR, "llamacpp", "profile.json")] * 2))
         self.assertEqual(combined.noisy, ())  # the median of several profiles is the remedy
+
+
+class RemeasureTest(unittest.TestCase):
+
+    def profiler(self, gaps):
+        settings = main.ProfileSettings(batches=(1, 2), prefill_tokens=(), prompt_tokens=32, output_tokens=16,
+                                        repeat=3, budget_s=1e9, timeout_s=10.0)
+        profiler = main.Profiler(None, {}, "m", settings, lambda text: None, clock=lambda: 0.0)
+        def sample(batch, fastest_s, prompt_tokens=None):
+            return {"gap_s": gaps[batch].pop(0), "mean_batch": float(batch), "context": 40.0, "ttft_s": None,
+                    "server_s": []}  # decode_sample's fields
+        profiler.decode_sample = sample
+        return profiler
+
+    def test_a_decode_batch_whose_runs_lie_far_apart_is_run_again_and_a_steady_one_is_not(self):
+        gaps = {1: [0.0100, 0.0101, 0.0099], 2: [0.020, 0.030, 0.021, 0.021, 0.022, 0.020]}
+        profiler = self.profiler(gaps)
+        profiler.measure_decodes([1, 2])
+        counts = {point["batch"]: len(point["repeats_ms"]) for point in profiler.decode}
+        self.assertEqual(counts, {1: 3, 2: 6})
+        self.assertEqual(gaps, {1: [], 2: []})
+
+    def test_the_budget_bounds_the_runs_again(self):
+        gaps = {1: [0.0100, 0.0101, 0.0099], 2: [0.020, 0.030, 0.021, 0.021, 0.022, 0.020]}
+        profiler = self.profiler(gaps)
+        profiler.fits_budget = lambda what, estimate_s: "again" not in what
+        profiler.measure_decodes([1, 2])
+        self.assertEqual({point["batch"]: len(point["repeats_ms"]) for point in profiler.decode}, {1: 3, 2: 3})
