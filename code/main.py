@@ -11009,10 +11009,24 @@ class Profiler:
                         skipped.update(t for t in lengths if t >= tokens)
                         continue
                     samples[tokens].append(self.prefill_sample(tokens))
+            self.reprefill_unstable(samples)
         finally:
             for tokens in lengths:
                 if samples[tokens]:
                     self.settle_prefill(samples[tokens])
+
+    def reprefill_unstable(self, samples: Dict[int, List[Tuple[int, float, Optional[float]]]]) -> None:
+        """Each prompt length whose runs (the server's time where it tells it, else the TTFT)
+        lie more than NOISY_SPREAD of their median apart sent as many times again, where the
+        budget allows (as remeasure_unstable does for decode batches)."""
+        for tokens, runs in samples.items():
+            times_s = sorted(server if server is not None else ttft for _, ttft, server in runs)
+            if len(times_s) < 2 or (times_s[-1] - times_s[0]) / median(times_s) <= NOISY_SPREAD:
+                continue
+            for _ in range(len(runs)):
+                if not self.fits_budget(f"prefill {tokens:,} tokens again (its runs lay far apart)", times_s[-1]):
+                    break
+                runs.append(self.prefill_sample(tokens))
 
     def prefill_sample(self, prompt_tokens: int) -> Tuple[int, float, Optional[float]]:
         """One prompt sent alone: (tokens the server counted, TTFT, the server's own time for

@@ -611,3 +611,11 @@ class RemeasureTest(unittest.TestCase):
         profiler.fits_budget = lambda what, estimate_s: "again" not in what
         profiler.measure_decodes([1, 2])
         self.assertEqual({point["batch"]: len(point["repeats_ms"]) for point in profiler.decode}, {1: 3, 2: 3})
+
+    def test_a_prompt_length_whose_runs_lie_far_apart_is_sent_again(self):
+        profiler = self.profiler({})
+        times = {100: [0.10, 0.101, 0.099], 500: [0.50, 0.70, 0.52, 0.51, 0.50, 0.52]}
+        profiler.prefill_sample = lambda tokens: (tokens, times[tokens].pop(0), None)
+        samples = {tokens: [profiler.prefill_sample(tokens) for _ in range(3)] for tokens in times}
+        profiler.reprefill_unstable(samples)
+        self.assertEqual({tokens: len(runs) for tokens, runs in samples.items()}, {100: 3, 500: 6})
