@@ -15865,7 +15865,9 @@ def format_sweep(run: RunSpec, axis: str, capped: bool, runs: Sequence[Tuple[str
         lines.append(f"goodput: req/s of requests that met {objectives}; slo: met or missed {judged}")
     for _, _, run in runs:
         lines += _format_rejected(run["rejected"])
-    return lines + cost_model_lines([run["engine"]["cost_model"] for _, _, run in runs])
+    told = runs[0][2].get("server_command") if runs else None
+    return lines + (server_command_lines(told) if told else []) + cost_model_lines(
+        [run["engine"]["cost_model"] for _, _, run in runs])
 
 
 def scheduler_text(spec: EngineSpec) -> str:
