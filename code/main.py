@@ -1460,8 +1460,8 @@ STATE_SPACE_FIELDS = ("attn_layer_period", "hybrid_override_pattern", "layers_bl
 def refuse_state_space(config: JsonObject, where: str) -> None:
     """UsageError for a model whose layers are not all attention: servesim would put KV on
     every layer and no state on any, a wrong figure, so it names the architecture instead."""
-    kind = config.string("model_type", "") if isinstance(config.value.get("model_type"), str) else ""
-    layer_kinds = config.value.get("layer_types") if isinstance(config.value.get("layer_types"), list) else []
+    kind, layer_kinds = config.value.get("model_type"), config.value.get("layer_types")
+    kind, layer_kinds = (kind if isinstance(kind, str) else ""), (layer_kinds if isinstance(layer_kinds, list) else [])
     marker = (f"model_type {kind}" if kind in STATE_SPACE_TYPES
               else next((f"its {name}" for name in STATE_SPACE_FIELDS if name in config.value), None)
               or next((f"layer_types {value!r}" for value in layer_kinds
@@ -1508,12 +1508,12 @@ def model_from_config_data(value, where: str, name: str, quantization_given: boo
     kept = {"embeddings": embeddings, "attention": attention - layers * 2 * hidden,
             "router": experts.get("num_moe_layers", 0) * hidden * experts.get("num_experts", 0)}
     bytes_per_param, fp8 = _hf_weight_bytes(config, HF_DTYPE_BYTES[dtype], params, kept, quantization_given)
+    unpriced, encoder_bytes = _unpriced_encoders(config, HF_DTYPE_BYTES[dtype])
     return ModelSpec(name.lower(), params=params, layers=layers, kv_heads=kv_heads, head_dim=head_dim,
                      num_heads=heads, bytes_per_param=bytes_per_param, kv_dtype_bytes=2, head_params=vocab * hidden,
                      embedding_params=0 if tied else vocab * hidden, hidden_size=hidden, fp8_compute=fp8,
                      intermediate_size=dense_width if dense_layers else 0, vocab_size=vocab,
-                     unpriced=_unpriced_encoders(config, HF_DTYPE_BYTES[dtype])[0],
-                     encoder_bytes=_unpriced_encoders(config, HF_DTYPE_BYTES[dtype])[1], **experts,
+                     unpriced=unpriced, encoder_bytes=encoder_bytes, **experts,
                      **_hf_sliding(text, layers), **(latent if latent["kv_lora_rank"] else {}))
 
 
@@ -11649,16 +11649,16 @@ def _server_words(engine: str, text: str) -> List[str]:
     raise UsageError(f"--{engine} {_shown(text)}: expected the server's command line, starting {shown}")
 
 
-def _server_option(table: dict, engine: str, word: str) -> Tuple[str, Tuple[str, str, bool, bool]]:
-    """The flag a word names: exactly, or for vLLM and SGLang (argparse parsers) a unique
-    prefix of a long flag, and for vLLM with "_" for "-"; UsageError if none."""
+def _server_option(table: dict, engine: str, word: str) -> Tuple[str, str, bool, bool]:
+    """The table's entry of the flag a word names: exactly, or for vLLM and SGLang (argparse
+    parsers) a unique prefix of a long flag, and for vLLM with "_" for "-"; UsageError if none."""
     word = word.replace("_", "-") if engine == "vllm" and word.startswith("--") else word
     if word in table:
-        return word, table[word]
+        return table[word]
     matches = sorted({name for name in table if engine != "llama-server" and word.startswith("--")
                       and name.startswith(word)})
     if len(matches) == 1:
-        return matches[0], table[matches[0]]
+        return table[matches[0]]
     reason = f"ambiguous ({', '.join(matches[:4])})" if matches else f"not a flag of {SERVER_COMMAND_NAMES[engine]}"
     raise UsageError(f"--{engine}: {word} is {reason}; give the server's flags as it takes them")
 
@@ -11716,7 +11716,7 @@ def server_command(engine: str, text: str) -> ServerCommand:
         if not word.startswith("-"):
             raise UsageError(f"--{engine}: {_shown(word)} is neither a flag nor a flag's value")
         name, _, inline = word.partition("=") if "=" in word else (word, "", None)
-        _, (primary, kind, on, no_effect) = _server_option(table, engine, name)
+        primary, kind, on, no_effect = _server_option(table, engine, name)
         values = _server_values(engine, name, kind, inline, rest)
         given = " ".join([name] + values)
         mapped = _mapped_flags(engine, mapping, primary, on, values) if primary in mapping else None

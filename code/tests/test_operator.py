@@ -542,12 +542,17 @@ class VllmDefaultsTest(unittest.TestCase):
 
 class ServerTablesTest(unittest.TestCase):
 
-    def test_main_ships_the_tables_distilled_from_the_servers_own_parsers(self):
+    @staticmethod
+    def fixture_script(folder, name):
+        """A distill script of code/fixtures, imported."""
         import importlib.util
-        path = os.path.join(FIXTURES_DIR, "servers", "distill_options.py")
-        spec = importlib.util.spec_from_file_location("distill_options", path)
-        distill = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(distill)
+        spec = importlib.util.spec_from_file_location(name, os.path.join(FIXTURES_DIR, folder, name + ".py"))
+        script = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(script)
+        return script
+
+    def test_main_ships_the_tables_distilled_from_the_servers_own_parsers(self):
+        distill = self.fixture_script("servers", "distill_options")
         shipped = {}
         for text in distill.tables().values():
             exec(text, shipped)
@@ -555,11 +560,7 @@ class ServerTablesTest(unittest.TestCase):
         self.assertEqual(shipped["SGLANG_SERVER_OPTIONS"], main.SGLANG_SERVER_OPTIONS)
 
     def test_main_ships_the_model_configurations_distilled_from_their_public_copies(self):
-        import importlib.util
-        path = os.path.join(FIXTURES_DIR, "models", "distill_builtin.py")
-        spec = importlib.util.spec_from_file_location("distill_builtin", path)
-        distill = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(distill)
+        distill = self.fixture_script("models", "distill_builtin")
         shipped = {}
         exec("TABLE = {\n" + "".join(text for _, text in distill.entries()) + "}", shipped)
         self.assertEqual(shipped["TABLE"], main.BUILTIN_MODEL_CONFIGS)
